@@ -1,0 +1,113 @@
+// LlvmRuntimeExecutor: owns a device, its budgeted memory, the device runtime state and the
+// launcher; offers ndarrays and the built-in operations.
+#ifndef KILN_EXECUTOR_EXECUTOR_H_
+#define KILN_EXECUTOR_EXECUTOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "kiln/executor/dtype.h"
+#include "kiln/executor/ndarray.h"
+#include "kiln/executor/program.h"
+#include "kiln/rhi/device.h"
+#include "kiln/rhi/mock_device.h"
+#include "kiln/runtime/memory/device_memory.h"
+
+namespace kiln {
+
+/// Everything an executor is made from. Sizes in bytes.
+struct ExecutorConfig {
+  Backend backend = Backend::cpu;
+  runtime::BudgetConfig budget;
+  /// The device heap chunk kernels allocate from while they run (e.g. compact_positive).
+  uint64_t device_heap_bytes = 16ull << 20;
+  /// Used when backend == mock.
+  MockDeviceOptions mock;
+  /// CPU worker threads for launches; 0 = all cores.
+  unsigned num_threads = 0;
+};
+
+/// The device and its memory, shared by the executor and every ndarray it made, so arrays may
+/// outlive the executor safely. Members are destroyed memory-first.
+struct DeviceContext {
+  std::unique_ptr<LlvmDevice> device;
+  std::unique_ptr<runtime::DeviceMemory> memory;
+  ~DeviceContext();
+};
+
+/// Makes the device a config names. Errors: invalid_usage (unknown backend), not_supported
+/// (backend without a driver on this machine or in this build).
+[[nodiscard]] RhiExpected<std::unique_ptr<LlvmDevice>> create_device(const ExecutorConfig &config);
+
+class CpuKernelLauncher;
+
+/// The executor. Every operation returns RhiExpected / RhiStatus (no exceptions); wrap with
+/// value_or_throw() for the named exceptions. Launches on one executor are serialized; the
+/// executor may be shared between threads.
+class LlvmRuntimeExecutor {
+ public:
+  /// Opens the device, sets its budget, compiles (or reuses) the Program, and allocates the
+  /// device runtime state and heap chunk. Errors: those of create_device and Program::create;
+  /// out_of_memory when the heap chunk or code object does not fit.
+  [[nodiscard]] static RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> create(
+      ExecutorConfig config, std::shared_ptr<Program> program = nullptr);
+  ~LlvmRuntimeExecutor();
+
+  /// Allocates `size_bytes` charged to `category`. Errors: out_of_memory, invalid_usage.
+  [[nodiscard]] RhiExpected<DeviceAllocation> allocate_memory_on_device(uint64_t size_bytes,
+                                                                        MemoryCategory category);
+
+  /// A new array of `shape` (row-major). Contents are unspecified until written.
+  /// Errors: invalid_usage (negative dimension, size overflow), out_of_memory.
+  [[nodiscard]] RhiExpected<Ndarray> ndarray(DataType dtype, std::span<const int64_t> shape);
+  /// Frees the array's memory now. Errors: invalid_usage if already freed.
+  [[nodiscard]] RhiStatus free(Ndarray &array);
+  /// Copies host bytes in / out; `bytes.size()` must equal array.nbytes(). Errors: invalid_usage.
+  [[nodiscard]] RhiStatus write(const Ndarray &array, std::span<const std::byte> bytes);
+  [[nodiscard]] RhiStatus read(const Ndarray &array, std::span<std::byte> bytes);
+
+  /// out[i] = value.
+  [[nodiscard]] RhiStatus fill(const Ndarray &out, Scalar value);
+  /// dst[i] = src[i]; same dtype and shape.
+  [[nodiscard]] RhiStatus copy(const Ndarray &dst, const Ndarray &src);
+  /// y[i] = alpha * x[i] + y[i]; same dtype and shape (integers wrap).
+  [[nodiscard]] RhiStatus axpy(Scalar alpha, const Ndarray &x, const Ndarray &y);
+  /// The same with x given in host memory: x is staged on the device for the launch.
+  [[nodiscard]] RhiStatus axpy_from_host(Scalar alpha, std::span<const std::byte> x_host,
+                                         const Ndarray &y);
+  /// Sum of all elements (floating: accumulated in f64; integers: wrapping i64).
+  [[nodiscard]] RhiExpected<Scalar> reduce_sum(const Ndarray &x);
+  /// c = a @ b for 2-D arrays: a (m, k), b (k, n), c (m, n), one dtype.
+  [[nodiscard]] RhiStatus matmul(const Ndarray &c, const Ndarray &a, const Ndarray &b);
+  /// The elements of x that are > 0, in order, as a new 1-D array. The kernel allocates its
+  /// output from the device heap while it runs. Errors: out_of_memory with oom_source
+  /// device_heap (DeviceHeapExhaustedError) when the heap is too small; nothing is held after.
+  [[nodiscard]] RhiExpected<Ndarray> compact_positive(const Ndarray &x);
+
+  [[nodiscard]] LlvmDevice &device() const { return *context_->device; }
+  [[nodiscard]] runtime::DeviceMemory &memory() const { return *context_->memory; }
+  [[nodiscard]] const ExecutorConfig &config() const { return config_; }
+  [[nodiscard]] Program &program() const { return *program_; }
+
+ private:
+  LlvmRuntimeExecutor(ExecutorConfig config, std::shared_ptr<DeviceContext> context,
+                      std::shared_ptr<Program> program);
+  [[nodiscard]] RhiStatus init_runtime();
+  [[nodiscard]] RhiStatus check_same(const char *op, const Ndarray &a, const Ndarray &b) const;
+  [[nodiscard]] RhiStatus check_usable(const char *op, const Ndarray &a) const;
+
+  ExecutorConfig config_;
+  std::shared_ptr<DeviceContext> context_;
+  std::shared_ptr<Program> program_;
+  bool code_charged_ = false;
+  std::optional<DeviceAllocation> runtime_alloc_;
+  std::unique_ptr<CpuKernelLauncher> launcher_;
+  std::mutex compact_mutex_;  // a compaction's launch and its copy-out from the heap
+};
+
+}  // namespace kiln
+
+#endif  // KILN_EXECUTOR_EXECUTOR_H_

@@ -1,0 +1,85 @@
+// Ndarray: an n-dimensional, row-major, contiguous array in device memory.
+#ifndef KILN_EXECUTOR_NDARRAY_H_
+#define KILN_EXECUTOR_NDARRAY_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kiln/executor/dtype.h"
+#include "kiln/rhi/device.h"
+
+namespace kiln {
+
+namespace runtime {
+class DeviceMemory;
+}
+struct DeviceContext;
+
+/// The element count, byte count and strides of a shape, computed with overflow checks.
+struct ShapeInfo {
+  uint64_t num_elements = 0;
+  uint64_t size_bytes = 0;
+  std::vector<int64_t> strides;  ///< in elements, row-major
+};
+/// Errors: invalid_usage for a negative dimension, or when the element count or the byte count
+/// does not fit in 64 bits (never wraps to a small allocation). A zero dimension gives a
+/// zero-size array: allowed, and it allocates nothing.
+[[nodiscard]] RhiExpected<ShapeInfo> compute_shape_info(DataType dtype, std::span<const int64_t> shape);
+/// "f32[2, 3]".
+[[nodiscard]] std::string describe_array(DataType dtype, std::span<const int64_t> shape);
+
+/// A handle to an array; copies share the same memory. The memory is freed by
+/// LlvmRuntimeExecutor::free or when the last handle goes; using a handle after an explicit free
+/// is invalid_usage, never a stale pointer. Handles may outlive the executor (they keep the
+/// device alive). Not thread-safe for concurrent free and use of the same array.
+class Ndarray {
+ public:
+  Ndarray() = default;
+  [[nodiscard]] DataType dtype() const;
+  [[nodiscard]] const std::vector<int64_t> &shape() const;
+  [[nodiscard]] const std::vector<int64_t> &strides() const;  ///< in elements
+  [[nodiscard]] uint64_t num_elements() const;
+  [[nodiscard]] uint64_t nbytes() const;
+  [[nodiscard]] bool is_freed() const;
+  [[nodiscard]] std::string describe() const { return describe_array(dtype(), shape()); }
+  /// The allocation, or invalid_usage if freed or from a default-constructed handle. A zero-size
+  /// array has none: nullopt.
+  [[nodiscard]] RhiExpected<std::optional<DeviceAllocation>> allocation(const char *site) const;
+  /// The device address of element 0 (0 for a zero-size array), or invalid_usage if freed.
+  [[nodiscard]] RhiExpected<uint64_t> device_address(const char *site) const;
+  /// Whether both handles name the same array.
+  [[nodiscard]] bool same_as(const Ndarray &other) const { return state_ == other.state_; }
+  [[nodiscard]] bool has_value() const { return state_ != nullptr; }
+
+  struct State;
+
+ private:
+  friend class LlvmRuntimeExecutor;
+  explicit Ndarray(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  std::shared_ptr<State> state_;
+};
+
+struct Ndarray::State {
+  std::shared_ptr<DeviceContext> context;
+  DataType dtype;
+  std::vector<int64_t> shape;
+  ShapeInfo info;
+  std::optional<DeviceAllocation> alloc;
+  bool freed = false;
+  ~State();
+};
+
+inline DataType Ndarray::dtype() const { return state_->dtype; }
+inline const std::vector<int64_t> &Ndarray::shape() const { return state_->shape; }
+inline const std::vector<int64_t> &Ndarray::strides() const { return state_->info.strides; }
+inline uint64_t Ndarray::num_elements() const { return state_->info.num_elements; }
+inline uint64_t Ndarray::nbytes() const { return state_->info.size_bytes; }
+inline bool Ndarray::is_freed() const { return state_->freed; }
+
+}  // namespace kiln
+
+#endif  // KILN_EXECUTOR_NDARRAY_H_

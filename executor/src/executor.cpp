@@ -1,0 +1,141 @@
+#include "kiln/executor/executor.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "kiln/executor/launcher.h"
+#include "kiln/rhi/cpu_device.h"
+#include "kiln/runtime/thread_pool.h"
+
+namespace kiln {
+
+DeviceContext::~DeviceContext() {
+  memory.reset();  // frees what is still live before the device goes
+  device.reset();
+}
+
+RhiExpected<std::unique_ptr<LlvmDevice>> create_device(const ExecutorConfig &config) {
+  switch (config.backend) {
+    case Backend::cpu: return std::unique_ptr<LlvmDevice>(new CpuDevice());
+    case Backend::mock: return std::unique_ptr<LlvmDevice>(new MockDevice(config.mock));
+    case Backend::cuda:
+    case Backend::amdgpu: break;
+  }
+  return std::unexpected(make_failure(
+      RhiResult::not_supported, std::string(to_string(config.backend)), "create_device",
+      fmt::format("the {} backend is not built into this kiln yet", to_string(config.backend))));
+}
+
+LlvmRuntimeExecutor::LlvmRuntimeExecutor(ExecutorConfig config,
+                                         std::shared_ptr<DeviceContext> context,
+                                         std::shared_ptr<Program> program)
+    : config_(std::move(config)), context_(std::move(context)), program_(std::move(program)) {}
+
+LlvmRuntimeExecutor::~LlvmRuntimeExecutor() {
+  launcher_.reset();
+  if (runtime_alloc_) (void)context_->memory->free(*runtime_alloc_);
+  if (code_charged_) context_->memory->uncharge(MemoryCategory::code_object, program_->code_size_bytes());
+}
+
+RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create(
+    ExecutorConfig config, std::shared_ptr<Program> program) {
+  auto context = std::make_shared<DeviceContext>();
+  KILN_ASSIGN_OR_RETURN(context->device, create_device(config));
+  KILN_ASSIGN_OR_RETURN(context->memory, runtime::DeviceMemory::create(*context->device, config.budget));
+  if (!program) {
+    KILN_ASSIGN_OR_RETURN(program, Program::shared_host());
+  }
+  std::unique_ptr<LlvmRuntimeExecutor> executor(
+      new LlvmRuntimeExecutor(std::move(config), std::move(context), std::move(program)));
+  KILN_RETURN_IF_ERROR(executor->init_runtime());
+  return executor;
+}
+
+RhiStatus LlvmRuntimeExecutor::init_runtime() {
+  runtime::DeviceMemory &memory = *context_->memory;
+  KILN_RETURN_IF_ERROR(memory.charge(MemoryCategory::code_object, program_->code_size_bytes()));
+  code_charged_ = true;
+  const uint64_t state_bytes = CpuKernelLauncher::kHeapOffsetBytes + config_.device_heap_bytes;
+  auto state = memory.allocate(MemoryCategory::runtime_heap, state_bytes, /*zero_fill=*/true);
+  if (!state) return std::unexpected(std::move(state).error().add_context("allocating the device runtime heap"));
+  runtime_alloc_ = *state;
+  launcher_ = std::make_unique<CpuKernelLauncher>(memory, *program_, *runtime_alloc_,
+                                                  config_.device_heap_bytes, config_.num_threads);
+  return {};
+}
+
+RhiExpected<DeviceAllocation> LlvmRuntimeExecutor::allocate_memory_on_device(uint64_t size_bytes,
+                                                                             MemoryCategory category) {
+  return context_->memory->allocate(category, size_bytes);
+}
+
+RhiExpected<Ndarray> LlvmRuntimeExecutor::ndarray(DataType dtype, std::span<const int64_t> shape) {
+  auto info = compute_shape_info(dtype, shape);
+  if (!info) {
+    info.error().device = device().name();
+    return std::unexpected(std::move(info).error());
+  }
+  auto state = std::make_shared<Ndarray::State>();
+  state->context = context_;
+  state->dtype = dtype;
+  state->shape.assign(shape.begin(), shape.end());
+  state->info = std::move(*info);
+  if (state->info.size_bytes != 0) {
+    auto alloc = context_->memory->allocate(MemoryCategory::ndarray, state->info.size_bytes);
+    if (!alloc) {
+      Failure f = std::move(alloc).error();
+      if (f.detail.empty()) f.detail = fmt::format("ndarray {}", describe_array(dtype, shape));
+      return std::unexpected(std::move(f));
+    }
+    state->alloc = *alloc;
+  }
+  return Ndarray(std::move(state));
+}
+
+RhiStatus LlvmRuntimeExecutor::free(Ndarray &array) {
+  KILN_ASSIGN_OR_RETURN(const std::optional<DeviceAllocation> alloc, array.allocation("free"));
+  array.state_->freed = true;
+  if (alloc) return context_->memory->free(*alloc);
+  return {};
+}
+
+RhiStatus LlvmRuntimeExecutor::check_usable(const char *op, const Ndarray &a) const {
+  KILN_RETURN_IF_ERROR(a.allocation(op));
+  if (a.state_->context != context_)
+    return std::unexpected(invalid_usage(device().name(), op,
+                                         fmt::format("ndarray {} belongs to another executor", a.describe())));
+  return {};
+}
+
+RhiStatus LlvmRuntimeExecutor::check_same(const char *op, const Ndarray &a, const Ndarray &b) const {
+  KILN_RETURN_IF_ERROR(check_usable(op, a));
+  KILN_RETURN_IF_ERROR(check_usable(op, b));
+  if (a.dtype() != b.dtype() || a.shape() != b.shape())
+    return std::unexpected(invalid_usage(
+        device().name(), op,
+        fmt::format("{} needs operands of one dtype and shape, got {} and {}", op, a.describe(), b.describe())));
+  return {};
+}
+
+RhiStatus LlvmRuntimeExecutor::write(const Ndarray &array, std::span<const std::byte> bytes) {
+  KILN_RETURN_IF_ERROR(check_usable("write", array));
+  if (bytes.size() != array.nbytes())
+    return std::unexpected(invalid_usage(device().name(), "write",
+                                         fmt::format("{} holds {} bytes, got {}", array.describe(),
+                                                     array.nbytes(), bytes.size())));
+  if (bytes.empty()) return {};
+  return device().memcpy_host_to_device(*array.state_->alloc, 0, bytes.data(), bytes.size());
+}
+
+RhiStatus LlvmRuntimeExecutor::read(const Ndarray &array, std::span<std::byte> bytes) {
+  KILN_RETURN_IF_ERROR(check_usable("read", array));
+  if (bytes.size() != array.nbytes())
+    return std::unexpected(invalid_usage(device().name(), "read",
+                                         fmt::format("{} holds {} bytes, got room for {}",
+                                                     array.describe(), array.nbytes(), bytes.size())));
+  if (bytes.empty()) return {};
+  return device().memcpy_device_to_host(bytes.data(), *array.state_->alloc, 0, bytes.size());
+}
+
+}  // namespace kiln

@@ -1,0 +1,138 @@
+#include "kiln/executor/launcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "kiln/runtime/thread_pool.h"
+
+namespace kiln {
+namespace {
+
+// Frees a launch's allocations on every path out of launch().
+class ScopedGroup {
+ public:
+  ScopedGroup(runtime::DeviceMemory &memory, std::vector<DeviceAllocation> allocs)
+      : memory_(memory), allocs_(std::move(allocs)) {}
+  ~ScopedGroup() {
+    for (DeviceAllocation a : allocs_) (void)memory_.free(a);
+  }
+  ScopedGroup(const ScopedGroup &) = delete;
+  ScopedGroup &operator=(const ScopedGroup &) = delete;
+  [[nodiscard]] DeviceAllocation operator[](std::size_t i) const { return allocs_[i]; }
+
+ private:
+  runtime::DeviceMemory &memory_;
+  std::vector<DeviceAllocation> allocs_;
+};
+
+}  // namespace
+
+CpuKernelLauncher::CpuKernelLauncher(runtime::DeviceMemory &memory, Program &program,
+                                     DeviceAllocation runtime_state, uint64_t heap_bytes,
+                                     unsigned num_threads)
+    : memory_(memory),
+      program_(program),
+      runtime_state_(runtime_state),
+      heap_bytes_(heap_bytes),
+      pool_(std::make_unique<runtime::ThreadPool>(num_threads)) {}
+
+CpuKernelLauncher::~CpuKernelLauncher() = default;
+
+int64_t CpuKernelLauncher::task_count(const LaunchSpec &spec) const {
+  if (spec.iteration_size <= spec.min_elements_per_task) return 1;
+  const int64_t max_tasks = static_cast<int64_t>(pool_->num_threads()) * 4;
+  const int64_t by_grain = (spec.iteration_size + spec.min_elements_per_task - 1) /
+                           spec.min_elements_per_task;
+  return std::max<int64_t>(1, std::min(max_tasks, by_grain));
+}
+
+RhiStatus CpuKernelLauncher::reset_runtime() {
+  LlvmDevice &device = memory_.device();
+  KILN_ASSIGN_OR_RETURN(const uint64_t base, device.device_address(runtime_state_));
+  KilnRuntime state{};
+  state.heap_base = heap_bytes_ == 0 ? 0 : base + kHeapOffsetBytes;
+  state.heap_size_bytes = heap_bytes_;
+  return device.memcpy_host_to_device(runtime_state_, 0, &state, sizeof state);
+}
+
+RhiStatus CpuKernelLauncher::check_device_error(const std::string &kernel) {
+  KilnRuntime state{};
+  KILN_RETURN_IF_ERROR(memory_.device().memcpy_device_to_host(&state, runtime_state_, 0, sizeof state));
+  if (state.error_code == KILN_DEVICE_OK) return {};
+  state.error_message[sizeof state.error_message - 1] = '\0';
+  Failure f;
+  f.device = memory_.device().name();
+  f.site = "CpuKernelLauncher::launch";
+  if (state.error_code == KILN_DEVICE_HEAP_EXHAUSTED) {
+    f.result = RhiResult::out_of_memory;
+    f.oom_source = OomSource::device_heap;
+    f.category = MemoryCategory::runtime_heap;
+    f.requested_bytes = state.error_arg0;
+    f.detail = fmt::format("kernel {}; heap of {} had {} used", kernel,
+                           format_bytes(state.error_arg2), format_bytes(state.error_arg1));
+    memory_.annotate(f);
+  } else {
+    f.result = RhiResult::error;
+    f.detail = fmt::format("kernel {} recorded device error {}: {}", kernel, state.error_code,
+                           state.error_message);
+  }
+  return std::unexpected(std::move(f));
+}
+
+RhiExpected<LaunchResult> CpuKernelLauncher::launch(const LaunchSpec &spec) {
+  KILN_ASSIGN_OR_RETURN(const KilnKernelFn fn, program_.kernel(spec.kernel));
+  std::lock_guard lock(mutex_);
+  const int64_t num_tasks = task_count(spec);
+
+  // Pre-flight: everything the launch needs, reserved and allocated in one step.
+  std::vector<runtime::AllocRequest> requests;
+  requests.push_back({MemoryCategory::argument_buffer, sizeof(KilnKernelArgs), false});
+  requests.push_back({MemoryCategory::result_buffer,
+                      static_cast<uint64_t>(num_tasks) * sizeof(KilnTaskResult), true});
+  for (const HostOperand &op : spec.host_operands)
+    if (!op.bytes.empty()) requests.push_back({MemoryCategory::staging, op.bytes.size(), false});
+  auto allocs = memory_.allocate_group(requests);
+  if (!allocs) return std::unexpected(std::move(allocs).error().add_context(fmt::format("preparing launch of {}", spec.kernel)));
+  ScopedGroup group(memory_, std::move(*allocs));
+
+  LlvmDevice &device = memory_.device();
+  KilnKernelArgs args = spec.args;
+  args.num_tasks = num_tasks;
+  KILN_ASSIGN_OR_RETURN(args.result_buffer, device.device_address(group[1]));
+  std::size_t next = 2;
+  for (const HostOperand &op : spec.host_operands) {
+    if (op.bytes.empty()) {
+      args.ptr[op.slot] = 0;
+      continue;
+    }
+    const DeviceAllocation staging = group[next++];
+    KILN_RETURN_IF_ERROR(device.memcpy_host_to_device(staging, 0, op.bytes.data(), op.bytes.size()));
+    KILN_ASSIGN_OR_RETURN(args.ptr[op.slot], device.device_address(staging));
+  }
+  KILN_RETURN_IF_ERROR(device.memcpy_host_to_device(group[0], 0, &args, sizeof args));
+  KILN_RETURN_IF_ERROR(reset_runtime());
+
+  KILN_ASSIGN_OR_RETURN(const uint64_t runtime_address, device.device_address(runtime_state_));
+  KILN_ASSIGN_OR_RETURN(const uint64_t args_address, device.device_address(group[0]));
+  auto *runtime_ptr = reinterpret_cast<KilnRuntime *>(runtime_address);
+  const auto *args_ptr = reinterpret_cast<const KilnKernelArgs *>(args_address);
+  const int64_t n = spec.iteration_size;
+  pool_->parallel_for(num_tasks, [&](int64_t task) {
+    const int64_t begin = n * task / num_tasks;
+    const int64_t end = n * (task + 1) / num_tasks;
+    fn(runtime_ptr, args_ptr, begin, end, task);
+  });
+  KILN_RETURN_IF_ERROR(check_device_error(spec.kernel));
+
+  LaunchResult result;
+  if (spec.wants_task_results) {
+    result.task_results.resize(static_cast<std::size_t>(num_tasks));
+    KILN_RETURN_IF_ERROR(device.memcpy_device_to_host(
+        result.task_results.data(), group[1], 0, result.task_results.size() * sizeof(KilnTaskResult)));
+  }
+  return result;
+}
+
+}  // namespace kiln

@@ -1,0 +1,64 @@
+#include "kiln/executor/ndarray.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "kiln/executor/executor.h"
+
+namespace kiln {
+
+RhiExpected<DataType> parse_dtype(std::string_view name) {
+  for (DataType d : kAllDataTypes)
+    if (to_string(d) == name) return d;
+  return std::unexpected(invalid_usage("kiln", "parse_dtype",
+                                       fmt::format("unknown dtype '{}'; kiln knows f32, f64, i32, i64", name)));
+}
+
+std::string describe_array(DataType dtype, std::span<const int64_t> shape) {
+  return fmt::format("{}[{}]", to_string(dtype), fmt::join(shape, ", "));
+}
+
+RhiExpected<ShapeInfo> compute_shape_info(DataType dtype, std::span<const int64_t> shape) {
+  ShapeInfo info;
+  info.num_elements = 1;
+  for (int64_t dim : shape) {
+    if (dim < 0)
+      return std::unexpected(invalid_usage(
+          "kiln", "compute_shape_info",
+          fmt::format("shape {} has a negative dimension", describe_array(dtype, shape))));
+  }
+  bool overflow = false;
+  for (int64_t dim : shape)
+    overflow |= __builtin_mul_overflow(info.num_elements, static_cast<uint64_t>(dim), &info.num_elements);
+  overflow |= __builtin_mul_overflow(info.num_elements, itemsize(dtype), &info.size_bytes);
+  if (overflow || info.num_elements > static_cast<uint64_t>(INT64_MAX))
+    return std::unexpected(invalid_usage(
+        "kiln", "compute_shape_info",
+        fmt::format("shape {} overflows: its byte count does not fit in 64 bits",
+                    describe_array(dtype, shape))));
+  info.strides.assign(shape.size(), 1);
+  for (std::size_t i = shape.size(); i-- > 1;)
+    info.strides[i - 1] = info.strides[i] * (shape[i] == 0 ? 1 : shape[i]);
+  return info;
+}
+
+RhiExpected<std::optional<DeviceAllocation>> Ndarray::allocation(const char *site) const {
+  if (state_ == nullptr)
+    return std::unexpected(invalid_usage("kiln", site, "ndarray handle is empty (default-constructed)"));
+  if (state_->freed)
+    return std::unexpected(invalid_usage(state_->context->device->name(), site,
+                                         fmt::format("ndarray {} used after it was freed", describe())));
+  return state_->alloc;
+}
+
+RhiExpected<uint64_t> Ndarray::device_address(const char *site) const {
+  KILN_ASSIGN_OR_RETURN(const std::optional<DeviceAllocation> alloc, allocation(site));
+  if (!alloc) return uint64_t{0};
+  return state_->context->device->device_address(*alloc);
+}
+
+Ndarray::State::~State() {
+  if (!freed && alloc) (void)context->memory->free(*alloc);
+}
+
+}  // namespace kiln

@@ -1,0 +1,44 @@
+#include <sys/sysinfo.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "kiln/rhi/cpu_device.h"
+
+namespace kiln {
+namespace {
+
+// MemTotal and MemAvailable from /proc/meminfo, in bytes; false if the file cannot be read.
+bool read_meminfo(uint64_t *total_bytes, uint64_t *available_bytes) {
+  std::FILE *file = std::fopen("/proc/meminfo", "r");
+  if (file == nullptr) return false;
+  char line[256];
+  int found = 0;
+  while (found < 2 && std::fgets(line, sizeof line, file) != nullptr) {
+    unsigned long long kib = 0;
+    if (std::sscanf(line, "MemTotal: %llu kB", &kib) == 1) {
+      *total_bytes = kib * 1024;
+      ++found;
+    } else if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+      *available_bytes = kib * 1024;
+      ++found;
+    }
+  }
+  std::fclose(file);
+  return found == 2;
+}
+
+}  // namespace
+
+RhiExpected<Device::MemoryInfo> CpuDevice::memory_info() {
+  MemoryInfo info;
+  if (read_meminfo(&info.total_bytes, &info.free_bytes)) return info;
+  struct sysinfo si {};
+  if (sysinfo(&si) != 0)
+    return std::unexpected(failure(RhiResult::error, "sysinfo", std::strerror(errno)));
+  info.total_bytes = static_cast<uint64_t>(si.totalram) * si.mem_unit;
+  info.free_bytes = static_cast<uint64_t>(si.freeram + si.bufferram) * si.mem_unit;
+  return info;
+}
+
+}  // namespace kiln

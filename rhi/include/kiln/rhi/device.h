@@ -1,0 +1,174 @@
+// Device, LlvmDevice and DeviceAllocation: the driver-level interface every backend implements.
+//
+// A device here is only the driver: it allocates, frees, copies and reports memory. Budget,
+// ledger and caching pool are adaptors around it in runtime/memory (as RMM wraps an upstream
+// resource), so every backend gets them without knowing about them.
+#ifndef KILN_RHI_DEVICE_H_
+#define KILN_RHI_DEVICE_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "kiln/rhi/fault_plan.h"
+#include "kiln/rhi/result.h"
+
+namespace kiln {
+
+class Device;
+
+/// The backends kiln knows.
+enum class Backend : uint8_t { cpu, mock, cuda, amdgpu };
+[[nodiscard]] std::string_view to_string(Backend backend);
+/// "cpu" -> Backend::cpu, ...; anything else -> invalid_usage naming the backends kiln knows.
+[[nodiscard]] RhiExpected<Backend> parse_backend(std::string_view name);
+
+/// A handle to one live allocation on a device. It names memory only after a successful
+/// allocation wrote it; a failed allocation never produces one (there is no "invalid" value to
+/// check). Copyable; it does not own the memory: free it with Device::dealloc_memory.
+struct DeviceAllocation {
+  Device *device = nullptr;
+  uint64_t alloc_id = 0;
+  friend bool operator==(const DeviceAllocation &, const DeviceAllocation &) = default;
+};
+
+/// What to allocate. Sizes in bytes.
+struct AllocParams {
+  uint64_t size_bytes = 0;
+  uint64_t alignment_bytes = 64;  ///< a power of two
+  MemoryCategory category = MemoryCategory::ndarray;  ///< reported in failure details
+};
+
+/// Parameters of a runtime allocation (memory the LLVM runtime and its launchers use).
+struct LlvmRuntimeAllocParams : AllocParams {
+  bool zero_fill = false;  ///< clear the memory before returning it
+};
+
+/// A device: allocation, copies, memory info. Implementations are thread-safe.
+class Device {
+ public:
+  virtual ~Device() = default;
+  Device(const Device &) = delete;
+  Device &operator=(const Device &) = delete;
+
+  /// "cpu", "mock", "cuda:0".
+  [[nodiscard]] const std::string &name() const { return name_; }
+  [[nodiscard]] virtual Backend backend() const = 0;
+
+  /// Allocates params.size_bytes. On success writes *out; on failure leaves *out untouched, holds
+  /// nothing and records the detail in last_failure().
+  /// Errors: out_of_memory (driver refused, oom_source driver), invalid_usage (size 0, alignment
+  /// not a power of two), device_lost. Thread-safe.
+  [[nodiscard]] RhiResult allocate_memory(const AllocParams &params, DeviceAllocation *out);
+  /// The same, as an expected.
+  [[nodiscard]] virtual RhiExpected<DeviceAllocation> allocate(const AllocParams &params) = 0;
+
+  /// Frees an allocation this device made. Errors: invalid_usage (not live: double free, foreign
+  /// or never allocated), device_lost. Thread-safe.
+  [[nodiscard]] virtual RhiStatus dealloc_memory(DeviceAllocation alloc) = 0;
+
+  /// Copies between host memory and a live allocation. `offset_bytes + size_bytes` must lie
+  /// inside the allocation (else invalid_usage). Blocking. Thread-safe.
+  [[nodiscard]] virtual RhiStatus memcpy_host_to_device(DeviceAllocation dst, uint64_t offset_bytes,
+                                                        const void *src, uint64_t size_bytes) = 0;
+  [[nodiscard]] virtual RhiStatus memcpy_device_to_host(void *dst, DeviceAllocation src,
+                                                        uint64_t offset_bytes,
+                                                        uint64_t size_bytes) = 0;
+  [[nodiscard]] virtual RhiStatus memcpy_device_to_device(DeviceAllocation dst, uint64_t dst_offset,
+                                                          DeviceAllocation src, uint64_t src_offset,
+                                                          uint64_t size_bytes) = 0;
+
+  /// Live free and total device memory in bytes, asked of the device now (never cached).
+  [[nodiscard]] RhiResult get_memory_info(uint64_t *free_bytes, uint64_t *total_bytes);
+  struct MemoryInfo {
+    uint64_t free_bytes = 0;
+    uint64_t total_bytes = 0;
+  };
+  [[nodiscard]] virtual RhiExpected<MemoryInfo> memory_info() = 0;
+
+  /// Waits for outstanding work; returns the first deferred error (e.g. a failed free in a
+  /// destructor path), then clears it.
+  [[nodiscard]] virtual RhiStatus synchronize() = 0;
+
+ protected:
+  explicit Device(std::string name) : name_(std::move(name)) {}
+
+ private:
+  std::string name_;
+};
+
+/// A device whose kernels come from LLVM. Adds runtime allocations, device addresses and the
+/// fault plan every LLVM backend honours (Dawn-style error injection, for tests and CI).
+class LlvmDevice : public Device {
+ public:
+  /// Allocates memory for the LLVM runtime (ndarrays, staging, argument and result buffers, the
+  /// device heap), charged by callers to params.category. On success writes *out; on failure
+  /// leaves *out untouched, holds nothing, and records the detail in last_failure().
+  /// Errors: out_of_memory (driver refused or an injected fault: oom_source driver),
+  ///         invalid_usage (size_bytes == 0, alignment not a power of two), device_lost.
+  /// Thread-safe.
+  [[nodiscard]] RhiResult allocate_memory_runtime(const LlvmRuntimeAllocParams &params,
+                                                  DeviceAllocation *out);
+  /// The same, as an expected: the value on success, the failure detail otherwise.
+  [[nodiscard]] RhiExpected<DeviceAllocation> allocate_runtime(const LlvmRuntimeAllocParams &params);
+
+  RhiExpected<DeviceAllocation> allocate(const AllocParams &params) final;
+  RhiStatus dealloc_memory(DeviceAllocation alloc) final;
+  RhiStatus memcpy_host_to_device(DeviceAllocation dst, uint64_t offset_bytes, const void *src,
+                                  uint64_t size_bytes) final;
+  RhiStatus memcpy_device_to_host(void *dst, DeviceAllocation src, uint64_t offset_bytes,
+                                  uint64_t size_bytes) final;
+  RhiStatus memcpy_device_to_device(DeviceAllocation dst, uint64_t dst_offset,
+                                    DeviceAllocation src, uint64_t src_offset,
+                                    uint64_t size_bytes) final;
+
+  /// The device address of a live allocation (what kernels are given), or invalid_usage.
+  [[nodiscard]] RhiExpected<uint64_t> device_address(DeviceAllocation alloc) const;
+  /// The size in bytes of a live allocation, or invalid_usage.
+  [[nodiscard]] RhiExpected<uint64_t> allocation_size(DeviceAllocation alloc) const;
+  /// Whether device memory can be read and written directly by host code (cpu, mock).
+  [[nodiscard]] virtual bool host_addressable() const = 0;
+
+  /// Injected faults (fail the N-th allocation, fail large sizes). Thread-safe.
+  [[nodiscard]] FaultPlan &fault_plan() { return fault_plan_; }
+
+  /// Number of live allocations and their total size in bytes (what the driver holds for kiln).
+  [[nodiscard]] uint64_t live_allocation_count() const;
+  [[nodiscard]] uint64_t live_allocation_bytes() const;
+
+ protected:
+  explicit LlvmDevice(std::string name) : Device(std::move(name)) {}
+
+  /// Backend hooks. Called with validated arguments; the base class keeps the allocation table.
+  [[nodiscard]] virtual RhiExpected<uint64_t> driver_allocate(const LlvmRuntimeAllocParams &params) = 0;
+  [[nodiscard]] virtual RhiStatus driver_free(uint64_t address, uint64_t size_bytes) = 0;
+  [[nodiscard]] virtual RhiStatus driver_copy_to_device(uint64_t dst, const void *src, uint64_t size_bytes) = 0;
+  [[nodiscard]] virtual RhiStatus driver_copy_to_host(void *dst, uint64_t src, uint64_t size_bytes) = 0;
+  [[nodiscard]] virtual RhiStatus driver_copy_device(uint64_t dst, uint64_t src, uint64_t size_bytes) = 0;
+  [[nodiscard]] virtual RhiStatus driver_memset_zero(uint64_t dst, uint64_t size_bytes) = 0;
+
+  /// A failure naming this device; site must be a string literal.
+  [[nodiscard]] Failure failure(RhiResult result, const char *site, std::string detail) const;
+
+ private:
+  struct Entry {
+    uint64_t address;
+    uint64_t size_bytes;
+  };
+  [[nodiscard]] RhiExpected<Entry> find_live(DeviceAllocation alloc, const char *site) const;
+  [[nodiscard]] RhiExpected<Entry> check_range(DeviceAllocation alloc, uint64_t offset,
+                                               uint64_t size_bytes, const char *site) const;
+
+  FaultPlan fault_plan_;
+  mutable std::mutex mutex_;
+  std::unordered_map<uint64_t, Entry> live_;
+  uint64_t next_alloc_id_ = 1;
+  uint64_t live_bytes_ = 0;
+};
+
+}  // namespace kiln
+
+#endif  // KILN_RHI_DEVICE_H_

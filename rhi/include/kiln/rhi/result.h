@@ -1,0 +1,134 @@
+// RhiResult, the failure detail that travels with it, and the macros that propagate both.
+#ifndef KILN_RHI_RESULT_H_
+#define KILN_RHI_RESULT_H_
+
+#include <array>
+#include <cstdint>
+#include <expected>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace kiln {
+
+/// The closed set of answers every RHI and runtime call gives.
+enum class RhiResult : uint8_t {
+  /// The call did what it was asked.
+  success = 0,
+  /// Use this when the device or driver failed in a way that none of the codes below describes;
+  /// the failure detail carries the driver's own status name.
+  error,
+  /// Use this when the caller passed something that can never work (negative dimension, size
+  /// overflow, bad alignment, double free, unknown kernel). Retrying the same call cannot succeed.
+  invalid_usage,
+  /// Use this when the backend, driver or feature is absent on this machine (no driver library,
+  /// stub library, no device). Retrying on another backend may succeed.
+  not_supported,
+  /// Use this when memory could not be had: driver refusal, budget refusal, device-heap exhaustion
+  /// or host allocation failure (`Failure::oom_source` says which). Freeing memory may help.
+  out_of_memory,
+  /// Use this after a sticky device fault (illegal address, ECC error, ...). The device is marked
+  /// lost and every later call on it fails fast with device_lost.
+  device_lost,
+};
+
+/// Every kind of memory kiln holds on a device; each is charged to the device's ledger.
+enum class MemoryCategory : uint8_t {
+  ndarray = 0,      ///< user-visible arrays
+  staging,          ///< device copies of host arrays passed to a launch
+  argument_buffer,  ///< kernel argument blocks
+  result_buffer,    ///< per-launch result slots the device writes and the host reads
+  runtime_heap,     ///< the device runtime: its state and its heap chunk
+  code_object,      ///< compiled kernel modules (charged by their size)
+  pool_cache,       ///< freed blocks the caching pool keeps for reuse
+};
+inline constexpr std::size_t kNumMemoryCategories = 7;
+
+/// Which "no" an out_of_memory is: the named error it becomes depends on it.
+enum class OomSource : uint8_t {
+  none = 0,     ///< not an out-of-memory failure
+  driver,       ///< the driver (or the mock's capacity, or an injected fault) refused
+  budget,       ///< kiln's budget refused before asking the driver
+  device_heap,  ///< the device-side runtime heap was exhausted while a kernel ran
+  host,         ///< host memory could not be had (e.g. a host-side staging copy)
+};
+
+[[nodiscard]] std::string_view to_string(RhiResult result);
+[[nodiscard]] std::string_view to_string(MemoryCategory category);
+[[nodiscard]] std::string_view to_string(OomSource source);
+
+/// Bytes per category, indexed by MemoryCategory.
+using CategoryBytes = std::array<uint64_t, kNumMemoryCategories>;
+
+/// A picture of a device's memory at the moment of a failure. All sizes in bytes.
+struct MemorySnapshot {
+  uint64_t free_bytes = 0;   ///< live free device memory reported by the device
+  uint64_t total_bytes = 0;  ///< total device memory reported by the device
+  uint64_t limit_bytes = 0;  ///< kiln's budget limit for the device (0 if no budget applied)
+  CategoryBytes in_use_bytes{};  ///< what kiln holds, per category
+  [[nodiscard]] uint64_t in_use_total_bytes() const;
+};
+
+/// The detail that travels with every non-success RhiResult. Cheap to build (strings stay small;
+/// `site` and `driver_status` point at string literals); the message is formatted only when
+/// `message()` is called.
+struct Failure {
+  RhiResult result = RhiResult::error;
+  OomSource oom_source = OomSource::none;
+  MemoryCategory category = MemoryCategory::ndarray;
+  uint64_t requested_bytes = 0;
+  std::string device;                ///< "cpu", "mock", "cuda:0"
+  const char *site = "";             ///< the call that failed, e.g. "cuMemAlloc_v2", "MemoryBudget::reserve"
+  const char *driver_status = "";    ///< the driver's own status name, e.g. "CUDA_ERROR_OUT_OF_MEMORY"
+  std::string detail;                ///< what was wrong, for invalid_usage and runtime faults
+  bool has_memory = false;           ///< whether `memory` was filled
+  MemorySnapshot memory;             ///< live memory picture (out_of_memory failures)
+  std::vector<std::string> context;  ///< lines added on the way up, innermost first
+
+  /// The full one-line message: what failed, the numbers, what to do.
+  [[nodiscard]] std::string message() const;
+  /// Adds a context line ("while allocating ndarray f32[1024]"); returns *this for chaining.
+  Failure &add_context(std::string line) &;
+  Failure &&add_context(std::string line) &&;
+};
+
+/// Builds an invalid_usage failure with a one-line reason.
+[[nodiscard]] Failure invalid_usage(std::string device, const char *site, std::string detail);
+/// Builds a failure with the given code and reason.
+[[nodiscard]] Failure make_failure(RhiResult result, std::string device, const char *site,
+                                   std::string detail);
+
+template <class T>
+using RhiExpected = std::expected<T, Failure>;
+using RhiStatus = std::expected<void, Failure>;
+
+/// The failure recorded by the last RhiResult-returning call on this thread that failed.
+/// RhiResult-returning functions set it; the expected-returning forms carry it directly.
+[[nodiscard]] const Failure &last_failure();
+void set_last_failure(Failure failure);
+
+/// Formats a byte count for people: "512.00 MiB", "4.00 GiB", "64 B".
+[[nodiscard]] std::string format_bytes(uint64_t bytes);
+
+}  // namespace kiln
+
+#define KILN_CONCAT_INNER_(a, b) a##b
+#define KILN_CONCAT_(a, b) KILN_CONCAT_INNER_(a, b)
+
+/// Evaluates an RhiStatus / RhiExpected expression; returns its failure from the enclosing function.
+#define KILN_RETURN_IF_ERROR(expr)                              \
+  do {                                                          \
+    auto &&kiln_status_ = (expr);                               \
+    if (!kiln_status_) return std::unexpected(std::move(kiln_status_).error()); \
+  } while (0)
+
+/// `KILN_ASSIGN_OR_RETURN(auto x, expr)`: binds the value of an RhiExpected or returns its failure.
+#define KILN_ASSIGN_OR_RETURN(lhs, expr) \
+  KILN_ASSIGN_OR_RETURN_IMPL_(KILN_CONCAT_(kiln_expected_, __LINE__), lhs, expr)
+#define KILN_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr)            \
+  auto tmp = (expr);                                           \
+  if (!tmp) return std::unexpected(std::move(tmp).error());    \
+  lhs = std::move(tmp).value()
+
+#endif  // KILN_RHI_RESULT_H_

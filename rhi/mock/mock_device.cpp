@@ -1,0 +1,63 @@
+#include <fmt/format.h>
+
+#include "kiln/rhi/mock_device.h"
+
+namespace kiln {
+
+MockDevice::MockDevice(MockDeviceOptions options)
+    : HostMemoryDevice("mock"),
+      capacity_bytes_(options.capacity_bytes),
+      script_(std::move(options.other_process_bytes_script)) {
+  if (!script_.empty()) current_other_bytes_ = script_.front();
+}
+
+void MockDevice::set_other_process_bytes(uint64_t bytes) {
+  std::lock_guard lock(script_mutex_);
+  script_.clear();
+  script_pos_ = 0;
+  current_other_bytes_ = bytes;
+}
+
+uint64_t MockDevice::other_process_bytes() {
+  std::lock_guard lock(script_mutex_);
+  if (script_pos_ < script_.size()) current_other_bytes_ = script_[script_pos_++];
+  return current_other_bytes_;
+}
+
+RhiExpected<Device::MemoryInfo> MockDevice::memory_info() {
+  memory_info_count_.fetch_add(1);
+  const uint64_t used = held_bytes_.load() + other_process_bytes();
+  return MemoryInfo{used >= capacity_bytes_ ? 0 : capacity_bytes_ - used, capacity_bytes_};
+}
+
+RhiExpected<uint64_t> MockDevice::driver_allocate(const LlvmRuntimeAllocParams &params) {
+  driver_allocation_count_.fetch_add(1);
+  // Claim the bytes first so concurrent allocations can never overshoot the capacity.
+  const uint64_t others = current_other_bytes_.load();
+  uint64_t held = held_bytes_.load();
+  do {
+    if (params.size_bytes > capacity_bytes_ || held + others > capacity_bytes_ - params.size_bytes) {
+      driver_oom_count_.fetch_add(1);
+      Failure f = failure(RhiResult::out_of_memory, "MockDevice::driver_allocate", "");
+      f.oom_source = OomSource::driver;
+      f.category = params.category;
+      f.requested_bytes = params.size_bytes;
+      f.driver_status = "MOCK_ERROR_OUT_OF_MEMORY";
+      return std::unexpected(std::move(f));
+    }
+  } while (!held_bytes_.compare_exchange_weak(held, held + params.size_bytes));
+  uint64_t high = high_water_bytes_.load();
+  while (held + params.size_bytes > high &&
+         !high_water_bytes_.compare_exchange_weak(high, held + params.size_bytes)) {
+  }
+  auto address = HostMemoryDevice::driver_allocate(params);
+  if (!address) held_bytes_.fetch_sub(params.size_bytes);
+  return address;
+}
+
+RhiStatus MockDevice::driver_free(uint64_t address, uint64_t size_bytes) {
+  held_bytes_.fetch_sub(size_bytes);
+  return HostMemoryDevice::driver_free(address, size_bytes);
+}
+
+}  // namespace kiln

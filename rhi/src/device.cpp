@@ -1,0 +1,48 @@
+#include <fmt/format.h>
+
+#include "kiln/rhi/device.h"
+
+namespace kiln {
+
+std::string_view to_string(Backend backend) {
+  switch (backend) {
+    case Backend::cpu: return "cpu";
+    case Backend::mock: return "mock";
+    case Backend::cuda: return "cuda";
+    case Backend::amdgpu: return "amdgpu";
+  }
+  return "unknown";
+}
+
+RhiExpected<Backend> parse_backend(std::string_view name) {
+  for (Backend b : {Backend::cpu, Backend::mock, Backend::cuda, Backend::amdgpu})
+    if (name == to_string(b)) return b;
+  return std::unexpected(invalid_usage(
+      "kiln", "parse_backend",
+      fmt::format("unknown backend '{}'; kiln knows cpu, mock, cuda, amdgpu", name)));
+}
+
+RhiResult Device::allocate_memory(const AllocParams &params, DeviceAllocation *out) {
+  auto alloc = allocate(params);
+  if (!alloc) {
+    const RhiResult result = alloc.error().result;
+    set_last_failure(std::move(alloc).error());
+    return result;
+  }
+  *out = *alloc;
+  return RhiResult::success;
+}
+
+RhiResult Device::get_memory_info(uint64_t *free_bytes, uint64_t *total_bytes) {
+  auto info = memory_info();
+  if (!info) {
+    const RhiResult result = info.error().result;
+    set_last_failure(std::move(info).error());
+    return result;
+  }
+  *free_bytes = info->free_bytes;
+  *total_bytes = info->total_bytes;
+  return RhiResult::success;
+}
+
+}  // namespace kiln

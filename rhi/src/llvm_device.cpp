@@ -1,0 +1,153 @@
+#include <bit>
+
+#include <fmt/format.h>
+
+#include "kiln/rhi/device.h"
+
+namespace kiln {
+
+Failure LlvmDevice::failure(RhiResult result, const char *site, std::string detail) const {
+  return make_failure(result, name(), site, std::move(detail));
+}
+
+RhiResult LlvmDevice::allocate_memory_runtime(const LlvmRuntimeAllocParams &params,
+                                              DeviceAllocation *out) {
+  auto alloc = allocate_runtime(params);
+  if (!alloc) {
+    const RhiResult result = alloc.error().result;
+    set_last_failure(std::move(alloc).error());
+    return result;
+  }
+  *out = *alloc;
+  return RhiResult::success;
+}
+
+RhiExpected<DeviceAllocation> LlvmDevice::allocate(const AllocParams &params) {
+  LlvmRuntimeAllocParams runtime_params;
+  static_cast<AllocParams &>(runtime_params) = params;
+  return allocate_runtime(runtime_params);
+}
+
+RhiExpected<DeviceAllocation> LlvmDevice::allocate_runtime(const LlvmRuntimeAllocParams &params) {
+  constexpr const char *kSite = "LlvmDevice::allocate_memory_runtime";
+  if (params.size_bytes == 0)
+    return std::unexpected(failure(RhiResult::invalid_usage, kSite,
+                                   "allocation of 0 bytes (zero-size ndarrays allocate nothing)"));
+  if (!std::has_single_bit(params.alignment_bytes))
+    return std::unexpected(failure(
+        RhiResult::invalid_usage, kSite,
+        fmt::format("alignment {} is not a power of two", params.alignment_bytes)));
+  if (fault_plan_.should_fail(params.size_bytes)) {
+    Failure f = failure(RhiResult::out_of_memory, kSite, "");
+    f.oom_source = OomSource::driver;
+    f.category = params.category;
+    f.requested_bytes = params.size_bytes;
+    f.driver_status = "injected fault (FaultPlan)";
+    return std::unexpected(std::move(f));
+  }
+  KILN_ASSIGN_OR_RETURN(const uint64_t address, driver_allocate(params));
+  if (params.zero_fill) {
+    if (auto cleared = driver_memset_zero(address, params.size_bytes); !cleared) {
+      (void)driver_free(address, params.size_bytes);
+      return std::unexpected(std::move(cleared).error());
+    }
+  }
+  std::lock_guard lock(mutex_);
+  const uint64_t id = next_alloc_id_++;
+  live_.emplace(id, Entry{address, params.size_bytes});
+  live_bytes_ += params.size_bytes;
+  return DeviceAllocation{this, id};
+}
+
+RhiExpected<LlvmDevice::Entry> LlvmDevice::find_live(DeviceAllocation alloc, const char *site) const {
+  if (alloc.device != this)
+    return std::unexpected(failure(RhiResult::invalid_usage, site,
+                                   fmt::format("allocation {} belongs to another device",
+                                               alloc.alloc_id)));
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(alloc.alloc_id);
+  if (it == live_.end())
+    return std::unexpected(failure(
+        RhiResult::invalid_usage, site,
+        fmt::format("allocation {} is not live (freed twice, or never allocated)", alloc.alloc_id)));
+  return it->second;
+}
+
+RhiExpected<LlvmDevice::Entry> LlvmDevice::check_range(DeviceAllocation alloc, uint64_t offset,
+                                                       uint64_t size_bytes, const char *site) const {
+  KILN_ASSIGN_OR_RETURN(const Entry entry, find_live(alloc, site));
+  if (offset > entry.size_bytes || size_bytes > entry.size_bytes - offset)
+    return std::unexpected(failure(
+        RhiResult::invalid_usage, site,
+        fmt::format("range [{}, {}+{}) lies outside allocation {} of {} bytes", offset, offset,
+                    size_bytes, alloc.alloc_id, entry.size_bytes)));
+  return entry;
+}
+
+RhiStatus LlvmDevice::dealloc_memory(DeviceAllocation alloc) {
+  constexpr const char *kSite = "LlvmDevice::dealloc_memory";
+  Entry entry{};
+  {
+    if (alloc.device != this)
+      return std::unexpected(failure(RhiResult::invalid_usage, kSite,
+                                     "allocation belongs to another device"));
+    std::lock_guard lock(mutex_);
+    auto it = live_.find(alloc.alloc_id);
+    if (it == live_.end())
+      return std::unexpected(failure(
+          RhiResult::invalid_usage, kSite,
+          fmt::format("allocation {} is not live (freed twice, or never allocated)",
+                      alloc.alloc_id)));
+    entry = it->second;
+    live_.erase(it);
+    live_bytes_ -= entry.size_bytes;
+  }
+  return driver_free(entry.address, entry.size_bytes);
+}
+
+RhiStatus LlvmDevice::memcpy_host_to_device(DeviceAllocation dst, uint64_t offset_bytes,
+                                            const void *src, uint64_t size_bytes) {
+  KILN_ASSIGN_OR_RETURN(const Entry entry,
+                        check_range(dst, offset_bytes, size_bytes, "memcpy_host_to_device"));
+  if (size_bytes == 0) return {};
+  return driver_copy_to_device(entry.address + offset_bytes, src, size_bytes);
+}
+
+RhiStatus LlvmDevice::memcpy_device_to_host(void *dst, DeviceAllocation src, uint64_t offset_bytes,
+                                            uint64_t size_bytes) {
+  KILN_ASSIGN_OR_RETURN(const Entry entry,
+                        check_range(src, offset_bytes, size_bytes, "memcpy_device_to_host"));
+  if (size_bytes == 0) return {};
+  return driver_copy_to_host(dst, entry.address + offset_bytes, size_bytes);
+}
+
+RhiStatus LlvmDevice::memcpy_device_to_device(DeviceAllocation dst, uint64_t dst_offset,
+                                              DeviceAllocation src, uint64_t src_offset,
+                                              uint64_t size_bytes) {
+  KILN_ASSIGN_OR_RETURN(const Entry d, check_range(dst, dst_offset, size_bytes, "memcpy_device_to_device"));
+  KILN_ASSIGN_OR_RETURN(const Entry s, check_range(src, src_offset, size_bytes, "memcpy_device_to_device"));
+  if (size_bytes == 0) return {};
+  return driver_copy_device(d.address + dst_offset, s.address + src_offset, size_bytes);
+}
+
+RhiExpected<uint64_t> LlvmDevice::device_address(DeviceAllocation alloc) const {
+  KILN_ASSIGN_OR_RETURN(const Entry entry, find_live(alloc, "LlvmDevice::device_address"));
+  return entry.address;
+}
+
+RhiExpected<uint64_t> LlvmDevice::allocation_size(DeviceAllocation alloc) const {
+  KILN_ASSIGN_OR_RETURN(const Entry entry, find_live(alloc, "LlvmDevice::allocation_size"));
+  return entry.size_bytes;
+}
+
+uint64_t LlvmDevice::live_allocation_count() const {
+  std::lock_guard lock(mutex_);
+  return live_.size();
+}
+
+uint64_t LlvmDevice::live_allocation_bytes() const {
+  std::lock_guard lock(mutex_);
+  return live_bytes_;
+}
+
+}  // namespace kiln

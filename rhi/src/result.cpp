@@ -1,0 +1,157 @@
+#include "kiln/rhi/result.h"
+
+#include <fmt/format.h>
+
+namespace kiln {
+
+std::string_view to_string(RhiResult result) {
+  switch (result) {
+    case RhiResult::success: return "success";
+    case RhiResult::error: return "error";
+    case RhiResult::invalid_usage: return "invalid_usage";
+    case RhiResult::not_supported: return "not_supported";
+    case RhiResult::out_of_memory: return "out_of_memory";
+    case RhiResult::device_lost: return "device_lost";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(MemoryCategory category) {
+  switch (category) {
+    case MemoryCategory::ndarray: return "ndarray";
+    case MemoryCategory::staging: return "staging";
+    case MemoryCategory::argument_buffer: return "argument_buffer";
+    case MemoryCategory::result_buffer: return "result_buffer";
+    case MemoryCategory::runtime_heap: return "runtime_heap";
+    case MemoryCategory::code_object: return "code_object";
+    case MemoryCategory::pool_cache: return "pool_cache";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(OomSource source) {
+  switch (source) {
+    case OomSource::none: return "none";
+    case OomSource::driver: return "driver";
+    case OomSource::budget: return "budget";
+    case OomSource::device_heap: return "device_heap";
+    case OomSource::host: return "host";
+  }
+  return "unknown";
+}
+
+uint64_t MemorySnapshot::in_use_total_bytes() const {
+  uint64_t total = 0;
+  for (uint64_t bytes : in_use_bytes) total += bytes;
+  return total;
+}
+
+std::string format_bytes(uint64_t bytes) {
+  constexpr const char *kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  double value = static_cast<double>(bytes) / 1024.0;
+  int unit = 0;
+  while (value >= 1024.0 && unit < 5) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return fmt::format("{:.2f} {}", value, kUnits[unit]);
+}
+
+namespace {
+
+// "ndarray 70.90 MiB, staging 312.00 KiB": the non-zero categories.
+std::string format_in_use(const CategoryBytes &in_use) {
+  std::string out;
+  for (std::size_t i = 0; i < in_use.size(); ++i) {
+    if (in_use[i] == 0) continue;
+    if (!out.empty()) out += ", ";
+    out += fmt::format("{} {}", to_string(static_cast<MemoryCategory>(i)), format_bytes(in_use[i]));
+  }
+  return out.empty() ? "nothing" : out;
+}
+
+std::string memory_clause(const MemorySnapshot &m) {
+  return fmt::format("device has {} free of {}; kiln holds {} ({})", format_bytes(m.free_bytes),
+                     format_bytes(m.total_bytes), format_bytes(m.in_use_total_bytes()),
+                     format_in_use(m.in_use_bytes));
+}
+
+std::string out_of_memory_head(const Failure &f) {
+  const std::string what = f.detail.empty() ? std::string(to_string(f.category)) : f.detail;
+  switch (f.oom_source) {
+    case OomSource::budget: {
+      const uint64_t used = f.memory.in_use_total_bytes();
+      const uint64_t left = f.memory.limit_bytes > used ? f.memory.limit_bytes - used : 0;
+      return fmt::format("{} could not allocate {} for {}: budget {} has {} left", f.device,
+                         format_bytes(f.requested_bytes), what, format_bytes(f.memory.limit_bytes),
+                         format_bytes(left));
+    }
+    case OomSource::device_heap:
+      return fmt::format("{} device heap exhausted: a kernel asked for {} ({})", f.device,
+                         format_bytes(f.requested_bytes), what);
+    case OomSource::host:
+      return fmt::format("{} could not allocate {} of host memory for {}", f.device,
+                         format_bytes(f.requested_bytes), what);
+    default:
+      return fmt::format("{} could not allocate {} for {}: driver reported {}", f.device,
+                         format_bytes(f.requested_bytes), what,
+                         *f.driver_status ? f.driver_status : "out of memory");
+  }
+}
+
+std::string out_of_memory_advice(const Failure &f) {
+  if (f.oom_source == OomSource::device_heap)
+    return "raise the device heap size (ExecutorConfig::device_heap_bytes, kiln-ops --heap-mb)";
+  return "free arrays or set KILN_POOL_LIMIT_MB";
+}
+
+}  // namespace
+
+std::string Failure::message() const {
+  std::string out;
+  if (result == RhiResult::out_of_memory) {
+    out = out_of_memory_head(*this);
+    if (has_memory) out += "; " + memory_clause(memory);
+    out += "; " + out_of_memory_advice(*this);
+  } else {
+    out = fmt::format("{}: {}", device.empty() ? "kiln" : device,
+                      detail.empty() ? std::string(to_string(result)) : detail);
+    if (*driver_status) out += fmt::format(" (driver reported {})", driver_status);
+  }
+  if (*site) out += fmt::format(" [at {}]", site);
+  for (const std::string &line : context) out += fmt::format("; while {}", line);
+  return out;
+}
+
+Failure &Failure::add_context(std::string line) & {
+  context.push_back(std::move(line));
+  return *this;
+}
+
+Failure &&Failure::add_context(std::string line) && {
+  context.push_back(std::move(line));
+  return std::move(*this);
+}
+
+Failure make_failure(RhiResult result, std::string device, const char *site, std::string detail) {
+  Failure f;
+  f.result = result;
+  f.device = std::move(device);
+  f.site = site;
+  f.detail = std::move(detail);
+  return f;
+}
+
+Failure invalid_usage(std::string device, const char *site, std::string detail) {
+  return make_failure(RhiResult::invalid_usage, std::move(device), site, std::move(detail));
+}
+
+namespace {
+thread_local Failure t_last_failure;
+}
+
+const Failure &last_failure() { return t_last_failure; }
+void set_last_failure(Failure failure) { t_last_failure = std::move(failure); }
+
+}  // namespace kiln

@@ -1,0 +1,276 @@
+// The kiln device runtime module: the kernels and the device heap allocator.
+//
+// Freestanding C++17 (no libc, no std headers, no exceptions, no RTTI), compiled at build time by
+// clang-14 into LLVM bitcode once per target triple (see cmake/KilnDeviceBitcode.cmake). It
+// implements exactly the ABI of kiln/runtime/kernel_abi.h. On the CPU, several host threads run
+// kernels concurrently on disjoint [begin, end) ranges with distinct task indices, so everything
+// shared (the heap bump offset, the error area) is updated with atomics.
+//
+// Integer arithmetic is done in the unsigned type of the same width, so overflow wraps instead
+// of being undefined behaviour.
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln/runtime/kernel_abi.h"
+
+namespace {
+
+// --- tiny freestanding string helpers ------------------------------------------------------------
+
+/// Appends NUL-terminated `text` to `out` at `*pos`, never writing past `capacity - 1`.
+void append_text(char *out, size_t capacity, size_t *pos, const char *text) {
+  while (*text != '\0' && *pos + 1 < capacity) out[(*pos)++] = *text++;
+  out[*pos] = '\0';
+}
+
+/// Appends `value` in decimal to `out` at `*pos`, truncating at `capacity - 1`.
+void append_u64(char *out, size_t capacity, size_t *pos, uint64_t value) {
+  char digits[21];
+  int n = 0;
+  do {
+    digits[n++] = static_cast<char>('0' + value % 10);
+    value /= 10;
+  } while (value != 0);
+  char reversed[21];
+  for (int i = 0; i < n; ++i) reversed[i] = digits[n - 1 - i];
+  reversed[n] = '\0';
+  append_text(out, capacity, pos, reversed);
+}
+
+// --- error recording -----------------------------------------------------------------------------
+//
+// Atomics use the __sync builtins on purpose: clang lowers them to native LLVM atomic instructions
+// on every target, whereas the __atomic builtins become __atomic_* library calls on
+// nvptx64-nvidia-cuda outside CUDA mode (its max inline atomic width is 0 there).
+
+/// Claims the error area for `code` if no error was recorded yet (the first error wins).
+/// Returns true if this call won and must fill in the arguments and the message.
+bool claim_error(KilnRuntime *rt, int32_t code) {
+  return __sync_val_compare_and_swap(&rt->error_code, int32_t{KILN_DEVICE_OK}, code) ==
+         KILN_DEVICE_OK;
+}
+
+void record_heap_exhausted(KilnRuntime *rt, uint64_t requested, uint64_t used, uint64_t size) {
+  if (!claim_error(rt, KILN_DEVICE_HEAP_EXHAUSTED)) return;
+  rt->error_arg0 = requested;
+  rt->error_arg1 = used;
+  rt->error_arg2 = size;
+  const size_t cap = sizeof(rt->error_message);
+  size_t pos = 0;
+  append_text(rt->error_message, cap, &pos, "device heap exhausted: requested ");
+  append_u64(rt->error_message, cap, &pos, requested);
+  append_text(rt->error_message, cap, &pos, " B, used ");
+  append_u64(rt->error_message, cap, &pos, used);
+  append_text(rt->error_message, cap, &pos, " of ");
+  append_u64(rt->error_message, cap, &pos, size);
+  append_text(rt->error_message, cap, &pos, " B");
+}
+
+void record_bad_alignment(KilnRuntime *rt, uint64_t alignment) {
+  if (!claim_error(rt, KILN_DEVICE_BAD_ALIGNMENT)) return;
+  rt->error_arg0 = alignment;
+  rt->error_arg1 = 0;
+  rt->error_arg2 = 0;
+  const size_t cap = sizeof(rt->error_message);
+  size_t pos = 0;
+  append_text(rt->error_message, cap, &pos, "device heap alignment is not a power of two: ");
+  append_u64(rt->error_message, cap, &pos, alignment);
+}
+
+// --- per-dtype arithmetic ------------------------------------------------------------------------
+
+/// Wrapping arithmetic and scalar selection per dtype. Floating types use plain IEEE operations.
+template <class T>
+struct Arith {
+  static T scalar(const KilnKernelArgs *args) { return static_cast<T>(args->scalar_f64); }
+  static T add(T a, T b) { return a + b; }
+  static T mul(T a, T b) { return a * b; }
+};
+
+template <class T, class U>
+struct WrappingArith {
+  static T scalar(const KilnKernelArgs *args) { return static_cast<T>(args->scalar_i64); }
+  static T add(T a, T b) { return static_cast<T>(static_cast<U>(a) + static_cast<U>(b)); }
+  static T mul(T a, T b) { return static_cast<T>(static_cast<U>(a) * static_cast<U>(b)); }
+};
+
+template <>
+struct Arith<int32_t> : WrappingArith<int32_t, uint32_t> {};
+template <>
+struct Arith<int64_t> : WrappingArith<int64_t, uint64_t> {};
+
+/// Partial sums: floating dtypes accumulate in double, integer dtypes in wrapping 64-bit.
+template <class T>
+struct SumTraits {
+  using Acc = double;
+  static Acc add(Acc acc, T x) { return acc + static_cast<double>(x); }
+  static uint64_t bits(Acc acc) { return __builtin_bit_cast(uint64_t, acc); }
+};
+
+template <class T>
+struct IntSumTraits {
+  using Acc = uint64_t;
+  static Acc add(Acc acc, T x) { return acc + static_cast<uint64_t>(static_cast<int64_t>(x)); }
+  static uint64_t bits(Acc acc) { return acc; }
+};
+
+template <>
+struct SumTraits<int32_t> : IntSumTraits<int32_t> {};
+template <>
+struct SumTraits<int64_t> : IntSumTraits<int64_t> {};
+
+template <class T>
+T *operand(const KilnKernelArgs *args, int index) {
+  return reinterpret_cast<T *>(static_cast<uintptr_t>(args->ptr[index]));
+}
+
+KilnTaskResult *result_slot(const KilnKernelArgs *args, int64_t task_index) {
+  return reinterpret_cast<KilnTaskResult *>(static_cast<uintptr_t>(args->result_buffer)) +
+         task_index;
+}
+
+}  // namespace
+
+// --- device heap ---------------------------------------------------------------------------------
+
+/// Bump-allocates `size` bytes aligned to `alignment` from the runtime's heap chunk.
+/// Always sets *result = 0 first; on success writes the device address of the block.
+/// Errors (recorded in the runtime's error area, first error wins): KILN_DEVICE_BAD_ALIGNMENT
+/// (alignment not a power of two; arg0 = alignment), KILN_DEVICE_HEAP_EXHAUSTED (arg0 = size,
+/// arg1 = heap bytes used, arg2 = heap size). Thread-safe (atomic CAS loop on heap_used_bytes).
+/// A zero-byte request succeeds with an aligned address and consumes only the padding.
+extern "C" void runtime_memory_allocate_aligned(KilnRuntime *rt, uint64_t size, uint64_t alignment,
+                                                uint64_t *result) {
+  *result = 0;
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
+    record_bad_alignment(rt, alignment);
+    return;
+  }
+  const uint64_t base = rt->heap_base;
+  const uint64_t heap_size = rt->heap_size_bytes;
+  uint64_t used = __sync_fetch_and_add(&rt->heap_used_bytes, uint64_t{0});  // atomic read
+  for (;;) {
+    // Align the absolute address, then check the block fits without any unsigned overflow.
+    const uint64_t unaligned = base + used;
+    const uint64_t aligned = (unaligned + (alignment - 1)) & ~(alignment - 1);
+    const uint64_t offset = aligned - base;
+    if (used > heap_size || aligned < unaligned || offset > heap_size ||
+        size > heap_size - offset) {
+      record_heap_exhausted(rt, size, used, heap_size);
+      return;
+    }
+    const uint64_t seen = __sync_val_compare_and_swap(&rt->heap_used_bytes, used, offset + size);
+    if (seen == used) {
+      *result = aligned;
+      return;
+    }
+    used = seen;  // another task allocated first; retry from its offset
+  }
+}
+
+// --- kernels -------------------------------------------------------------------------------------
+
+namespace {
+
+template <class T>
+void fill(KilnRuntime *, const KilnKernelArgs *args, int64_t begin, int64_t end, int64_t) {
+  T *__restrict out = operand<T>(args, 0);
+  const T value = Arith<T>::scalar(args);
+  for (int64_t i = begin; i < end; ++i) out[i] = value;
+}
+
+template <class T>
+void copy(KilnRuntime *, const KilnKernelArgs *args, int64_t begin, int64_t end, int64_t) {
+  T *__restrict dst = operand<T>(args, 0);
+  const T *__restrict src = operand<T>(args, 1);
+  for (int64_t i = begin; i < end; ++i) dst[i] = src[i];
+}
+
+template <class T>
+void axpy(KilnRuntime *, const KilnKernelArgs *args, int64_t begin, int64_t end, int64_t) {
+  T *__restrict y = operand<T>(args, 0);
+  const T *__restrict x = operand<T>(args, 1);
+  const T alpha = Arith<T>::scalar(args);
+  for (int64_t i = begin; i < end; ++i) y[i] = Arith<T>::add(Arith<T>::mul(alpha, x[i]), y[i]);
+}
+
+template <class T>
+void reduce_sum(KilnRuntime *, const KilnKernelArgs *args, int64_t begin, int64_t end,
+                int64_t task_index) {
+  const T *__restrict x = operand<T>(args, 0);
+  typename SumTraits<T>::Acc acc = 0;
+  for (int64_t i = begin; i < end; ++i) acc = SumTraits<T>::add(acc, x[i]);
+  result_slot(args, task_index)->value_bits = SumTraits<T>::bits(acc);
+}
+
+/// C[i, :] = A[i, :] * B for the rows i in [begin, end); i-k-j order so the inner loop vectorizes.
+template <class T>
+void matmul(KilnRuntime *, const KilnKernelArgs *args, int64_t begin, int64_t end, int64_t) {
+  const int64_t n = static_cast<int64_t>(args->dims[1]);
+  const int64_t k = static_cast<int64_t>(args->dims[2]);
+  T *__restrict c = operand<T>(args, 0);
+  const T *__restrict a = operand<T>(args, 1);
+  const T *__restrict b = operand<T>(args, 2);
+  for (int64_t i = begin; i < end; ++i) {
+    T *__restrict c_row = c + i * n;
+    for (int64_t j = 0; j < n; ++j) c_row[j] = T(0);
+    for (int64_t p = 0; p < k; ++p) {
+      const T a_ip = a[i * k + p];
+      const T *__restrict b_row = b + p * n;
+      for (int64_t j = 0; j < n; ++j) {
+        c_row[j] = Arith<T>::add(c_row[j], Arith<T>::mul(a_ip, b_row[j]));
+      }
+    }
+  }
+}
+
+/// Copies the elements > 0 of x[begin, end) in order into a fresh heap block and writes
+/// {address, count} into the task's result slot. Nothing is allocated when count == 0.
+template <class T>
+void compact_positive(KilnRuntime *rt, const KilnKernelArgs *args, int64_t begin, int64_t end,
+                      int64_t task_index) {
+  const T *__restrict x = operand<T>(args, 0);
+  uint64_t count = 0;
+  for (int64_t i = begin; i < end; ++i) count += x[i] > T(0) ? 1 : 0;
+  KilnTaskResult *slot = result_slot(args, task_index);
+  if (count == 0) {
+    slot->address = 0;
+    slot->count = 0;
+    return;
+  }
+  uint64_t address = 0;
+  runtime_memory_allocate_aligned(rt, count * sizeof(T), /*alignment=*/64, &address);
+  if (address == 0) return;  // the error is already recorded in rt
+  T *__restrict out = reinterpret_cast<T *>(static_cast<uintptr_t>(address));
+  uint64_t written = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    if (x[i] > T(0)) out[written++] = x[i];
+  }
+  slot->address = address;
+  slot->count = count;
+}
+
+}  // namespace
+
+// One extern "C" entry point per (op, dtype); the signature is KilnKernelFn.
+#define KILN_KERNEL(op, dtype, T)                                                            \
+  extern "C" void kiln_##op##_##dtype(KilnRuntime *rt, const KilnKernelArgs *args,          \
+                                      int64_t begin, int64_t end, int64_t task_index) {     \
+    op<T>(rt, args, begin, end, task_index);                                                 \
+  }
+
+#define KILN_DEFINE_KERNELS(dtype, T)     \
+  KILN_KERNEL(fill, dtype, T)             \
+  KILN_KERNEL(copy, dtype, T)             \
+  KILN_KERNEL(axpy, dtype, T)             \
+  KILN_KERNEL(reduce_sum, dtype, T)       \
+  KILN_KERNEL(matmul, dtype, T)           \
+  KILN_KERNEL(compact_positive, dtype, T)
+
+KILN_DEFINE_KERNELS(f32, float)
+KILN_DEFINE_KERNELS(f64, double)
+KILN_DEFINE_KERNELS(i32, int32_t)
+KILN_DEFINE_KERNELS(i64, int64_t)
+
+#undef KILN_DEFINE_KERNELS
+#undef KILN_KERNEL

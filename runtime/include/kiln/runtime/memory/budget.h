@@ -1,0 +1,98 @@
+// The memory budget and its ledger: what kiln may hold on one device, and what it holds, per
+// category. Pure bookkeeping (no device calls), so it is testable without memory.
+#ifndef KILN_RUNTIME_MEMORY_BUDGET_H_
+#define KILN_RUNTIME_MEMORY_BUDGET_H_
+
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <string>
+
+#include "kiln/rhi/result.h"
+
+namespace kiln::runtime {
+
+class MemoryBudget;
+
+/// Bytes held or promised, per category; the unit of a reservation.
+struct CategoryRequest {
+  MemoryCategory category = MemoryCategory::ndarray;
+  uint64_t size_bytes = 0;
+};
+
+/// Bytes promised by the budget. Unless commit() is called, the destructor gives them back, so
+/// every early return on a failure path releases what it reserved. Move-only; not thread-safe
+/// (one owner), but the budget it refers to is.
+class [[nodiscard]] Reservation {
+ public:
+  Reservation() = default;
+  Reservation(Reservation &&other) noexcept;
+  Reservation &operator=(Reservation &&other) noexcept;
+  Reservation(const Reservation &) = delete;
+  Reservation &operator=(const Reservation &) = delete;
+  ~Reservation();
+
+  /// The bytes stay charged to the ledger; the caller now owns the charge and releases it with
+  /// MemoryBudget::release when the memory is freed.
+  void commit();
+  /// Gives `category` bytes of this reservation back now (a partial release, e.g. when one
+  /// member of a group turned out to be a cache hit).
+  void release_part(MemoryCategory category, uint64_t size_bytes);
+  [[nodiscard]] uint64_t total_bytes() const;
+
+ private:
+  friend class MemoryBudget;
+  Reservation(MemoryBudget *budget, CategoryBytes bytes) : budget_(budget), bytes_(bytes) {}
+  MemoryBudget *budget_ = nullptr;
+  CategoryBytes bytes_{};
+};
+
+/// Current and peak bytes per category plus event counters. A plain value (a snapshot).
+struct LedgerStats {
+  CategoryBytes current_bytes{};
+  CategoryBytes peak_bytes{};
+  uint64_t peak_total_bytes = 0;
+  uint64_t limit_bytes = 0;
+  uint64_t refusals = 0;  ///< reservations the budget refused
+  [[nodiscard]] uint64_t current_total_bytes() const;
+};
+
+/// A budget over one ledger: reservations succeed while in-use + request <= limit.
+/// Thread-safe: every member may be called from any thread.
+class MemoryBudget {
+ public:
+  explicit MemoryBudget(uint64_t limit_bytes) : limit_bytes_(limit_bytes) {}
+
+  /// Reserves `size_bytes` in `category`. Errors: out_of_memory with oom_source budget (the
+  /// failure carries the limit and the in-use bytes per category) when it does not fit.
+  [[nodiscard]] RhiExpected<Reservation> reserve(MemoryCategory category, uint64_t size_bytes);
+  /// Reserves every request in one step: all of them, or none (the failure names the total).
+  [[nodiscard]] RhiExpected<Reservation> reserve(std::span<const CategoryRequest> requests);
+  /// Gives back committed bytes (the memory was freed).
+  void release(MemoryCategory category, uint64_t size_bytes);
+  /// Moves committed bytes from one category to another (no limit check: the total is unchanged).
+  void transfer(MemoryCategory from, MemoryCategory to, uint64_t size_bytes);
+
+  [[nodiscard]] uint64_t limit_bytes() const;
+  /// Sets a new limit. Memory already held above it stays held; new reservations are refused.
+  void set_limit_bytes(uint64_t limit_bytes);
+  [[nodiscard]] uint64_t in_use_bytes() const;
+  [[nodiscard]] CategoryBytes in_use_by_category() const;
+  [[nodiscard]] LedgerStats stats() const;
+  /// Forgets the peaks (sets them to the current values).
+  void reset_peaks();
+
+ private:
+  friend class Reservation;
+  void give_back(const CategoryBytes &bytes);
+  [[nodiscard]] Failure refusal(uint64_t requested_bytes, MemoryCategory category) const;
+
+  mutable std::mutex mutex_;
+  uint64_t limit_bytes_;
+  uint64_t in_use_total_ = 0;
+  LedgerStats stats_{};
+};
+
+}  // namespace kiln::runtime
+
+#endif  // KILN_RUNTIME_MEMORY_BUDGET_H_

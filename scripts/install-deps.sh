@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kiln's build and tests need, only those that are missing.
+# Idempotent and non-interactive; run as root (or with sudo available).
+set -euo pipefail
+
+packages=(
+  build-essential cmake make pkg-config
+  llvm-14-dev clang-14 lld-14 zlib1g-dev libzstd-dev libxml2-dev libtinfo-dev libz3-dev libffi-dev libedit-dev
+  libfmt-dev catch2 libbenchmark-dev
+  pybind11-dev python3-dev python3-pytest python3-numpy python3-hypothesis
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo_cmd=()
+[ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -q
+"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,131 @@
+// kiln-ops: runs the operation suite on one backend and prints one verdict per case.
+// Exit status: 0 when no case FAILed (a refusal is not a failure), 1 when one did or the
+// executor could not be set up, 2 on bad usage.
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdio>
+#include <regex>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "suite.h"
+
+namespace {
+
+constexpr const char *kUsage = R"(usage: kiln-ops [options]
+  --backend cpu|mock     device to run on (default cpu)
+  --budget-mb N          fixed memory budget for this run, in MiB (else KILN_POOL_LIMIT_MB, else
+                         device total minus reserve)
+  --heap-mb N            device heap chunk for kernels that allocate while running (default 16)
+  --max-array-mb N       skip cases whose arrays exceed N MiB (default 256 on cpu, 16 on mock)
+  --mock-capacity-mb N   capacity of the mock device (default 1024)
+  --filter REGEX         run only cases whose name matches REGEX
+  --repeat N             run the suite N times, each with a fresh executor
+  --fault-at N           the N-th allocation, counted from the first case, fails (out of memory)
+  --threads N            CPU worker threads (default: all cores)
+  --json PATH            also write the results as JSON
+  --list                 print the case names and exit
+  --help                 this text
+)";
+
+struct Args {
+  kiln::ops::SuiteOptions suite;
+  std::string json_path;
+  bool list = false;
+  bool max_array_set = false;
+};
+
+bool parse_u64(std::string_view text, uint64_t *out) {
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
+  return ec == std::errc() && ptr == text.data() + text.size();
+}
+
+int usage_error(const std::string &why) {
+  fmt::print(stderr, "kiln-ops: {}\n{}", why, kUsage);
+  return 2;
+}
+
+// Returns 0 to go on, or the exit status.
+int parse_args(int argc, char **argv, Args &args) {
+  kiln::ExecutorConfig &config = args.suite.config;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      fmt::print("{}", kUsage);
+      return -1;
+    }
+    if (flag == "--list") {
+      args.list = true;
+      continue;
+    }
+    if (i + 1 >= argc) return usage_error(fmt::format("{} needs a value", flag));
+    const std::string_view value = argv[++i];
+    uint64_t n = 0;
+    const bool numeric = parse_u64(value, &n);
+    const bool mb_ok = numeric && n <= (UINT64_MAX >> 20);
+    if (flag == "--backend") {
+      auto backend = kiln::parse_backend(value);
+      if (!backend) return usage_error(backend.error().detail);
+      config.backend = *backend;
+    } else if (flag == "--filter") {
+      try {
+        std::regex check{std::string(value)};
+      } catch (const std::regex_error &e) {
+        return usage_error(fmt::format("--filter '{}' is not a valid regex: {}", value, e.what()));
+      }
+      args.suite.filter = value;
+    } else if (flag == "--json") {
+      args.json_path = value;
+    } else if (!numeric) {
+      return usage_error(fmt::format("{} needs a non-negative integer, got '{}'", flag, value));
+    } else if (flag == "--budget-mb" && mb_ok) {
+      config.budget.limit_bytes = n << 20;
+    } else if (flag == "--heap-mb" && mb_ok) {
+      config.device_heap_bytes = n << 20;
+    } else if (flag == "--max-array-mb" && mb_ok) {
+      args.suite.max_array_bytes = n << 20;
+      args.max_array_set = true;
+    } else if (flag == "--mock-capacity-mb" && mb_ok) {
+      config.mock.capacity_bytes = n << 20;
+    } else if (flag == "--repeat" && n >= 1 && n <= 1000000) {
+      args.suite.repeat = static_cast<int>(n);
+    } else if (flag == "--fault-at") {
+      args.suite.fault_at = n;
+    } else if (flag == "--threads" && n <= 4096) {
+      config.num_threads = static_cast<unsigned>(n);
+    } else {
+      return usage_error(fmt::format("unknown option or value out of range: {} {}", flag, value));
+    }
+  }
+  if (!args.max_array_set && config.backend == kiln::Backend::mock)
+    args.suite.max_array_bytes = 16ull << 20;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  Args args;
+  if (int status = parse_args(argc, argv, args); status != 0) return status < 0 ? 0 : status;
+  if (args.list) {
+    for (const auto &c : kiln::ops::make_cases(args.suite.max_array_bytes)) fmt::print("{}\n", c.name);
+    return 0;
+  }
+  args.suite.progress = isatty(STDERR_FILENO) != 0;
+  const kiln::ops::SuiteReport report = kiln::ops::run_suite(args.suite);
+  if (report.setup_failure) {
+    fmt::print(stderr, "kiln-ops: could not set up the {} backend: {}\n",
+               kiln::to_string(args.suite.config.backend), kiln::describe(*report.setup_failure));
+    return 1;
+  }
+  if (!args.json_path.empty()) {
+    if (auto written = kiln::ops::write_json(report, args.json_path); !written) {
+      fmt::print(stderr, "kiln-ops: {}\n", written.error().message());
+      return 1;
+    }
+  }
+  return report.failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,144 @@
+#include "suite.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <regex>
+
+#include <fmt/format.h>
+
+namespace kiln::ops {
+namespace {
+
+CaseResult run_case(const Case &c, LlvmRuntimeExecutor &ex) {
+  CaseResult r;
+  r.name = c.name;
+  const auto start = std::chrono::steady_clock::now();
+  auto outcome = c.run(ex);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!outcome) {
+    const Failure &f = outcome.error();
+    const ErrorKind kind = classify(f);
+    r.error_name = std::string(error_name(kind));
+    r.detail = describe(f);
+    // Out-of-memory and a lost device are answers a run must survive; anything else is a bug.
+    r.verdict = (is_out_of_memory(kind) || kind == ErrorKind::device_lost) ? Verdict::refused
+                                                                            : Verdict::fail;
+  } else if (outcome->has_value()) {
+    r.verdict = Verdict::fail;
+    r.detail = **outcome;
+  }
+  r.ledger_after_bytes = ex.memory().budget().in_use_bytes();
+  return r;
+}
+
+void print_result(std::FILE *out, const CaseResult &r) {
+  if (out == nullptr) return;
+  switch (r.verdict) {
+    case Verdict::ok: fmt::print(out, "{}: OK\n", r.name); break;
+    case Verdict::fail: fmt::print(out, "{}: FAIL {}\n", r.name, r.detail); break;
+    case Verdict::refused: fmt::print(out, "{}: REFUSED {}\n", r.name, r.detail); break;
+  }
+  std::fflush(out);
+}
+
+void print_summary(std::FILE *out, const SuiteReport &report) {
+  if (out == nullptr) return;
+  fmt::print(out, "{}/{} cases OK, {} refused, {} failed\n", report.ok, report.results.size(),
+             report.refused, report.failed);
+  fmt::print(out, "peak memory per category:");
+  for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
+    fmt::print(out, " {} {}{}", to_string(static_cast<MemoryCategory>(i)),
+               format_bytes(report.peak_bytes[i]), i + 1 < kNumMemoryCategories ? "," : "");
+  fmt::print(out, "\nallocations: {}\n", report.allocations);
+}
+
+}  // namespace
+
+SuiteReport run_suite(const SuiteOptions &options) {
+  SuiteReport report;
+  std::vector<Case> cases = make_cases(options.max_array_bytes);
+  if (!options.filter.empty()) {
+    const std::regex re(options.filter);
+    std::erase_if(cases, [&](const Case &c) { return !std::regex_search(c.name, re); });
+  }
+  const std::size_t total = cases.size() * static_cast<std::size_t>(options.repeat);
+  for (int rep = 0; rep < options.repeat; ++rep) {
+    // A fresh executor per repetition: nothing is carried from one run to the next.
+    auto ex = LlvmRuntimeExecutor::create(options.config, options.program);
+    if (!ex) {
+      report.setup_failure = std::move(ex).error();
+      return report;
+    }
+    LlvmDevice &device = (*ex)->device();
+    if (options.fault_at != 0 && options.fault_at > report.allocations)
+      device.fault_plan().fail_nth_allocation(options.fault_at - report.allocations);
+    else
+      device.fault_plan().fail_nth_allocation(FaultPlan::kNever);
+    for (const Case &c : cases) {
+      if (options.progress)
+        fmt::print(stderr, "[{}/{}] {}\r", report.results.size() + 1, total, c.name);
+      CaseResult r = run_case(c, **ex);
+      print_result(options.out, r);
+      report.ok += r.verdict == Verdict::ok;
+      report.refused += r.verdict == Verdict::refused;
+      report.failed += r.verdict == Verdict::fail;
+      report.results.push_back(std::move(r));
+    }
+    report.allocations += device.fault_plan().allocation_count();
+    const runtime::LedgerStats stats = (*ex)->memory().budget().stats();
+    for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
+      report.peak_bytes[i] = std::max(report.peak_bytes[i], stats.peak_bytes[i]);
+    report.ledger_after_teardown_bytes = stats.current_total_bytes();
+    report.device_live_bytes_after_cases = device.live_allocation_bytes();
+  }
+  print_summary(options.out, report);
+  return report;
+}
+
+namespace {
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20) out += fmt::format("\\u{:04x}", ch);
+        else out += ch;
+    }
+  }
+  return out + "\"";
+}
+constexpr const char *kVerdictNames[] = {"OK", "FAIL", "REFUSED"};
+}  // namespace
+
+RhiStatus write_json(const SuiteReport &report, const std::string &path) {
+  std::FILE *file = std::fopen(path.c_str(), "w");
+  if (file == nullptr)
+    return std::unexpected(make_failure(RhiResult::error, "kiln-ops", "write_json",
+                                        fmt::format("cannot write {}", path)));
+  fmt::print(file, "{{\n  \"cases\": [\n");
+  for (std::size_t i = 0; i < report.results.size(); ++i) {
+    const CaseResult &r = report.results[i];
+    fmt::print(file, "    {{\"name\": {}, \"verdict\": \"{}\", \"error\": {}, \"detail\": {}, \"seconds\": {:.6f}}}{}\n",
+               json_string(r.name), kVerdictNames[static_cast<int>(r.verdict)],
+               json_string(r.error_name), json_string(r.detail), r.seconds,
+               i + 1 < report.results.size() ? "," : "");
+  }
+  fmt::print(file, "  ],\n  \"ok\": {}, \"refused\": {}, \"failed\": {}, \"allocations\": {},\n",
+             report.ok, report.refused, report.failed, report.allocations);
+  fmt::print(file, "  \"peak_bytes\": {{");
+  for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
+    fmt::print(file, "\"{}\": {}{}", to_string(static_cast<MemoryCategory>(i)), report.peak_bytes[i],
+               i + 1 < kNumMemoryCategories ? ", " : "");
+  fmt::print(file, "}}\n}}\n");
+  const bool ok = std::fclose(file) == 0;
+  if (!ok)
+    return std::unexpected(make_failure(RhiResult::error, "kiln-ops", "write_json",
+                                        fmt::format("cannot write {}", path)));
+  return {};
+}
+
+}  // namespace kiln::ops

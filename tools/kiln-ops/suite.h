@@ -1,0 +1,69 @@
+// The kiln-ops suite: operation cases run on one backend, each checked against a host reference.
+#ifndef KILN_TOOLS_KILN_OPS_SUITE_H_
+#define KILN_TOOLS_KILN_OPS_SUITE_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/executor/errors.h"
+#include "kiln/executor/executor.h"
+
+namespace kiln::ops {
+
+/// One operation case: a name like "axpy/f32/medium" and the code that runs and checks it.
+struct Case {
+  std::string name;
+  uint64_t max_array_bytes = 0;  ///< the largest array the case allocates
+  /// Runs the case. Returns nullopt when the result matched the reference, or why it did not.
+  /// A failure from the executor is returned as a Failure.
+  std::function<RhiExpected<std::optional<std::string>>(LlvmRuntimeExecutor &)> run;
+};
+
+/// Every case whose arrays are at most `max_array_bytes`.
+[[nodiscard]] std::vector<Case> make_cases(uint64_t max_array_bytes);
+
+enum class Verdict : uint8_t { ok, fail, refused };
+
+struct CaseResult {
+  std::string name;
+  Verdict verdict = Verdict::ok;
+  std::string detail;      ///< FAIL: why; REFUSED: "<ErrorName>: <message>"
+  std::string error_name;  ///< REFUSED / FAIL-by-error: the named error
+  double seconds = 0.0;
+  uint64_t ledger_after_bytes = 0;  ///< ledger total after the case (runtime state and code only)
+};
+
+struct SuiteOptions {
+  ExecutorConfig config;
+  std::string filter;               ///< ECMAScript regex searched in case names; empty = all
+  int repeat = 1;
+  uint64_t fault_at = 0;            ///< 0 = no fault; else the N-th allocation from the first case fails
+  uint64_t max_array_bytes = 256ull << 20;
+  std::shared_ptr<Program> program;  ///< reuse a compiled Program (tests); null = shared host one
+  std::FILE *out = stdout;           ///< verdict lines and summary; null = silent
+  bool progress = false;             ///< "[i/M]" progress on stderr
+};
+
+struct SuiteReport {
+  std::vector<CaseResult> results;  ///< every case of every repetition, in order
+  int ok = 0, refused = 0, failed = 0;
+  CategoryBytes peak_bytes{};        ///< highest ledger bytes per category over the run
+  uint64_t allocations = 0;          ///< driver allocation attempts counted from the first case
+  uint64_t ledger_after_teardown_bytes = 0;  ///< ledger total after the last case (should equal runtime+code)
+  uint64_t device_live_bytes_after_cases = 0;  ///< bytes the device held after the last case
+  std::optional<Failure> setup_failure;  ///< the executor could not be made
+};
+
+/// Runs the suite. Never throws for device answers; a refused case does not stop the sweep.
+[[nodiscard]] SuiteReport run_suite(const SuiteOptions &options);
+/// Writes the report as JSON. Errors: error when the file cannot be written.
+[[nodiscard]] RhiStatus write_json(const SuiteReport &report, const std::string &path);
+
+}  // namespace kiln::ops
+
+#endif  // KILN_TOOLS_KILN_OPS_SUITE_H_
