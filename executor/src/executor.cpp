@@ -65,6 +65,8 @@ RhiStatus LlvmRuntimeExecutor::init_runtime() {
   return {};
 }
 
+unsigned LlvmRuntimeExecutor::worker_threads() const { return launcher_->num_threads(); }
+
 RhiExpected<DeviceAllocation> LlvmRuntimeExecutor::allocate_memory_on_device(uint64_t size_bytes,
                                                                              MemoryCategory category) {
   return context_->memory->allocate(category, size_bytes);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -36,9 +37,12 @@ CpuKernelLauncher::CpuKernelLauncher(runtime::DeviceMemory &memory, Program &pro
       program_(program),
       runtime_state_(runtime_state),
       heap_bytes_(heap_bytes),
-      pool_(std::make_unique<runtime::ThreadPool>(num_threads)) {}
+      pool_(std::make_unique<runtime::ThreadPool>(
+          num_threads != 0 ? num_threads : std::max(1u, std::thread::hardware_concurrency()))) {}
 
 CpuKernelLauncher::~CpuKernelLauncher() = default;
+
+unsigned CpuKernelLauncher::num_threads() const { return pool_->num_threads(); }
 
 int64_t CpuKernelLauncher::task_count(const LaunchSpec &spec) const {
   if (spec.iteration_size <= spec.min_elements_per_task) return 1;

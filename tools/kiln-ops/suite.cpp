@@ -28,7 +28,10 @@ CaseResult run_case(const Case &c, LlvmRuntimeExecutor &ex) {
     r.verdict = Verdict::fail;
     r.detail = **outcome;
   }
-  r.ledger_after_bytes = ex.memory().budget().in_use_bytes();
+  const CategoryBytes in_use = ex.memory().budget().in_use_by_category();
+  for (uint64_t bytes : in_use) r.ledger_after_bytes += bytes;
+  r.ledger_code_bytes = in_use[static_cast<std::size_t>(MemoryCategory::code_object)];
+  r.device_live_bytes = ex.device().live_allocation_bytes();
   return r;
 }
 
@@ -71,6 +74,7 @@ SuiteReport run_suite(const SuiteOptions &options) {
       return report;
     }
     LlvmDevice &device = (*ex)->device();
+    report.ledger_baseline_bytes = (*ex)->memory().budget().in_use_bytes();
     if (options.fault_at != 0 && options.fault_at > report.allocations)
       device.fault_plan().fail_nth_allocation(options.fault_at - report.allocations);
     else
@@ -89,8 +93,6 @@ SuiteReport run_suite(const SuiteOptions &options) {
     const runtime::LedgerStats stats = (*ex)->memory().budget().stats();
     for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
       report.peak_bytes[i] = std::max(report.peak_bytes[i], stats.peak_bytes[i]);
-    report.ledger_after_teardown_bytes = stats.current_total_bytes();
-    report.device_live_bytes_after_cases = device.live_allocation_bytes();
   }
   print_summary(options.out, report);
   return report;

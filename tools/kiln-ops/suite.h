@@ -36,6 +36,8 @@ struct CaseResult {
   std::string error_name;  ///< REFUSED / FAIL-by-error: the named error
   double seconds = 0.0;
   uint64_t ledger_after_bytes = 0;  ///< ledger total after the case (runtime state and code only)
+  uint64_t ledger_code_bytes = 0;   ///< of which code_object (held by the JIT, not the device)
+  uint64_t device_live_bytes = 0;   ///< bytes the device holds for kiln after the case
 };
 
 struct SuiteOptions {
@@ -54,8 +56,7 @@ struct SuiteReport {
   int ok = 0, refused = 0, failed = 0;
   CategoryBytes peak_bytes{};        ///< highest ledger bytes per category over the run
   uint64_t allocations = 0;          ///< driver allocation attempts counted from the first case
-  uint64_t ledger_after_teardown_bytes = 0;  ///< ledger total after the last case (should equal runtime+code)
-  uint64_t device_live_bytes_after_cases = 0;  ///< bytes the device held after the last case
+  uint64_t ledger_baseline_bytes = 0;  ///< ledger total after set-up (runtime state + code)
   std::optional<Failure> setup_failure;  ///< the executor could not be made
 };
 

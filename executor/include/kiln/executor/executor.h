@@ -91,6 +91,8 @@ class LlvmRuntimeExecutor {
   [[nodiscard]] runtime::DeviceMemory &memory() const { return *context_->memory; }
   [[nodiscard]] const ExecutorConfig &config() const { return config_; }
   [[nodiscard]] Program &program() const { return *program_; }
+  /// CPU threads a launch runs on (ExecutorConfig::num_threads, or all cores when 0).
+  [[nodiscard]] unsigned worker_threads() const;
 
  private:
   LlvmRuntimeExecutor(ExecutorConfig config, std::shared_ptr<DeviceContext> context,

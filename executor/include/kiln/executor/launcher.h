@@ -58,6 +58,8 @@ class CpuKernelLauncher {
   /// exhaustion -> out_of_memory (oom_source device_heap); other device errors -> error.
   /// Every launch-scoped allocation is freed before returning, on every path.
   [[nodiscard]] RhiExpected<LaunchResult> launch(const LaunchSpec &spec);
+  /// Worker threads a launch uses (the calling thread included).
+  [[nodiscard]] unsigned num_threads() const;
   /// Offset of the heap chunk inside the runtime-state allocation.
   static constexpr uint64_t kHeapOffsetBytes = 256;
 

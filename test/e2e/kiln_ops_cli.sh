@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# End-to-end checks of the kiln-ops binary: verdict lines, exit codes, budget refusals, JSON.
+# usage: kiln_ops_cli.sh <path to kiln-ops>
+set -u
+ops="$1"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+check() {  # check <description> <command...>: the command must succeed
+  local what="$1"; shift
+  if "$@"; then echo "ok - $what"; else echo "not ok - $what"; failures=$((failures + 1)); fi
+}
+
+# The default cpu run, capped at 16 MiB arrays to keep CI short (make run does the full one).
+"$ops" --max-array-mb 16 > "$tmp/cpu.txt" 2>&1; rc=$?
+check "cpu run exits 0" test "$rc" -eq 0
+check "cpu run prints at least 40 OK verdicts" test "$(grep -c ': OK$' "$tmp/cpu.txt")" -ge 40
+check "cpu run prints the summary" grep -Eq '^[0-9]+/[0-9]+ cases OK, 0 refused, 0 failed$' "$tmp/cpu.txt"
+check "cpu run prints peak memory per category" grep -q '^peak memory per category: ndarray' "$tmp/cpu.txt"
+
+# A 64 MiB budget: the 256 MiB cases are refused by the budget, the rest OK, exit 0.
+"$ops" --budget-mb 64 --filter '/(f32|i32)/(tiny|large)' > "$tmp/b64.txt" 2>&1; rc=$?
+check "budget run exits 0" test "$rc" -eq 0
+check "large cases REFUSED BudgetExceededError naming bytes and budget" \
+  grep -Eq '^axpy/f32/large: REFUSED BudgetExceededError: cpu could not allocate 256.00 MiB .*budget 64.00 MiB' "$tmp/b64.txt"
+check "tiny cases OK under the budget" grep -q '^axpy/f32/tiny: OK$' "$tmp/b64.txt"
+check "no FAIL under the budget" bash -c "! grep -q ': FAIL' '$tmp/b64.txt'"
+
+# KILN_POOL_LIMIT_MB gives the same refusals.
+KILN_POOL_LIMIT_MB=32 "$ops" --filter 'fill/f32/large' > "$tmp/env.txt" 2>&1
+check "KILN_POOL_LIMIT_MB=32 refuses by budget" grep -q 'REFUSED BudgetExceededError' "$tmp/env.txt"
+
+# Faults on mock: a sample of K over a clean run never crashes and refuses exactly one case.
+"$ops" --backend mock --max-array-mb 1 > "$tmp/mock.txt" 2>&1
+allocs=$(sed -n 's/^allocations: //p' "$tmp/mock.txt")
+check "mock clean run reports its allocation count" test -n "$allocs"
+for k in 1 2 3 $((allocs / 3)) $((allocs / 2)) $((allocs - 1)) "$allocs"; do
+  "$ops" --backend mock --max-array-mb 1 --fault-at "$k" > "$tmp/fault.txt" 2>&1; rc=$?
+  check "fault-at $k exits 0 (no crash)" test "$rc" -eq 0
+  check "fault-at $k refuses exactly one case with DeviceOutOfMemoryError" \
+    test "$(grep -c 'REFUSED DeviceOutOfMemoryError' "$tmp/fault.txt")" -eq 1
+done
+
+# Heap too small: DeviceHeapExhaustedError, and the following case still runs.
+"$ops" --heap-mb 0 --filter 'compact_heap/f32/small|fill/i64/tiny' > "$tmp/heap.txt" 2>&1
+check "heap exhaustion is REFUSED DeviceHeapExhaustedError" grep -q '^compact_heap/f32/small: REFUSED DeviceHeapExhaustedError' "$tmp/heap.txt"
+check "the next case after heap exhaustion is OK" grep -q '^fill/i64/tiny: OK$' "$tmp/heap.txt"
+
+# Usage errors exit 2; --list and --json work.
+"$ops" --backend tpu > /dev/null 2>&1; check "unknown backend exits 2" test $? -eq 2
+"$ops" --repeat zero > /dev/null 2>&1; check "non-numeric value exits 2" test $? -eq 2
+"$ops" --filter '(' > /dev/null 2>&1; check "bad regex exits 2" test $? -eq 2
+check "--list prints case names" bash -c "'$ops' --list | grep -q '^matmul/f64/odd$'"
+"$ops" --filter 'reduce_sum/i32/tiny' --json "$tmp/out.json" > /dev/null 2>&1
+check "--json writes the verdicts" grep -q '"name": "reduce_sum/i32/tiny", "verdict": "OK"' "$tmp/out.json"
+
+if [ "$failures" -ne 0 ]; then echo "kiln_ops_cli: $failures check(s) failed"; exit 1; fi
+echo "kiln_ops_cli: all checks passed"

@@ -1,0 +1,95 @@
+// The one mapping from RhiResult + detail to named errors, and the messages.
+#include <catch2/catch.hpp>
+
+#include "kiln/executor/errors.h"
+
+using namespace kiln;
+
+namespace {
+Failure oom(OomSource source) {
+  Failure f = make_failure(RhiResult::out_of_memory, "cuda:0", "cuMemAlloc_v2", "");
+  f.oom_source = source;
+  f.requested_bytes = 4ull << 30;
+  f.driver_status = "CUDA_ERROR_OUT_OF_MEMORY";
+  return f;
+}
+
+template <class E>
+void check_throws_as(Failure f, ErrorKind kind) {
+  try {
+    throw_error(f);
+  } catch (const E &e) {
+    CHECK(e.kind() == kind);
+    CHECK(std::string(e.what()) == f.message());
+    CHECK(e.failure().requested_bytes == f.requested_bytes);
+    return;
+  } catch (...) {
+  }
+  FAIL("throw_error did not throw " << error_name(kind));
+}
+}  // namespace
+
+TEST_CASE("each out-of-memory source maps to its own named error", "[errors]") {
+  CHECK(classify(oom(OomSource::driver)) == ErrorKind::device_out_of_memory);
+  CHECK(classify(oom(OomSource::budget)) == ErrorKind::budget_exceeded);
+  CHECK(classify(oom(OomSource::device_heap)) == ErrorKind::device_heap_exhausted);
+  CHECK(classify(oom(OomSource::host)) == ErrorKind::host_out_of_memory);
+  for (auto kind : {ErrorKind::device_out_of_memory, ErrorKind::budget_exceeded,
+                    ErrorKind::device_heap_exhausted, ErrorKind::host_out_of_memory})
+    CHECK(is_out_of_memory(kind));
+}
+
+TEST_CASE("each other RhiResult maps to exactly one named error", "[errors]") {
+  CHECK(classify(make_failure(RhiResult::invalid_usage, "cpu", "x", "bad")) == ErrorKind::invalid_usage);
+  CHECK(classify(make_failure(RhiResult::not_supported, "cpu", "x", "no")) == ErrorKind::not_supported);
+  CHECK(classify(make_failure(RhiResult::device_lost, "cpu", "x", "lost")) == ErrorKind::device_lost);
+  CHECK(classify(make_failure(RhiResult::error, "cpu", "x", "?")) == ErrorKind::runtime_error);
+  CHECK_FALSE(is_out_of_memory(ErrorKind::invalid_usage));
+  CHECK_FALSE(is_out_of_memory(ErrorKind::device_lost));
+}
+
+TEST_CASE("throw_error throws the named class, and every OOM kind is an OutOfMemoryError", "[errors]") {
+  check_throws_as<DeviceOutOfMemoryError>(oom(OomSource::driver), ErrorKind::device_out_of_memory);
+  check_throws_as<BudgetExceededError>(oom(OomSource::budget), ErrorKind::budget_exceeded);
+  check_throws_as<DeviceHeapExhaustedError>(oom(OomSource::device_heap), ErrorKind::device_heap_exhausted);
+  check_throws_as<HostOutOfMemoryError>(oom(OomSource::host), ErrorKind::host_out_of_memory);
+  for (auto source : {OomSource::driver, OomSource::budget, OomSource::device_heap, OomSource::host})
+    check_throws_as<OutOfMemoryError>(oom(source), classify(oom(source)));
+  check_throws_as<InvalidUsageError>(make_failure(RhiResult::invalid_usage, "cpu", "s", "d"),
+                                     ErrorKind::invalid_usage);
+  check_throws_as<NotSupportedError>(make_failure(RhiResult::not_supported, "cpu", "s", "d"),
+                                     ErrorKind::not_supported);
+  check_throws_as<DeviceLostError>(make_failure(RhiResult::device_lost, "cpu", "s", "d"),
+                                   ErrorKind::device_lost);
+  check_throws_as<RuntimeFaultError>(make_failure(RhiResult::error, "cpu", "s", "d"),
+                                     ErrorKind::runtime_error);
+}
+
+TEST_CASE("a driver out-of-memory message names the bytes, the driver status and what to do", "[errors]") {
+  Failure f = oom(OomSource::driver);
+  f.detail = "ndarray f32[1073741824]";
+  f.has_memory = true;
+  f.memory.free_bytes = 3ull << 30;
+  f.memory.total_bytes = 80ull << 30;
+  f.memory.in_use_bytes[static_cast<int>(MemoryCategory::ndarray)] = 70ull << 30;
+  f.add_context("running axpy");
+  const std::string m = describe(f);
+  CHECK_THAT(m, Catch::StartsWith("DeviceOutOfMemoryError: cuda:0 could not allocate 4.00 GiB for ndarray f32[1073741824]"));
+  CHECK_THAT(m, Catch::Contains("CUDA_ERROR_OUT_OF_MEMORY") && Catch::Contains("3.00 GiB free of 80.00 GiB") &&
+                    Catch::Contains("ndarray 70.00 GiB") && Catch::Contains("KILN_POOL_LIMIT_MB") &&
+                    Catch::Contains("while running axpy"));
+}
+
+TEST_CASE("value_or_throw returns the value or throws the named error", "[errors]") {
+  CHECK(value_or_throw(RhiExpected<int>(7)) == 7);
+  CHECK_THROWS_AS(value_or_throw(RhiExpected<int>(std::unexpected(oom(OomSource::budget)))),
+                  BudgetExceededError);
+  CHECK_THROWS_AS(value_or_throw(RhiStatus(std::unexpected(make_failure(RhiResult::invalid_usage, "", "", "x")))),
+                  InvalidUsageError);
+}
+
+TEST_CASE("format_bytes picks a readable unit", "[errors]") {
+  CHECK(format_bytes(64) == "64 B");
+  CHECK(format_bytes(512ull << 20) == "512.00 MiB");
+  CHECK(format_bytes(4ull << 30) == "4.00 GiB");
+}

@@ -1,0 +1,270 @@
+// The executor's success paths and every bad input of the spine issue: each gets its named error
+// and leaves the process, the device and every other allocation usable.
+#include <catch2/catch.hpp>
+
+#include <thread>
+
+#include "test_support.h"
+
+using namespace kiln;
+using namespace kiln::test;
+
+namespace {
+const int64_t kShape8[1] = {8};
+
+ErrorKind kind_of(const Failure &f) { return classify(f); }
+}  // namespace
+
+TEST_CASE("ops compute the right values on a small array", "[executor]") {
+  auto ex = make_executor();
+  Ndarray x = upload<float>(*ex, DataType::f32, {1, -2, 3, -4, 5});
+  Ndarray y = upload<float>(*ex, DataType::f32, {10, 10, 10, 10, 10});
+  REQUIRE(ex->axpy(Scalar::of(2.0), x, y));
+  CHECK(download<float>(*ex, y) == std::vector<float>{12, 6, 16, 2, 20});
+  auto sum = ex->reduce_sum(y);
+  REQUIRE(sum);
+  CHECK(sum->f64 == Approx(56.0));
+  auto positive = ex->compact_positive(x);
+  REQUIRE(positive);
+  CHECK(download<float>(*ex, *positive) == std::vector<float>{1, 3, 5});
+}
+
+TEST_CASE("a negative dimension is InvalidUsage and allocates nothing", "[executor][bad-input]") {
+  auto ex = make_executor();
+  const uint64_t before = ledger_bytes(*ex);
+  const int64_t shape[2] = {4, -1};
+  auto a = ex->ndarray(DataType::f32, shape);
+  REQUIRE_FALSE(a);
+  CHECK(kind_of(a.error()) == ErrorKind::invalid_usage);
+  CHECK_THAT(a.error().message(), Catch::Contains("negative dimension"));
+  CHECK(ledger_bytes(*ex) == before);
+  CHECK(ex->ndarray(DataType::f32, kShape8));
+}
+
+TEST_CASE("a shape whose byte count overflows is InvalidUsage, never a small allocation",
+          "[executor][bad-input]") {
+  auto ex = make_executor();
+  const uint64_t before = ledger_bytes(*ex);
+  const int64_t elements_overflow[2] = {int64_t{1} << 40, int64_t{1} << 40};
+  const int64_t bytes_overflow[1] = {int64_t{1} << 62};  // 2^62 f64 elements = 2^65 bytes
+  for (auto shape : {std::span<const int64_t>(elements_overflow), std::span<const int64_t>(bytes_overflow)}) {
+    auto a = ex->ndarray(DataType::f64, shape);
+    REQUIRE_FALSE(a);
+    CHECK(kind_of(a.error()) == ErrorKind::invalid_usage);
+    CHECK_THAT(a.error().message(), Catch::Contains("overflows"));
+  }
+  CHECK(ledger_bytes(*ex) == before);
+  CHECK(ex->device().live_allocation_count() == 1);  // only the runtime state
+}
+
+TEST_CASE("an array larger than the budget is BudgetExceeded and the next small one works",
+          "[executor][oom]") {
+  auto ex = make_executor();
+  const uint64_t before = ledger_bytes(*ex);
+  const int64_t huge[1] = {int64_t{1} << 40};  // 4 TiB of f32
+  auto a = ex->ndarray(DataType::f32, huge);
+  REQUIRE_FALSE(a);
+  CHECK(kind_of(a.error()) == ErrorKind::budget_exceeded);
+  CHECK(a.error().requested_bytes == (uint64_t{1} << 42));
+  CHECK_THAT(a.error().message(), Catch::Contains("4.00 TiB") && Catch::Contains("budget") &&
+                                      Catch::Contains("f32[1099511627776]"));
+  CHECK(ledger_bytes(*ex) == before);
+  auto small = ex->ndarray(DataType::f32, kShape8);
+  REQUIRE(small);
+  CHECK(ex->fill(*small, Scalar::of(1.0)));
+}
+
+TEST_CASE("a zero-size ndarray allocates nothing and every op on it is a no-op", "[executor]") {
+  auto ex = make_executor();
+  const uint64_t before = ledger_bytes(*ex);
+  const int64_t shape[2] = {0, 5};
+  auto a = ex->ndarray(DataType::i32, shape);
+  REQUIRE(a);
+  CHECK(a->num_elements() == 0);
+  CHECK(a->nbytes() == 0);
+  CHECK(ledger_bytes(*ex) == before);
+  CHECK(ex->fill(*a, Scalar::of_int(3)));
+  auto sum = ex->reduce_sum(*a);
+  REQUIRE(sum);
+  CHECK(sum->i64 == 0);
+  auto compacted = ex->compact_positive(*a);
+  REQUIRE(compacted);
+  CHECK(compacted->num_elements() == 0);
+  CHECK(ex->free(*a));
+}
+
+TEST_CASE("using an ndarray after free and freeing it twice are InvalidUsage", "[executor][bad-input]") {
+  auto ex = make_executor();
+  Ndarray keep = upload<int32_t>(*ex, DataType::i32, {1, 2, 3});
+  auto a = ex->ndarray(DataType::i32, kShape8);
+  REQUIRE(a);
+  Ndarray alias = *a;
+  REQUIRE(ex->free(*a));
+  auto twice = ex->free(alias);
+  REQUIRE_FALSE(twice);
+  CHECK(kind_of(twice.error()) == ErrorKind::invalid_usage);
+  auto filled = ex->fill(alias, Scalar::of_int(1));
+  REQUIRE_FALSE(filled);
+  CHECK(kind_of(filled.error()) == ErrorKind::invalid_usage);
+  CHECK_THAT(filled.error().message(), Catch::Contains("used after it was freed"));
+  std::vector<int32_t> out(8);
+  CHECK_FALSE(ex->read(alias, std::as_writable_bytes(std::span<int32_t>(out))));
+  CHECK(download<int32_t>(*ex, keep) == std::vector<int32_t>{1, 2, 3});  // others untouched
+}
+
+TEST_CASE("a launch with mismatched dtypes or shapes is InvalidUsage and launches nothing",
+          "[executor][bad-input]") {
+  auto ex = make_executor();
+  Ndarray f = upload<float>(*ex, DataType::f32, {1, 2, 3});
+  Ndarray d = upload<double>(*ex, DataType::f64, {1, 2, 3});
+  Ndarray f4 = upload<float>(*ex, DataType::f32, {1, 2, 3, 4});
+  const uint64_t allocations = ex->memory().stats().allocations;
+  auto wrong_dtype = ex->copy(f, d);
+  REQUIRE_FALSE(wrong_dtype);
+  CHECK(kind_of(wrong_dtype.error()) == ErrorKind::invalid_usage);
+  auto wrong_shape = ex->axpy(Scalar::of(1.0), f4, f);
+  REQUIRE_FALSE(wrong_shape);
+  CHECK(kind_of(wrong_shape.error()) == ErrorKind::invalid_usage);
+  const int64_t s23[2] = {2, 3}, s22[2] = {2, 2};
+  Ndarray a = value_or_throw(ex->ndarray(DataType::f32, s23));
+  Ndarray c = value_or_throw(ex->ndarray(DataType::f32, s22));
+  auto bad_matmul = ex->matmul(c, a, a);
+  REQUIRE_FALSE(bad_matmul);
+  CHECK(kind_of(bad_matmul.error()) == ErrorKind::invalid_usage);
+  auto bad_host = ex->axpy_from_host(Scalar::of(1.0), std::span<const std::byte>(), f);
+  REQUIRE_FALSE(bad_host);
+  CHECK(kind_of(bad_host.error()) == ErrorKind::invalid_usage);
+  // Only the two matmul operands were allocated: no launch buffers for the refused launches.
+  CHECK(ex->memory().stats().allocations == allocations + 2);
+  CHECK(download<float>(*ex, f) == std::vector<float>{1, 2, 3});
+}
+
+TEST_CASE("an unknown kernel and an unknown backend are InvalidUsage", "[executor][bad-input]") {
+  auto program = host_program();
+  auto kernel = program->kernel("kiln_no_such_kernel_f32");
+  REQUIRE_FALSE(kernel);
+  CHECK(kind_of(kernel.error()) == ErrorKind::invalid_usage);
+  CHECK_THAT(kernel.error().message(), Catch::Contains("kiln_no_such_kernel_f32"));
+  CHECK(program->kernel("kiln_axpy_f32"));
+  auto backend = parse_backend("tpu");
+  REQUIRE_FALSE(backend);
+  CHECK(kind_of(backend.error()) == ErrorKind::invalid_usage);
+  CHECK_THAT(backend.error().message(), Catch::Contains("tpu"));
+}
+
+TEST_CASE("backends not built yet are NotSupported", "[executor]") {
+  ExecutorConfig config;
+  config.backend = Backend::cuda;
+  auto ex = LlvmRuntimeExecutor::create(config, host_program());
+  REQUIRE_FALSE(ex);
+  CHECK(kind_of(ex.error()) == ErrorKind::not_supported);
+}
+
+TEST_CASE("an ndarray of another executor is InvalidUsage", "[executor][bad-input]") {
+  auto ex1 = make_executor();
+  auto ex2 = make_executor();
+  Ndarray a = upload<float>(*ex1, DataType::f32, {1});
+  auto filled = ex2->fill(a, Scalar::of(2.0));
+  REQUIRE_FALSE(filled);
+  CHECK(kind_of(filled.error()) == ErrorKind::invalid_usage);
+}
+
+TEST_CASE("a launch whose staging does not fit is refused whole: nothing held, nothing launched",
+          "[executor][oom][launch]") {
+  auto ex = make_mock_executor(256_MiB, 4_MiB);  // 1 MiB heap + code leave < 3 MiB
+  const std::vector<float> x(512 * 1024, 1.0f);  // 2 MiB staged
+  const std::vector<float> y_values(512 * 1024, 5.0f);
+  Ndarray y = upload<float>(*ex, DataType::f32, y_values);
+  const uint64_t ledger_before = ledger_bytes(*ex);
+  const uint64_t device_before = ex->device().live_allocation_bytes();
+  auto launched = ex->axpy_from_host(Scalar::of(1.0), bytes_of(x), y);
+  REQUIRE_FALSE(launched);
+  CHECK(kind_of(launched.error()) == ErrorKind::budget_exceeded);
+  CHECK_THAT(launched.error().message(), Catch::Contains("preparing launch of kiln_axpy_f32"));
+  CHECK(ledger_bytes(*ex) == ledger_before);
+  CHECK(ex->device().live_allocation_bytes() == device_before);
+  CHECK(download<float>(*ex, y) == y_values);  // nothing ran
+}
+
+TEST_CASE("a fault at any allocation of a launch leaves the ledger as it was", "[executor][oom][launch]") {
+  auto ex = make_mock_executor();
+  const std::vector<int64_t> x = {1, 2, 3, 4};
+  Ndarray y = upload<int64_t>(*ex, DataType::i64, {10, 20, 30, 40});
+  const uint64_t before = ledger_bytes(*ex);
+  int refused = 0;
+  for (uint64_t k = 1; k <= 4; ++k) {
+    ex->device().fault_plan().fail_nth_allocation(k);
+    auto launched = ex->axpy_from_host(Scalar::of_int(1), bytes_of(x), y);
+    ex->device().fault_plan().clear();
+    if (!launched) {
+      ++refused;
+      CHECK(kind_of(launched.error()) == ErrorKind::device_out_of_memory);
+    }
+    CHECK(ledger_bytes(*ex) == before);
+    CHECK(ex->memory().budget().in_use_by_category()[static_cast<int>(MemoryCategory::staging)] == 0);
+  }
+  CHECK(refused == 3);  // argument buffer, result buffer, staging: each fault refused the launch
+  CHECK(download<int64_t>(*ex, y) == std::vector<int64_t>{11, 22, 33, 44});  // the one clean run
+}
+
+TEST_CASE("device heap exhaustion is DeviceHeapExhausted and the next launch runs normally",
+          "[executor][oom][heap]") {
+  ExecutorConfig config;
+  config.device_heap_bytes = 4_KiB;
+  auto ex = make_executor(config);
+  const std::vector<double> x(100000, 1.0);  // 800 KB of positives: cannot fit in 4 KiB
+  Ndarray dx = upload<double>(*ex, DataType::f64, x);
+  const uint64_t before = ledger_bytes(*ex);
+  auto compacted = ex->compact_positive(dx);
+  REQUIRE_FALSE(compacted);
+  CHECK(kind_of(compacted.error()) == ErrorKind::device_heap_exhausted);
+  CHECK(compacted.error().category == MemoryCategory::runtime_heap);
+  CHECK(compacted.error().requested_bytes > 4_KiB);
+  CHECK_THAT(compacted.error().message(), Catch::Contains("device heap exhausted"));
+  CHECK(ledger_bytes(*ex) == before);
+  auto sum = ex->reduce_sum(dx);
+  REQUIRE(sum);
+  CHECK(sum->f64 == 100000.0);
+  Ndarray small = upload<double>(*ex, DataType::f64, {-1.0, 2.0});
+  auto ok = ex->compact_positive(small);
+  REQUIRE(ok);
+  CHECK(download<double>(*ex, *ok) == std::vector<double>{2.0});
+}
+
+TEST_CASE("an executor whose heap does not fit the budget is refused at creation", "[executor][oom]") {
+  ExecutorConfig config;
+  config.backend = Backend::mock;
+  config.budget.limit_bytes = 1_MiB;
+  config.device_heap_bytes = 2_MiB;
+  auto ex = LlvmRuntimeExecutor::create(config, host_program());
+  REQUIRE_FALSE(ex);
+  CHECK(kind_of(ex.error()) == ErrorKind::budget_exceeded);
+  CHECK_THAT(ex.error().message(), Catch::Contains("device runtime heap"));
+}
+
+TEST_CASE("ndarrays may outlive their executor", "[executor]") {
+  Ndarray a;
+  {
+    auto ex = make_executor();
+    a = upload<int32_t>(*ex, DataType::i32, {1, 2});
+  }
+  CHECK(a.num_elements() == 2);
+  CHECK_FALSE(a.is_freed());
+}  // a's destructor frees through the DeviceContext it keeps alive (ASan checks)
+
+TEST_CASE("write and read check the byte count", "[executor][bad-input]") {
+  auto ex = make_executor();
+  Ndarray a = value_or_throw(ex->ndarray(DataType::f32, kShape8));
+  const std::vector<float> three(3);
+  auto written = ex->write(a, bytes_of(three));
+  REQUIRE_FALSE(written);
+  CHECK(kind_of(written.error()) == ErrorKind::invalid_usage);
+}
+
+TEST_CASE("launches use every core unless num_threads says otherwise", "[executor]") {
+  auto all = make_executor();
+  CHECK(all->worker_threads() == std::max(1u, std::thread::hardware_concurrency()));
+  ExecutorConfig one;
+  one.num_threads = 1;
+  CHECK(make_executor(one)->worker_threads() == 1);
+}
