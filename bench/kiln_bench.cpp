@@ -1,0 +1,386 @@
+// kiln-bench: memory bandwidth of kiln's operations on the cpu backend, beside a baseline
+// measured in the same run on the same machine.
+//
+// What is measured (each <size> is the size of ONE array, in bytes):
+//   baseline_triad/<size>           a[i] = b[i] + s * c[i] over three f64 host arrays, split over
+//                                   hardware_concurrency() persistent threads (the number kiln's
+//                                   executor is given below). This is the triad of STREAM
+//                                   (J. D. McCalpin, "Memory Bandwidth and Machine Balance in
+//                                   Current High Performance Computers", IEEE TCCA Newsletter,
+//                                   1995; https://www.cs.virginia.edu/stream/), the source of the
+//                                   baseline. Bytes counted: 3 * size (two reads, one write; as in
+//                                   STREAM, write-allocate traffic is not counted).
+//   baseline_memcpy/<size>          std::memcpy, split over the same threads. Bytes: 2 * size.
+//   kiln_axpy/<dtype>/<size>        LlvmRuntimeExecutor::axpy, y[i] = alpha * x[i] + y[i].
+//                                   Bytes: 3 * size (x read, y read, y written).
+//   kiln_reduce_sum/<dtype>/<size>  LlvmRuntimeExecutor::reduce_sum(x). Bytes: size.
+// Sizes: 64MiB (memory-bound) and 256KiB (cache-resident: the launch overhead shows).
+//
+// Reading the ratio: STREAM counts 3 * size for the triad, but a cache that allocates on write
+// also reads `a` before writing it, so the machine moves ~4 * size; axpy writes the `y` it has
+// just read and moves ~3 * size. A kiln axpy ratio up to ~1.33 is therefore the hardware, not an
+// error. reduce_sum reads one stream only: its ratio says how close one read stream gets to the
+// triad's rate.
+//
+// Units: the table's bytes_per_second column is Google Benchmark's, in binary units
+// (G/s = 2^30 bytes per second). The summary printed after the table is in GB/s = 1e9 bytes per
+// second, with ratio = kiln GB/s / triad GB/s at the same size. Ratios are printed, never
+// asserted: nothing here fails on a number.
+//
+// Usage: kiln-bench [Google Benchmark flags]. Each case runs for --benchmark_min_time seconds
+// (default here 0.5; the whole run takes ~15 s). --benchmark_filter, --benchmark_repetitions
+// (the summary uses the mean), --benchmark_out etc. pass through; with a --benchmark_format other
+// than console the table is printed in that format and the summary is left out.
+// Exit status: 0, 1 when the executor cannot be created, 2 on an unrecognized argument.
+#include <benchmark/benchmark.h>
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <barrier>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "kiln/executor/errors.h"
+#include "kiln/executor/executor.h"
+
+namespace {
+
+using kiln::DataType;
+
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kMiB = 1024 * kKiB;
+constexpr uint64_t kSizesBytes[] = {64 * kMiB, 256 * kKiB};
+constexpr DataType kDataTypes[] = {DataType::f32, DataType::f64};
+constexpr const char *kDefaultMinTime = "--benchmark_min_time=0.5";
+
+unsigned host_thread_count() {
+  const unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : n;
+}
+
+std::string size_label(uint64_t size_bytes) {
+  if (size_bytes % kMiB == 0) return std::to_string(size_bytes / kMiB) + "MiB";
+  return std::to_string(size_bytes / kKiB) + "KiB";
+}
+
+// ---------------------------------------------------------------------------------------------
+// The baseline's threads: `num_threads - 1` persistent workers plus the calling thread, started
+// once, so that (like kiln's worker pool) no thread is created inside a timed iteration.
+class HostTeam {
+ public:
+  using Job = std::function<void(unsigned index, unsigned count)>;
+
+  explicit HostTeam(unsigned num_threads)
+      : num_threads_(num_threads), start_(num_threads), done_(num_threads) {
+    for (unsigned i = 0; i + 1 < num_threads; ++i) workers_.emplace_back([this, i] { work(i); });
+  }
+  ~HostTeam() {
+    stop_ = true;
+    start_.arrive_and_wait();
+    for (std::thread &worker : workers_) worker.join();
+  }
+  HostTeam(const HostTeam &) = delete;
+  HostTeam &operator=(const HostTeam &) = delete;
+
+  /// Runs job(index, count) on every thread of the team; returns when all have finished.
+  void run(const Job &job) {
+    job_ = &job;
+    start_.arrive_and_wait();
+    job(num_threads_ - 1, num_threads_);
+    done_.arrive_and_wait();
+  }
+  [[nodiscard]] unsigned num_threads() const { return num_threads_; }
+
+ private:
+  void work(unsigned index) {
+    for (;;) {
+      start_.arrive_and_wait();
+      if (stop_) return;
+      (*job_)(index, num_threads_);
+      done_.arrive_and_wait();
+    }
+  }
+
+  unsigned num_threads_;
+  std::barrier<> start_;
+  std::barrier<> done_;
+  const Job *job_ = nullptr;  // written before start_, read after it: the barrier orders them
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+};
+
+HostTeam &host_team() {
+  static HostTeam team(host_thread_count());
+  return team;
+}
+
+/// [begin, end) of thread `index` of `count` over `n` elements, cut on 64-element boundaries.
+std::pair<uint64_t, uint64_t> slice(uint64_t n, unsigned index, unsigned count) {
+  const uint64_t blocks = (n + 63) / 64;
+  const uint64_t begin = std::min(n, blocks * index / count * 64);
+  const uint64_t end = std::min(n, blocks * (index + 1) / count * 64);
+  return {begin, end};
+}
+
+struct FreeDeleter {
+  void operator()(void *p) const { std::free(p); }
+};
+
+/// Three page-aligned f64 host arrays of `size_bytes` each, first touched by the team that uses
+/// them. Made once per size and kept for the run, so no timed iteration faults pages in.
+struct HostArrays {
+  uint64_t num_elements = 0;
+  std::unique_ptr<double[], FreeDeleter> a, b, c;
+};
+
+HostArrays &host_arrays(uint64_t size_bytes) {
+  static std::map<uint64_t, HostArrays> cache;
+  auto it = cache.find(size_bytes);
+  if (it != cache.end()) return it->second;
+  HostArrays arrays;
+  arrays.num_elements = size_bytes / sizeof(double);
+  auto make = [&] {
+    void *p = std::aligned_alloc(4096, (size_bytes + 4095) / 4096 * 4096);
+    if (p == nullptr) {
+      std::fprintf(stderr, "kiln-bench: could not allocate %llu bytes of host memory\n",
+                   static_cast<unsigned long long>(size_bytes));
+      std::exit(1);
+    }
+    return std::unique_ptr<double[], FreeDeleter>(static_cast<double *>(p));
+  };
+  arrays.a = make();
+  arrays.b = make();
+  arrays.c = make();
+  const HostTeam::Job touch = [&](unsigned index, unsigned count) {
+    const auto [begin, end] = slice(arrays.num_elements, index, count);
+    for (uint64_t i = begin; i < end; ++i) {
+      arrays.a[i] = 0.0;
+      arrays.b[i] = 1.0;
+      arrays.c[i] = 2.0;
+    }
+  };
+  host_team().run(touch);
+  return cache.emplace(size_bytes, std::move(arrays)).first->second;
+}
+
+void bench_triad(benchmark::State &state, uint64_t size_bytes) {
+  HostArrays &arrays = host_arrays(size_bytes);
+  const HostTeam::Job triad = [&](unsigned index, unsigned count) {
+    const auto [begin, end] = slice(arrays.num_elements, index, count);
+    double *__restrict a = arrays.a.get();
+    const double *__restrict b = arrays.b.get();
+    const double *__restrict c = arrays.c.get();
+    constexpr double kScalar = 3.0;
+    for (uint64_t i = begin; i < end; ++i) a[i] = b[i] + kScalar * c[i];
+  };
+  for (auto _ : state) {
+    host_team().run(triad);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * 3 * size_bytes));
+}
+
+void bench_memcpy(benchmark::State &state, uint64_t size_bytes) {
+  HostArrays &arrays = host_arrays(size_bytes);
+  const HostTeam::Job copy = [&](unsigned index, unsigned count) {
+    const auto [begin, end] = slice(arrays.num_elements, index, count);
+    std::memcpy(arrays.a.get() + begin, arrays.b.get() + begin, (end - begin) * sizeof(double));
+  };
+  for (auto _ : state) {
+    host_team().run(copy);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * 2 * size_bytes));
+}
+
+// ---------------------------------------------------------------------------------------------
+// kiln: one executor for the whole run (made in main), and per (dtype, size) one pair of arrays
+// x = 1, y = 0, made on first use and kept, so no timed iteration allocates.
+kiln::LlvmRuntimeExecutor *g_executor = nullptr;
+
+struct KilnArrays {
+  kiln::Ndarray x, y;
+};
+std::map<std::pair<DataType, uint64_t>, KilnArrays> g_kiln_arrays;
+
+kiln::RhiExpected<KilnArrays *> kiln_arrays(DataType dtype, uint64_t size_bytes) {
+  const auto key = std::make_pair(dtype, size_bytes);
+  if (auto it = g_kiln_arrays.find(key); it != g_kiln_arrays.end()) return &it->second;
+  const int64_t shape[] = {static_cast<int64_t>(size_bytes / kiln::itemsize(dtype))};
+  KilnArrays arrays;
+  KILN_ASSIGN_OR_RETURN(arrays.x, g_executor->ndarray(dtype, shape));
+  KILN_ASSIGN_OR_RETURN(arrays.y, g_executor->ndarray(dtype, shape));
+  KILN_RETURN_IF_ERROR(g_executor->fill(arrays.x, kiln::Scalar::of(1.0)));
+  KILN_RETURN_IF_ERROR(g_executor->fill(arrays.y, kiln::Scalar::of(0.0)));
+  return &g_kiln_arrays.emplace(key, std::move(arrays)).first->second;
+}
+
+void bench_kiln_axpy(benchmark::State &state, DataType dtype, uint64_t size_bytes) {
+  auto arrays = kiln_arrays(dtype, size_bytes);
+  if (!arrays) {
+    state.SkipWithError(kiln::describe(arrays.error()).c_str());
+    return;
+  }
+  // y grows by 1e-6 per iteration: far from overflow or denormals for any run length.
+  const kiln::Scalar alpha = kiln::Scalar::of(1e-6);
+  for (auto _ : state) {
+    auto status = g_executor->axpy(alpha, (*arrays)->x, (*arrays)->y);
+    if (!status) {
+      state.SkipWithError(kiln::describe(status.error()).c_str());
+      break;
+    }
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * 3 * size_bytes));
+}
+
+void bench_kiln_reduce_sum(benchmark::State &state, DataType dtype, uint64_t size_bytes) {
+  auto arrays = kiln_arrays(dtype, size_bytes);
+  if (!arrays) {
+    state.SkipWithError(kiln::describe(arrays.error()).c_str());
+    return;
+  }
+  for (auto _ : state) {
+    auto sum = g_executor->reduce_sum((*arrays)->x);
+    if (!sum) {
+      state.SkipWithError(kiln::describe(sum.error()).c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(sum->f64);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * size_bytes));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The summary: the console table as usual, plus each run's bytes per second kept by name.
+class SummaryReporter : public benchmark::ConsoleReporter {
+ public:
+  using ConsoleReporter::ConsoleReporter;
+
+  void ReportRuns(const std::vector<Run> &runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run &run : runs) {
+      if (run.error_occurred) continue;
+      // With repetitions the mean aggregate comes after the repetitions and overwrites them.
+      if (run.run_type == Run::RT_Aggregate && run.aggregate_name != "mean") continue;
+      auto it = run.counters.find("bytes_per_second");
+      if (it != run.counters.end()) bytes_per_second_[run.run_name.function_name] = it->second.value;
+    }
+  }
+
+  /// GB/s (1e9 bytes per second) of the case named `name`, or a negative number if it did not run.
+  [[nodiscard]] double gb_per_s(const std::string &name) const {
+    auto it = bytes_per_second_.find(name);
+    return it == bytes_per_second_.end() ? -1.0 : it->second / 1e9;
+  }
+
+ private:
+  std::map<std::string, double> bytes_per_second_;
+};
+
+std::string triad_name(uint64_t size) { return "baseline_triad/" + size_label(size); }
+std::string memcpy_name(uint64_t size) { return "baseline_memcpy/" + size_label(size); }
+std::string kiln_name(std::string_view op, DataType dtype, uint64_t size) {
+  return "kiln_" + std::string(op) + "/" + std::string(kiln::to_string(dtype)) + "/" +
+         size_label(size);
+}
+
+std::string format_gb_per_s(double gb_per_s) {
+  return gb_per_s < 0 ? std::string("n/a") : fmt::format("{:.2f} GB/s", gb_per_s);
+}
+
+void print_summary(const SummaryReporter &reporter, unsigned num_threads) {
+  fmt::print("\nSummary (GB/s = 1e9 bytes/s; ratio = kiln / STREAM triad baseline; {} threads):\n",
+             num_threads);
+  for (const uint64_t size : kSizesBytes) {
+    const std::string size_text = size_label(size);
+    const double triad = reporter.gb_per_s(triad_name(size));
+    const double copy = reporter.gb_per_s(memcpy_name(size));
+    if (triad >= 0 || copy >= 0) {
+      fmt::print("  baseline {}: triad {}, memcpy {}\n", size_text, format_gb_per_s(triad),
+                 format_gb_per_s(copy));
+    }
+    for (const std::string_view op : {"axpy", "reduce_sum"}) {
+      for (const DataType dtype : kDataTypes) {
+        const double kiln = reporter.gb_per_s(kiln_name(op, dtype, size));
+        if (kiln < 0) continue;
+        const std::string ratio = triad > 0 ? fmt::format("{:.2f}", kiln / triad) : "n/a";
+        fmt::print("  {} {} {}: {}, triad {}, ratio {}\n", op, kiln::to_string(dtype), size_text,
+                   format_gb_per_s(kiln), format_gb_per_s(triad), ratio);
+      }
+    }
+  }
+  std::fflush(stdout);
+}
+
+void register_benchmarks() {
+  for (const uint64_t size : kSizesBytes) {
+    benchmark::RegisterBenchmark(triad_name(size).c_str(), bench_triad, size)->UseRealTime();
+    benchmark::RegisterBenchmark(memcpy_name(size).c_str(), bench_memcpy, size)->UseRealTime();
+    for (const DataType dtype : kDataTypes) {
+      benchmark::RegisterBenchmark(kiln_name("axpy", dtype, size).c_str(), bench_kiln_axpy, dtype,
+                                   size)
+          ->UseRealTime();
+      benchmark::RegisterBenchmark(kiln_name("reduce_sum", dtype, size).c_str(),
+                                   bench_kiln_reduce_sum, dtype, size)
+          ->UseRealTime();
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  // The default min time goes first so that one given on the command line (parsed later) wins.
+  std::vector<char *> args;
+  args.push_back(argv[0]);
+  args.push_back(const_cast<char *>(kDefaultMinTime));
+  bool console_format = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg.starts_with("--benchmark_format=") && arg != "--benchmark_format=console") {
+      console_format = false;
+    }
+    args.push_back(argv[i]);
+  }
+  int num_args = static_cast<int>(args.size());
+  args.push_back(nullptr);
+  benchmark::Initialize(&num_args, args.data());
+  if (benchmark::ReportUnrecognizedArguments(num_args, args.data())) return 2;
+
+  // The same thread count as the baseline's team, given explicitly.
+  kiln::ExecutorConfig config;
+  config.backend = kiln::Backend::cpu;
+  config.num_threads = host_thread_count();
+  auto executor = kiln::LlvmRuntimeExecutor::create(config);
+  if (!executor) {
+    std::fprintf(stderr, "kiln-bench: could not create the cpu executor: %s\n",
+                 kiln::describe(executor.error()).c_str());
+    return 1;
+  }
+  g_executor = executor->get();
+
+  register_benchmarks();
+  if (console_format) {
+    SummaryReporter reporter(isatty(STDOUT_FILENO) ? benchmark::ConsoleReporter::OO_ColorTabular
+                                                   : benchmark::ConsoleReporter::OO_Tabular);
+    benchmark::RunSpecifiedBenchmarks(&reporter);
+    print_summary(reporter, config.num_threads);
+  } else {
+    benchmark::RunSpecifiedBenchmarks();
+  }
+  benchmark::Shutdown();
+
+  g_kiln_arrays.clear();  // the arrays go before the executor (they would also survive it)
+  g_executor = nullptr;
+  return 0;
+}
