@@ -30,20 +30,23 @@ RhiExpected<DeviceAllocation> LlvmDevice::allocate(const AllocParams &params) {
 
 RhiExpected<DeviceAllocation> LlvmDevice::allocate_runtime(const LlvmRuntimeAllocParams &params) {
   constexpr const char *kSite = "LlvmDevice::allocate_memory_runtime";
-  if (params.size_bytes == 0)
-    return std::unexpected(failure(RhiResult::invalid_usage, kSite,
-                                   "allocation of 0 bytes (zero-size ndarrays allocate nothing)"));
-  if (!std::has_single_bit(params.alignment_bytes))
-    return std::unexpected(failure(
-        RhiResult::invalid_usage, kSite,
-        fmt::format("alignment {} is not a power of two", params.alignment_bytes)));
-  if (fault_plan_.should_fail(params.size_bytes)) {
-    Failure f = failure(RhiResult::out_of_memory, kSite, "");
-    f.oom_source = OomSource::driver;
+  const auto refuse = [&](RhiResult result, std::string detail) {
+    Failure f = failure(result, kSite, std::move(detail));
     f.category = params.category;
     f.requested_bytes = params.size_bytes;
-    f.driver_status = "injected fault (FaultPlan)";
     return std::unexpected(std::move(f));
+  };
+  if (params.size_bytes == 0)
+    return refuse(RhiResult::invalid_usage,
+                  "allocation of 0 bytes (zero-size ndarrays allocate nothing)");
+  if (!std::has_single_bit(params.alignment_bytes))
+    return refuse(RhiResult::invalid_usage,
+                  fmt::format("alignment {} is not a power of two", params.alignment_bytes));
+  if (fault_plan_.should_fail(params.size_bytes)) {
+    auto refused = refuse(RhiResult::out_of_memory, "");
+    refused.error().oom_source = OomSource::driver;
+    refused.error().driver_status = "injected fault (FaultPlan)";
+    return refused;
   }
   KILN_ASSIGN_OR_RETURN(const uint64_t address, driver_allocate(params));
   if (params.zero_fill) {
@@ -128,6 +131,11 @@ RhiStatus LlvmDevice::memcpy_device_to_device(DeviceAllocation dst, uint64_t dst
   KILN_ASSIGN_OR_RETURN(const Entry s, check_range(src, src_offset, size_bytes, "memcpy_device_to_device"));
   if (size_bytes == 0) return {};
   return driver_copy_device(d.address + dst_offset, s.address + src_offset, size_bytes);
+}
+
+RhiStatus LlvmDevice::fill_zero(DeviceAllocation alloc) {
+  KILN_ASSIGN_OR_RETURN(const Entry entry, find_live(alloc, "LlvmDevice::fill_zero"));
+  return driver_memset_zero(entry.address, entry.size_bytes);
 }
 
 RhiExpected<uint64_t> LlvmDevice::device_address(DeviceAllocation alloc) const {
