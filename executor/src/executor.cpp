@@ -34,7 +34,9 @@ LlvmRuntimeExecutor::LlvmRuntimeExecutor(ExecutorConfig config,
 
 LlvmRuntimeExecutor::~LlvmRuntimeExecutor() {
   launcher_.reset();
-  if (runtime_alloc_) (void)context_->memory->free(*runtime_alloc_);
+  if (runtime_state_alloc_) (void)context_->memory->free(*runtime_state_alloc_);
+  if (heap_alloc_) (void)context_->memory->free(*heap_alloc_);
+  context_->memory->release_cached();  // arrays that outlive the executor still work, uncached
   if (code_charged_) context_->memory->uncharge(MemoryCategory::code_object, program_->code_size_bytes());
 }
 
@@ -56,11 +58,16 @@ RhiStatus LlvmRuntimeExecutor::init_runtime() {
   runtime::DeviceMemory &memory = *context_->memory;
   KILN_RETURN_IF_ERROR(memory.charge(MemoryCategory::code_object, program_->code_size_bytes()));
   code_charged_ = true;
-  const uint64_t state_bytes = CpuKernelLauncher::kHeapOffsetBytes + config_.device_heap_bytes;
-  auto state = memory.allocate(MemoryCategory::runtime_heap, state_bytes, /*zero_fill=*/true);
-  if (!state) return std::unexpected(std::move(state).error().add_context("allocating the device runtime heap"));
-  runtime_alloc_ = *state;
-  launcher_ = std::make_unique<CpuKernelLauncher>(memory, *program_, *runtime_alloc_,
+  std::vector<runtime::AllocRequest> requests = {
+      {MemoryCategory::runtime_heap, sizeof(KilnRuntime), /*zero_fill=*/true}};
+  if (config_.device_heap_bytes != 0)
+    requests.push_back({MemoryCategory::runtime_heap, config_.device_heap_bytes, false});
+  auto allocs = memory.allocate_group(requests);
+  if (!allocs)
+    return std::unexpected(std::move(allocs).error().add_context("allocating the device runtime heap"));
+  runtime_state_alloc_ = (*allocs)[0];
+  if (allocs->size() > 1) heap_alloc_ = (*allocs)[1];
+  launcher_ = std::make_unique<CpuKernelLauncher>(memory, *program_, *runtime_state_alloc_, heap_alloc_,
                                                   config_.device_heap_bytes, config_.num_threads);
   return {};
 }

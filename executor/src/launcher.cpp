@@ -31,12 +31,14 @@ class ScopedGroup {
 }  // namespace
 
 CpuKernelLauncher::CpuKernelLauncher(runtime::DeviceMemory &memory, Program &program,
-                                     DeviceAllocation runtime_state, uint64_t heap_bytes,
+                                     DeviceAllocation runtime_state,
+                                     std::optional<DeviceAllocation> heap, uint64_t heap_bytes,
                                      unsigned num_threads)
     : memory_(memory),
       program_(program),
       runtime_state_(runtime_state),
-      heap_bytes_(heap_bytes),
+      heap_(heap),
+      heap_bytes_(heap ? heap_bytes : 0),
       pool_(std::make_unique<runtime::ThreadPool>(
           num_threads != 0 ? num_threads : std::max(1u, std::thread::hardware_concurrency()))) {}
 
@@ -54,9 +56,10 @@ int64_t CpuKernelLauncher::task_count(const LaunchSpec &spec) const {
 
 RhiStatus CpuKernelLauncher::reset_runtime() {
   LlvmDevice &device = memory_.device();
-  KILN_ASSIGN_OR_RETURN(const uint64_t base, device.device_address(runtime_state_));
   KilnRuntime state{};
-  state.heap_base = heap_bytes_ == 0 ? 0 : base + kHeapOffsetBytes;
+  if (heap_) {
+    KILN_ASSIGN_OR_RETURN(state.heap_base, device.device_address(*heap_));
+  }
   state.heap_size_bytes = heap_bytes_;
   return device.memcpy_host_to_device(runtime_state_, 0, &state, sizeof state);
 }

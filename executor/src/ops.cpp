@@ -155,12 +155,15 @@ RhiExpected<Ndarray> LlvmRuntimeExecutor::compact_positive(const Ndarray &x) {
   for (const KilnTaskResult &r : launched->task_results) count += r.count;
   const int64_t out_shape[1] = {static_cast<int64_t>(count)};
   KILN_ASSIGN_OR_RETURN(Ndarray out, ndarray(x.dtype(), out_shape));
-  KILN_ASSIGN_OR_RETURN(const uint64_t heap_base, device().device_address(*runtime_alloc_));
+  uint64_t heap_base = 0;
+  if (heap_alloc_) {
+    KILN_ASSIGN_OR_RETURN(heap_base, device().device_address(*heap_alloc_));
+  }
   uint64_t offset = 0;
   for (const KilnTaskResult &r : launched->task_results) {
     if (r.count == 0) continue;
     const uint64_t bytes = r.count * itemsize(x.dtype());
-    KILN_RETURN_IF_ERROR(device().memcpy_device_to_device(*out.state_->alloc, offset, *runtime_alloc_,
+    KILN_RETURN_IF_ERROR(device().memcpy_device_to_device(*out.state_->alloc, offset, *heap_alloc_,
                                                           r.address - heap_base, bytes));
     offset += bytes;
   }

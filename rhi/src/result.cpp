@@ -81,6 +81,14 @@ std::string out_of_memory_head(const Failure &f) {
   const std::string what = f.detail.empty() ? std::string(to_string(f.category)) : f.detail;
   switch (f.oom_source) {
     case OomSource::budget: {
+      if (f.memory.reserve_bytes != 0) {
+        const uint64_t usable = f.memory.free_bytes > f.memory.reserve_bytes
+                                    ? f.memory.free_bytes - f.memory.reserve_bytes : 0;
+        return fmt::format("{} could not allocate {} for {}: live free memory minus the {} reserve "
+                           "leaves {} (budget {})", f.device, format_bytes(f.requested_bytes), what,
+                           format_bytes(f.memory.reserve_bytes), format_bytes(usable),
+                           format_bytes(f.memory.limit_bytes));
+      }
       const uint64_t used = f.memory.in_use_total_bytes();
       const uint64_t left = f.memory.limit_bytes > used ? f.memory.limit_bytes - used : 0;
       return fmt::format("{} could not allocate {} for {}: budget {} has {} left", f.device,

@@ -37,21 +37,27 @@ RhiExpected<std::unique_ptr<DeviceMemory>> DeviceMemory::create(LlvmDevice &devi
     KILN_ASSIGN_OR_RETURN(const std::optional<uint64_t> env_limit, pool_limit_from_env());
     if (env_limit) limit = *env_limit;
   }
-  return std::unique_ptr<DeviceMemory>(new DeviceMemory(device, limit, reserve, config.live_check));
+  return std::unique_ptr<DeviceMemory>(
+      new DeviceMemory(device, limit, reserve, config.live_check, config.caching));
 }
 
 DeviceMemory::DeviceMemory(LlvmDevice &device, uint64_t limit_bytes, uint64_t reserve_bytes,
-                           bool live_check)
-    : device_(device), budget_(limit_bytes), reserve_bytes_(reserve_bytes), live_check_(live_check) {}
+                           bool live_check, bool caching)
+    : device_(device),
+      budget_(limit_bytes),
+      reserve_bytes_(reserve_bytes),
+      live_check_(live_check),
+      caching_(caching) {}
 
 DeviceMemory::~DeviceMemory() {
-  // Whatever is still live is given back to the device: nothing outlives its allocator.
-  std::unordered_map<uint64_t, AllocRequest> live;
+  // Whatever is still live or cached goes back to the device: nothing outlives its allocator.
+  std::unordered_map<uint64_t, LiveEntry> live;
   {
     std::lock_guard lock(mutex_);
     live.swap(live_);
+    (void)pool_.drain();
   }
-  for (const auto &[id, request] : live) (void)device_.dealloc_memory(DeviceAllocation{&device_, id});
+  for (const auto &[id, entry] : live) (void)device_.dealloc_memory(DeviceAllocation{&device_, id});
 }
 
 MemorySnapshot DeviceMemory::snapshot() {
@@ -68,9 +74,15 @@ MemorySnapshot DeviceMemory::snapshot() {
 void DeviceMemory::annotate(Failure &failure) {
   if (failure.device.empty()) failure.device = device_.name();
   if (failure.result != RhiResult::out_of_memory) return;
-  const uint64_t limit = failure.has_memory ? failure.memory.limit_bytes : 0;
-  failure.memory = snapshot();
-  if (limit != 0) failure.memory.limit_bytes = limit;
+  if (!failure.has_memory || failure.memory.total_bytes == 0) {
+    // Ask the device only when the failure has no live picture yet.
+    if (auto info = device_.memory_info()) {
+      failure.memory.free_bytes = info->free_bytes;
+      failure.memory.total_bytes = info->total_bytes;
+    }
+  }
+  failure.memory.limit_bytes = budget_.limit_bytes();
+  failure.memory.in_use_bytes = budget_.in_use_by_category();
   failure.has_memory = true;
 }
 
@@ -80,7 +92,6 @@ RhiStatus DeviceMemory::check_live_free(uint64_t size_bytes, MemoryCategory cate
   KILN_ASSIGN_OR_RETURN(const Device::MemoryInfo info, device_.memory_info());
   const uint64_t usable = info.free_bytes > reserve_bytes_ ? info.free_bytes - reserve_bytes_ : 0;
   if (size_bytes <= usable) return {};
-  live_refusals_.fetch_add(1, std::memory_order_relaxed);
   Failure f;
   f.result = RhiResult::out_of_memory;
   f.oom_source = OomSource::budget;
@@ -88,31 +99,206 @@ RhiStatus DeviceMemory::check_live_free(uint64_t size_bytes, MemoryCategory cate
   f.requested_bytes = size_bytes;
   f.device = device_.name();
   f.site = "DeviceMemory::check_live_free";
-  f.detail = fmt::format("{} (live free memory minus the {} reserve is {})", to_string(category),
-                         format_bytes(reserve_bytes_), format_bytes(usable));
   f.has_memory = true;
   f.memory.free_bytes = info.free_bytes;
   f.memory.total_bytes = info.total_bytes;
-  f.memory.limit_bytes = budget_.limit_bytes();
-  f.memory.in_use_bytes = budget_.in_use_by_category();
+  f.memory.reserve_bytes = reserve_bytes_;
   return std::unexpected(std::move(f));
 }
 
-RhiExpected<DeviceAllocation> DeviceMemory::allocate_reserved(const AllocRequest &request) {
+uint64_t DeviceMemory::release_cached() {
+  std::vector<CachingPool::Block> blocks;
+  {
+    std::lock_guard lock(mutex_);
+    blocks = pool_.drain();
+    for (const CachingPool::Block &b : blocks) live_.erase(b.alloc.alloc_id);
+  }
+  uint64_t released = 0;
+  for (const CachingPool::Block &b : blocks) {
+    budget_.release(MemoryCategory::pool_cache, b.class_bytes);
+    (void)device_.dealloc_memory(b.alloc);
+    released += b.class_bytes;
+  }
+  evictions_.fetch_add(blocks.size(), std::memory_order_relaxed);
+  return released;
+}
+
+RhiExpected<Reservation> DeviceMemory::reserve_growth(std::span<const CategoryRequest> growth) {
+  auto reservation = budget_.reserve(growth);
+  // Cached bytes never cause a refusal on their own: evict them, then ask once more.
+  if (!reservation && release_cached() > 0) {
+    retries_.fetch_add(1, std::memory_order_relaxed);
+    reservation = budget_.reserve(growth);
+  }
+  return reservation;
+}
+
+RhiExpected<DeviceAllocation> DeviceMemory::allocate_block(const AllocRequest &request,
+                                                           uint64_t class_bytes) {
   LlvmRuntimeAllocParams params;
-  params.size_bytes = request.size_bytes;
+  params.size_bytes = class_bytes;
   params.category = request.category;
   params.zero_fill = request.zero_fill;
   auto alloc = device_.allocate_runtime(params);
-  if (!alloc) {
-    if (alloc.error().result == RhiResult::out_of_memory)
-      driver_ooms_.fetch_add(1, std::memory_order_relaxed);
-    return alloc;
+  if (!alloc && alloc.error().result == RhiResult::out_of_memory) {
+    driver_ooms_.fetch_add(1, std::memory_order_relaxed);
+    if (release_cached() > 0) {  // the driver said no: give the cache back and try once more
+      retries_.fetch_add(1, std::memory_order_relaxed);
+      alloc = device_.allocate_runtime(params);
+      if (!alloc && alloc.error().result == RhiResult::out_of_memory)
+        driver_ooms_.fetch_add(1, std::memory_order_relaxed);
+    }
   }
-  allocations_.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard lock(mutex_);
-  live_.emplace(alloc->alloc_id, request);
+  if (alloc) return alloc;
+  alloc.error().requested_bytes = request.size_bytes;
   return alloc;
+}
+
+void DeviceMemory::give_back_unused(std::span<const DeviceAllocation> blocks,
+                                    std::span<const AllocRequest> requests) {
+  // Cache hits taken for a group that failed go back to the pool, charged as cache again.
+  std::lock_guard lock(mutex_);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    auto it = live_.find(blocks[i].alloc_id);
+    if (it == live_.end()) continue;
+    budget_.transfer(requests[i].category, MemoryCategory::pool_cache, it->second.class_bytes);
+    it->second.category = MemoryCategory::pool_cache;
+    pool_.put(blocks[i], it->second.class_bytes);
+  }
+}
+
+RhiStatus DeviceMemory::check_fault_plan(std::span<const AllocRequest> requests) {
+  for (const AllocRequest &r : requests) {
+    if (!fault_plan_.should_fail(r.size_bytes)) continue;
+    Failure f = make_failure(RhiResult::out_of_memory, device_.name(), "DeviceMemory::allocate", "");
+    f.oom_source = OomSource::driver;
+    f.category = r.category;
+    f.requested_bytes = r.size_bytes;
+    f.driver_status = "injected fault (FaultPlan)";
+    return std::unexpected(std::move(f));
+  }
+  return {};
+}
+
+RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
+    std::span<const AllocRequest> requests) {
+  KILN_RETURN_IF_ERROR(check_fault_plan(requests));
+  const std::size_t n = requests.size();
+  std::vector<uint64_t> classes(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (requests[i].size_bytes == 0) {
+      Failure f = invalid_usage(device_.name(), "DeviceMemory::allocate",
+                                fmt::format("allocation of 0 bytes for {}", to_string(requests[i].category)));
+      f.category = requests[i].category;
+      return std::unexpected(std::move(f));
+    }
+    const uint64_t rounded = caching_ ? CachingPool::size_class(requests[i].size_bytes) : 0;
+    classes[i] = rounded != 0 ? rounded : requests[i].size_bytes;
+  }
+  // 1. Reuse: cached blocks need no budget growth and no driver call.
+  std::vector<DeviceAllocation> out(n);
+  std::vector<bool> hit(n, false);
+  std::vector<DeviceAllocation> hits;
+  std::vector<AllocRequest> hit_requests;
+  if (caching_) {
+    std::lock_guard lock(mutex_);
+    for (std::size_t i = 0; i < n; ++i) {
+      auto block = pool_.take(classes[i]);
+      if (!block) continue;
+      hit[i] = true;
+      out[i] = *block;
+      live_[block->alloc_id].category = requests[i].category;
+      budget_.transfer(MemoryCategory::pool_cache, requests[i].category, classes[i]);
+      hits.push_back(*block);
+      hit_requests.push_back(requests[i]);
+    }
+  }
+  // 2. Growth: the misses are reserved together, checked against live free memory, allocated.
+  std::vector<CategoryRequest> growth;
+  uint64_t growth_bytes = 0;     // what the device must give (size classes)
+  uint64_t requested_bytes = 0;  // what the caller asked for, as failures report it
+  for (std::size_t i = 0; i < n; ++i)
+    if (!hit[i]) {
+      growth.push_back({requests[i].category, classes[i]});
+      growth_bytes += classes[i];
+      requested_bytes += requests[i].size_bytes;
+    }
+  std::vector<DeviceAllocation> grown;
+  if (!growth.empty()) {
+    auto reservation = reserve_growth(growth);
+    auto fail = [&](Failure f) -> RhiExpected<std::vector<DeviceAllocation>> {
+      for (DeviceAllocation a : grown) (void)device_.dealloc_memory(a);
+      give_back_unused(hits, hit_requests);
+      return std::unexpected(std::move(f));
+    };
+    if (!reservation) {
+      Failure f = std::move(reservation).error();
+      f.requested_bytes = requested_bytes;
+      return fail(std::move(f));
+    }
+    auto live = check_live_free(growth_bytes, growth.front().category);
+    if (!live && live.error().result == RhiResult::out_of_memory && release_cached() > 0) {
+      retries_.fetch_add(1, std::memory_order_relaxed);
+      live = check_live_free(growth_bytes, growth.front().category);
+    }
+    if (!live) {
+      live_refusals_.fetch_add(live.error().result == RhiResult::out_of_memory, std::memory_order_relaxed);
+      *reservation = Reservation();
+      live.error().requested_bytes = requested_bytes;
+      return fail(std::move(live).error());
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (hit[i]) continue;
+      auto block = allocate_block(requests[i], classes[i]);
+      if (!block) {
+        *reservation = Reservation();
+        return fail(std::move(block).error());
+      }
+      out[i] = *block;
+      grown.push_back(*block);
+    }
+    reservation->commit();
+    std::lock_guard lock(mutex_);
+    for (std::size_t i = 0; i < n; ++i)
+      if (!hit[i]) live_.emplace(out[i].alloc_id, LiveEntry{requests[i].category, classes[i]});
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    if (hit[i] && requests[i].zero_fill) (void)device_.fill_zero(out[i]);
+  allocations_.fetch_add(n, std::memory_order_relaxed);
+  cache_hits_.fetch_add(hits.size(), std::memory_order_relaxed);
+  return out;
+}
+
+bool DeviceMemory::notify_observers(const Failure &failure) {
+  std::vector<OomObserver> observers;
+  {
+    std::lock_guard lock(observers_mutex_);
+    for (const auto &[id, observer] : observers_) observers.push_back(observer);
+  }
+  if (observers.empty()) return false;
+  const auto held = [&] {
+    const CategoryBytes in_use = budget_.in_use_by_category();
+    uint64_t total = 0;
+    for (std::size_t i = 0; i < in_use.size(); ++i)
+      if (i != static_cast<std::size_t>(MemoryCategory::pool_cache)) total += in_use[i];
+    return total;
+  };
+  const uint64_t before = held();
+  for (const OomObserver &observer : observers) observer(failure);
+  return held() < before;
+}
+
+RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_group(
+    std::span<const AllocRequest> requests) {
+  auto result = try_allocate_group(requests);
+  if (result) return result;
+  annotate(result.error());
+  if (result.error().result != RhiResult::out_of_memory || !notify_observers(result.error()))
+    return result;
+  retries_.fetch_add(1, std::memory_order_relaxed);
+  result = try_allocate_group(requests);
+  if (!result) annotate(result.error());
+  return result;
 }
 
 RhiExpected<DeviceAllocation> DeviceMemory::allocate(MemoryCategory category, uint64_t size_bytes,
@@ -122,70 +308,33 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate(MemoryCategory category, ui
   return group.front();
 }
 
-RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_group(
-    std::span<const AllocRequest> requests) {
-  std::vector<CategoryRequest> charges;
-  uint64_t total = 0;
-  for (const AllocRequest &r : requests) {
-    if (r.size_bytes == 0)
-      return std::unexpected(invalid_usage(device_.name(), "DeviceMemory::allocate",
-                                           fmt::format("allocation of 0 bytes for {}",
-                                                       to_string(r.category))));
-    charges.push_back({r.category, r.size_bytes});
-    total += r.size_bytes;
-  }
-  auto reservation = budget_.reserve(charges);
-  if (!reservation) {
-    annotate(reservation.error());
-    return std::unexpected(std::move(reservation).error());
-  }
-  if (auto live = check_live_free(total, requests.empty() ? MemoryCategory::ndarray
-                                                          : requests[0].category);
-      !live)
-    return std::unexpected(std::move(live).error());
-  std::vector<DeviceAllocation> out;
-  out.reserve(requests.size());
-  for (const AllocRequest &r : requests) {
-    auto alloc = allocate_reserved(r);
-    if (!alloc) {
-      for (DeviceAllocation a : out) (void)free_unreserved(a);
-      annotate(alloc.error());
-      return std::unexpected(std::move(alloc).error());
-    }
-    out.push_back(*alloc);
-  }
-  reservation->commit();
-  return out;
-}
-
-RhiStatus DeviceMemory::free_unreserved(DeviceAllocation alloc) {
-  {
-    std::lock_guard lock(mutex_);
-    live_.erase(alloc.alloc_id);
-  }
-  return device_.dealloc_memory(alloc);
-}
-
 RhiStatus DeviceMemory::free(DeviceAllocation alloc) {
-  AllocRequest request;
+  LiveEntry entry{};
   {
     std::lock_guard lock(mutex_);
     auto it = alloc.device == &device_ ? live_.find(alloc.alloc_id) : live_.end();
-    if (it == live_.end())
+    if (it == live_.end() || it->second.category == MemoryCategory::pool_cache)
       return std::unexpected(invalid_usage(
           device_.name(), "DeviceMemory::free",
           fmt::format("allocation {} is not live here (freed twice, or never allocated)",
                       alloc.alloc_id)));
-    request = it->second;
+    entry = it->second;
+    frees_.fetch_add(1, std::memory_order_relaxed);
+    if (caching_) {
+      budget_.transfer(entry.category, MemoryCategory::pool_cache, entry.class_bytes);
+      it->second.category = MemoryCategory::pool_cache;
+      pool_.put(alloc, entry.class_bytes);
+      return {};
+    }
     live_.erase(it);
   }
-  budget_.release(request.category, request.size_bytes);
-  frees_.fetch_add(1, std::memory_order_relaxed);
+  budget_.release(entry.category, entry.class_bytes);
   return device_.dealloc_memory(alloc);
 }
 
 RhiStatus DeviceMemory::charge(MemoryCategory category, uint64_t size_bytes) {
-  auto reservation = budget_.reserve(category, size_bytes);
+  const CategoryRequest request{category, size_bytes};
+  auto reservation = reserve_growth(std::span<const CategoryRequest>(&request, 1));
   if (!reservation) {
     annotate(reservation.error());
     return std::unexpected(std::move(reservation).error());
@@ -198,16 +347,55 @@ void DeviceMemory::uncharge(MemoryCategory category, uint64_t size_bytes) {
   budget_.release(category, size_bytes);
 }
 
+uint64_t DeviceMemory::add_oom_observer(OomObserver observer) {
+  std::lock_guard lock(observers_mutex_);
+  observers_.emplace_back(next_observer_id_, std::move(observer));
+  return next_observer_id_++;
+}
+
+bool DeviceMemory::remove_oom_observer(uint64_t id) {
+  std::lock_guard lock(observers_mutex_);
+  return std::erase_if(observers_, [id](const auto &entry) { return entry.first == id; }) > 0;
+}
+
 MemoryStats DeviceMemory::stats() const {
   MemoryStats s;
   s.ledger = budget_.stats();
   s.reserve_bytes = reserve_bytes_;
+  {
+    std::lock_guard lock(mutex_);
+    s.cached_bytes = pool_.cached_bytes();
+    s.cached_blocks = pool_.cached_blocks();
+  }
   s.allocations = allocations_.load();
   s.frees = frees_.load();
+  s.cache_hits = cache_hits_.load();
+  s.evictions = evictions_.load();
   s.live_checks = live_checks_.load();
-  s.driver_ooms = driver_ooms_.load();
   s.live_refusals = live_refusals_.load();
+  s.driver_ooms = driver_ooms_.load();
+  s.retries = retries_.load();
   return s;
+}
+
+std::string DeviceMemory::summary() const {
+  const MemoryStats s = stats();
+  std::string out = fmt::format("kiln memory summary: {} (limit {}, reserve {})\n", device_.name(),
+                                format_bytes(s.ledger.limit_bytes), format_bytes(s.reserve_bytes));
+  out += fmt::format("  {:<16} {:>12} {:>12}\n", "category", "current", "peak");
+  for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
+    out += fmt::format("  {:<16} {:>12} {:>12}\n", to_string(static_cast<MemoryCategory>(i)),
+                       format_bytes(s.ledger.current_bytes[i]), format_bytes(s.ledger.peak_bytes[i]));
+  out += fmt::format("  {:<16} {:>12} {:>12}\n", "total", format_bytes(s.ledger.current_total_bytes()),
+                     format_bytes(s.ledger.peak_total_bytes));
+  out += fmt::format("  pool: {} cached in {} blocks; {} hits of {} allocations; {} evicted\n",
+                     format_bytes(s.cached_bytes), s.cached_blocks, s.cache_hits, s.allocations,
+                     s.evictions);
+  out += fmt::format("  refusals: {} by budget, {} by live free memory; driver out-of-memory: {}; "
+                     "retries: {}; frees: {}; live checks: {}\n",
+                     s.ledger.refusals, s.live_refusals, s.driver_ooms, s.retries, s.frees,
+                     s.live_checks);
+  return out;
 }
 
 }  // namespace kiln::runtime

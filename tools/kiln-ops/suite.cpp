@@ -31,6 +31,7 @@ CaseResult run_case(const Case &c, LlvmRuntimeExecutor &ex) {
   const CategoryBytes in_use = ex.memory().budget().in_use_by_category();
   for (uint64_t bytes : in_use) r.ledger_after_bytes += bytes;
   r.ledger_code_bytes = in_use[static_cast<std::size_t>(MemoryCategory::code_object)];
+  r.ledger_cached_bytes = in_use[static_cast<std::size_t>(MemoryCategory::pool_cache)];
   r.device_live_bytes = ex.device().live_allocation_bytes();
   return r;
 }
@@ -73,12 +74,12 @@ SuiteReport run_suite(const SuiteOptions &options) {
       report.setup_failure = std::move(ex).error();
       return report;
     }
-    LlvmDevice &device = (*ex)->device();
+    FaultPlan &faults = (*ex)->memory().fault_plan();
     report.ledger_baseline_bytes = (*ex)->memory().budget().in_use_bytes();
     if (options.fault_at != 0 && options.fault_at > report.allocations)
-      device.fault_plan().fail_nth_allocation(options.fault_at - report.allocations);
+      faults.fail_nth_allocation(options.fault_at - report.allocations);
     else
-      device.fault_plan().fail_nth_allocation(FaultPlan::kNever);
+      faults.fail_nth_allocation(FaultPlan::kNever);
     for (const Case &c : cases) {
       if (options.progress)
         fmt::print(stderr, "[{}/{}] {}\r", report.results.size() + 1, total, c.name);
@@ -89,7 +90,7 @@ SuiteReport run_suite(const SuiteOptions &options) {
       report.failed += r.verdict == Verdict::fail;
       report.results.push_back(std::move(r));
     }
-    report.allocations += device.fault_plan().allocation_count();
+    report.allocations += faults.allocation_count();
     const runtime::LedgerStats stats = (*ex)->memory().budget().stats();
     for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
       report.peak_bytes[i] = std::max(report.peak_bytes[i], stats.peak_bytes[i]);

@@ -37,6 +37,7 @@ struct CaseResult {
   double seconds = 0.0;
   uint64_t ledger_after_bytes = 0;  ///< ledger total after the case (runtime state and code only)
   uint64_t ledger_code_bytes = 0;   ///< of which code_object (held by the JIT, not the device)
+  uint64_t ledger_cached_bytes = 0; ///< of which pool_cache (freed blocks kept for reuse)
   uint64_t device_live_bytes = 0;   ///< bytes the device holds for kiln after the case
 };
 

@@ -105,7 +105,8 @@ class LlvmRuntimeExecutor {
   std::shared_ptr<DeviceContext> context_;
   std::shared_ptr<Program> program_;
   bool code_charged_ = false;
-  std::optional<DeviceAllocation> runtime_alloc_;
+  std::optional<DeviceAllocation> runtime_state_alloc_;  // the KilnRuntime
+  std::optional<DeviceAllocation> heap_alloc_;           // the device heap chunk, if any
   std::unique_ptr<CpuKernelLauncher> launcher_;
   std::mutex compact_mutex_;  // a compaction's launch and its copy-out from the heap
 };

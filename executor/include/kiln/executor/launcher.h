@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -47,9 +48,10 @@ struct LaunchResult {
 /// (a mutex); launches from several threads are serialized.
 class CpuKernelLauncher {
  public:
-  /// `runtime_state` is the allocation holding the KilnRuntime followed by the heap chunk.
-  CpuKernelLauncher(runtime::DeviceMemory &memory, Program &program,
-                    DeviceAllocation runtime_state, uint64_t heap_bytes, unsigned num_threads);
+  /// `runtime_state` holds the KilnRuntime; `heap` (absent when heap_bytes is 0) is the device
+  /// heap chunk of `heap_bytes` that kernels allocate from. Both stay owned by the caller.
+  CpuKernelLauncher(runtime::DeviceMemory &memory, Program &program, DeviceAllocation runtime_state,
+                    std::optional<DeviceAllocation> heap, uint64_t heap_bytes, unsigned num_threads);
   ~CpuKernelLauncher();
 
   /// Runs `spec`. Before anything is allocated: the kernel must exist (invalid_usage). Then the
@@ -60,8 +62,6 @@ class CpuKernelLauncher {
   [[nodiscard]] RhiExpected<LaunchResult> launch(const LaunchSpec &spec);
   /// Worker threads a launch uses (the calling thread included).
   [[nodiscard]] unsigned num_threads() const;
-  /// Offset of the heap chunk inside the runtime-state allocation.
-  static constexpr uint64_t kHeapOffsetBytes = 256;
 
  private:
   [[nodiscard]] int64_t task_count(const LaunchSpec &spec) const;
@@ -71,6 +71,7 @@ class CpuKernelLauncher {
   runtime::DeviceMemory &memory_;
   Program &program_;
   DeviceAllocation runtime_state_;
+  std::optional<DeviceAllocation> heap_;
   uint64_t heap_bytes_;
   std::unique_ptr<runtime::ThreadPool> pool_;
   std::mutex mutex_;

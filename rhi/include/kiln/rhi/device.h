@@ -125,6 +125,8 @@ class LlvmDevice : public Device {
                                     DeviceAllocation src, uint64_t src_offset,
                                     uint64_t size_bytes) final;
 
+  /// Sets every byte of a live allocation to zero. Errors: invalid_usage (not live).
+  [[nodiscard]] RhiStatus fill_zero(DeviceAllocation alloc);
   /// The device address of a live allocation (what kernels are given), or invalid_usage.
   [[nodiscard]] RhiExpected<uint64_t> device_address(DeviceAllocation alloc) const;
   /// The size in bytes of a live allocation, or invalid_usage.

@@ -66,6 +66,7 @@ struct MemorySnapshot {
   uint64_t free_bytes = 0;   ///< live free device memory reported by the device
   uint64_t total_bytes = 0;  ///< total device memory reported by the device
   uint64_t limit_bytes = 0;  ///< kiln's budget limit for the device (0 if no budget applied)
+  uint64_t reserve_bytes = 0;  ///< headroom kept free (set when live free memory refused)
   CategoryBytes in_use_bytes{};  ///< what kiln holds, per category
   [[nodiscard]] uint64_t in_use_total_bytes() const;
 };

@@ -1,0 +1,461 @@
+// DeviceMemory over a MockDevice: how the limit is set (config, KILN_POOL_LIMIT_MB, total -
+// reserve), that every allocation is charged and every free released, that groups are
+// all-or-nothing, and that growth checks the device's live free memory so other processes'
+// growth is refused by kiln before the driver is asked.
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/rhi/mock_device.h"
+#include "kiln/rhi/result.h"
+#include "kiln/runtime/memory/device_memory.h"
+
+using kiln::DeviceAllocation;
+using kiln::MemoryCategory;
+using kiln::MockDevice;
+using kiln::MockDeviceOptions;
+using kiln::OomSource;
+using kiln::RhiResult;
+using kiln::runtime::AllocRequest;
+using kiln::runtime::BudgetConfig;
+using kiln::runtime::DeviceMemory;
+
+namespace {
+
+constexpr uint64_t operator""_MiB(unsigned long long n) { return n << 20; }
+constexpr uint64_t operator""_GiB(unsigned long long n) { return n << 30; }
+
+// Sets (or unsets) KILN_POOL_LIMIT_MB for one scope and restores what was there before.
+class ScopedPoolLimitEnv {
+ public:
+  explicit ScopedPoolLimitEnv(const char *value) {
+    if (const char *old = std::getenv(kName)) old_ = old;
+    if (value != nullptr)
+      ::setenv(kName, value, 1);
+    else
+      ::unsetenv(kName);
+  }
+  ~ScopedPoolLimitEnv() {
+    if (old_)
+      ::setenv(kName, old_->c_str(), 1);
+    else
+      ::unsetenv(kName);
+  }
+  ScopedPoolLimitEnv(const ScopedPoolLimitEnv &) = delete;
+  ScopedPoolLimitEnv &operator=(const ScopedPoolLimitEnv &) = delete;
+
+ private:
+  static constexpr const char *kName = "KILN_POOL_LIMIT_MB";
+  std::optional<std::string> old_;
+};
+
+MockDeviceOptions mock_options(uint64_t capacity_bytes, std::vector<uint64_t> script = {}) {
+  MockDeviceOptions options;
+  options.capacity_bytes = capacity_bytes;
+  options.other_process_bytes_script = std::move(script);
+  return options;
+}
+
+// These tests are about the budget, the ledger and the live check, so the caching pool is off
+// unless a test turns it on (test_caching_pool.cpp covers the pool).
+BudgetConfig no_cache() {
+  BudgetConfig config;
+  config.caching = false;
+  return config;
+}
+
+std::unique_ptr<DeviceMemory> make_memory(MockDevice &mock, BudgetConfig config = no_cache()) {
+  auto memory = DeviceMemory::create(mock, config);
+  REQUIRE(memory);
+  return std::move(*memory);
+}
+
+BudgetConfig fixed_limit(uint64_t limit_bytes) {
+  BudgetConfig config = no_cache();
+  config.limit_bytes = limit_bytes;
+  return config;
+}
+
+uint64_t charged(DeviceMemory &memory, MemoryCategory category) {
+  return memory.budget().in_use_by_category()[static_cast<std::size_t>(category)];
+}
+
+}  // namespace
+
+TEST_CASE("BudgetConfig::limit_bytes sets a fixed limit that refuses before the driver",
+          "[device_memory]") {
+  ScopedPoolLimitEnv env("32");  // the explicit config wins over the environment
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, fixed_limit(10_MiB));
+  CHECK(memory->budget().limit_bytes() == 10_MiB);
+
+  auto a = memory->allocate(MemoryCategory::ndarray, 8_MiB);
+  REQUIRE(a);
+  const uint64_t driver_calls = mock.driver_allocation_count();
+  auto refused = memory->allocate(MemoryCategory::ndarray, 4_MiB);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().result == RhiResult::out_of_memory);
+  CHECK(refused.error().oom_source == OomSource::budget);
+  CHECK(refused.error().requested_bytes == 4_MiB);
+  CHECK(refused.error().device == "mock");
+  REQUIRE(refused.error().has_memory);
+  CHECK(refused.error().memory.limit_bytes == 10_MiB);
+  CHECK(refused.error().memory.total_bytes == 1_GiB);
+  CHECK(mock.driver_allocation_count() == driver_calls);  // the driver was never asked
+  CHECK(memory->budget().in_use_bytes() == 8_MiB);
+  CHECK(memory->stats().ledger.refusals == 1);
+  REQUIRE(memory->free(*a));
+}
+
+TEST_CASE("KILN_POOL_LIMIT_MB sets the limit in MiB", "[device_memory][env]") {
+  ScopedPoolLimitEnv env("32");
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock);
+  CHECK(memory->budget().limit_bytes() == 32_MiB);
+  auto over = memory->allocate(MemoryCategory::ndarray, 33_MiB);
+  REQUIRE_FALSE(over);
+  CHECK(over.error().oom_source == OomSource::budget);
+
+  auto from_env = kiln::runtime::pool_limit_from_env();
+  REQUIRE(from_env);
+  CHECK(*from_env == std::optional<uint64_t>(32_MiB));
+}
+
+TEST_CASE("a bad KILN_POOL_LIMIT_MB is invalid_usage", "[device_memory][env]") {
+  const char *bad = GENERATE("abc", "-1", "12x", "1.5", " 8", "99999999999999999999");
+  CAPTURE(bad);
+  ScopedPoolLimitEnv env(bad);
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = DeviceMemory::create(mock);
+  REQUIRE_FALSE(memory);
+  CHECK(memory.error().result == RhiResult::invalid_usage);
+  auto parsed = kiln::runtime::pool_limit_from_env();
+  REQUIRE_FALSE(parsed);
+  CHECK(parsed.error().result == RhiResult::invalid_usage);
+}
+
+TEST_CASE("without a limit the budget is total - default_reserve_bytes(total)",
+          "[device_memory][env]") {
+  ScopedPoolLimitEnv env(nullptr);
+  // The floor applies on small devices, 5 % on large ones.
+  CHECK(kiln::runtime::default_reserve_bytes(1_GiB) == 64_MiB);
+  CHECK(kiln::runtime::default_reserve_bytes(4_GiB) == 4_GiB / 20);
+  CHECK(kiln::runtime::default_reserve_bytes(80_GiB) == 4_GiB);
+
+  const uint64_t capacity = GENERATE(1_GiB, 4_GiB, 80_GiB);
+  CAPTURE(capacity);
+  MockDevice mock(mock_options(capacity));
+  auto memory = make_memory(mock);
+  const uint64_t reserve = kiln::runtime::default_reserve_bytes(capacity);
+  CHECK(memory->budget().limit_bytes() == capacity - reserve);
+  CHECK(memory->stats().reserve_bytes == reserve);
+
+  SECTION("an explicit reserve replaces the default") {
+    MockDevice other(mock_options(capacity));
+    BudgetConfig config = no_cache();
+    config.reserve_bytes = 1_MiB;
+    auto m = make_memory(other, config);
+    CHECK(m->budget().limit_bytes() == capacity - 1_MiB);
+  }
+}
+
+TEST_CASE("allocate charges its category and free releases it", "[device_memory]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, fixed_limit(100_MiB));
+  auto a = memory->allocate(MemoryCategory::staging, 3_MiB);
+  auto b = memory->allocate(MemoryCategory::argument_buffer, 1_MiB, /*zero_fill=*/true);
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(charged(*memory, MemoryCategory::staging) == 3_MiB);
+  CHECK(charged(*memory, MemoryCategory::argument_buffer) == 1_MiB);
+  CHECK(memory->budget().in_use_bytes() == 4_MiB);
+  CHECK(mock.held_bytes() == 4_MiB);
+  CHECK(memory->stats().allocations == 2);
+
+  REQUIRE(memory->free(*a));
+  CHECK(charged(*memory, MemoryCategory::staging) == 0);
+  CHECK(memory->budget().in_use_bytes() == 1_MiB);
+  CHECK(mock.held_bytes() == 1_MiB);
+  REQUIRE(memory->free(*b));
+  CHECK(memory->budget().in_use_bytes() == 0);
+  CHECK(mock.held_bytes() == 0);
+  CHECK(mock.live_allocation_count() == 0);
+  CHECK(memory->stats().frees == 2);
+  CHECK(memory->stats().ledger.peak_total_bytes == 4_MiB);
+}
+
+TEST_CASE("allocating 0 bytes through DeviceMemory is invalid_usage and charges nothing",
+          "[device_memory]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, fixed_limit(100_MiB));
+  auto zero = memory->allocate(MemoryCategory::ndarray, 0);
+  REQUIRE_FALSE(zero);
+  CHECK(zero.error().result == RhiResult::invalid_usage);
+  CHECK(memory->budget().in_use_bytes() == 0);
+  CHECK(mock.driver_allocation_count() == 0);
+}
+
+TEST_CASE("double free through DeviceMemory is invalid_usage and releases nothing twice",
+          "[device_memory]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, fixed_limit(100_MiB));
+  auto keep = memory->allocate(MemoryCategory::ndarray, 2_MiB);
+  auto a = memory->allocate(MemoryCategory::ndarray, 2_MiB);
+  REQUIRE(keep);
+  REQUIRE(a);
+  REQUIRE(memory->free(*a));
+  auto again = memory->free(*a);
+  REQUIRE_FALSE(again);
+  CHECK(again.error().result == RhiResult::invalid_usage);
+  CHECK(again.error().device == "mock");
+  CHECK(charged(*memory, MemoryCategory::ndarray) == 2_MiB);
+  CHECK(mock.held_bytes() == 2_MiB);
+
+  // An allocation made on the device directly (not through DeviceMemory) is not freed here.
+  kiln::LlvmRuntimeAllocParams params;
+  params.size_bytes = 1_MiB;
+  auto raw = mock.allocate_runtime(params);
+  REQUIRE(raw);
+  auto foreign = memory->free(*raw);
+  REQUIRE_FALSE(foreign);
+  CHECK(foreign.error().result == RhiResult::invalid_usage);
+  CHECK(mock.live_allocation_count() == 2);
+  CHECK(memory->budget().in_use_bytes() == 2_MiB);
+  REQUIRE(mock.dealloc_memory(*raw));
+  REQUIRE(memory->free(*keep));
+}
+
+TEST_CASE("allocate_group is all-or-nothing when a member fails at the driver",
+          "[device_memory]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, fixed_limit(100_MiB));
+  auto existing = memory->allocate(MemoryCategory::ndarray, 5_MiB);
+  REQUIRE(existing);
+  const auto ledger_before = memory->budget().in_use_by_category();
+  const uint64_t held_before = mock.held_bytes();
+  const uint64_t live_before = mock.live_allocation_count();
+
+  const std::array<AllocRequest, 3> group{{{MemoryCategory::staging, 2_MiB},
+                                           {MemoryCategory::argument_buffer, 1_MiB},
+                                           {MemoryCategory::result_buffer, 1_MiB}}};
+  mock.fault_plan().fail_nth_allocation(2);
+  auto failed = memory->allocate_group(group);
+  REQUIRE_FALSE(failed);
+  CHECK(failed.error().result == RhiResult::out_of_memory);
+  CHECK(failed.error().oom_source == OomSource::driver);
+  CHECK(failed.error().category == MemoryCategory::argument_buffer);
+  CHECK(failed.error().device == "mock");
+  CHECK(failed.error().has_memory);
+  CHECK(mock.fault_plan().allocation_count() == 2);  // the third member was never tried
+
+  CHECK(memory->budget().in_use_by_category() == ledger_before);
+  CHECK(mock.held_bytes() == held_before);
+  CHECK(mock.live_allocation_count() == live_before);
+  CHECK(memory->stats().driver_ooms == 1);
+
+  SECTION("the same group succeeds once the fault is gone and is freed member by member") {
+    mock.fault_plan().clear();
+    auto ok = memory->allocate_group(group);
+    REQUIRE(ok);
+    REQUIRE(ok->size() == 3);
+    CHECK(charged(*memory, MemoryCategory::staging) == 2_MiB);
+    CHECK(charged(*memory, MemoryCategory::argument_buffer) == 1_MiB);
+    CHECK(charged(*memory, MemoryCategory::result_buffer) == 1_MiB);
+    for (DeviceAllocation a : *ok) REQUIRE(memory->free(a));
+    CHECK(memory->budget().in_use_by_category() == ledger_before);
+  }
+  SECTION("a group over the budget is refused before any member is allocated") {
+    const uint64_t calls = mock.driver_allocation_count();
+    const std::array<AllocRequest, 2> big{{{MemoryCategory::staging, 50_MiB},
+                                           {MemoryCategory::ndarray, 50_MiB}}};
+    auto refused = memory->allocate_group(big);
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().oom_source == OomSource::budget);
+    CHECK(refused.error().requested_bytes == 100_MiB);
+    CHECK(mock.driver_allocation_count() == calls);
+    CHECK(memory->budget().in_use_by_category() == ledger_before);
+  }
+  REQUIRE(memory->free(*existing));
+}
+
+TEST_CASE("live check: growth that no longer fits in free - reserve is refused by the budget",
+          "[device_memory][live]") {
+  constexpr uint64_t kSize = 128_MiB;
+  constexpr uint64_t kReserve = 64_MiB;
+  struct Step {
+    uint64_t other_bytes;  // what other processes use when this allocation asks
+    bool fits;
+  };
+  // held grows by 128 MiB per success; free = 1 GiB - held - other.
+  const std::array<Step, 6> steps{{
+      {0, true},          // free 1024 MiB
+      {256_MiB, true},    // free 640 MiB
+      {512_MiB, true},    // free 256 MiB
+      {450_MiB, false},   // free 190 MiB: the driver would accept, the reserve would not be kept
+      {768_MiB, false},   // free 0 (other processes outgrew us)
+      {0, true},          // they went away again
+  }};
+  std::vector<uint64_t> script{0};  // consumed by create()
+  for (const Step &s : steps) script.push_back(s.other_bytes);
+  MockDevice mock(mock_options(1_GiB, script));
+  BudgetConfig config = no_cache();
+  config.limit_bytes = 1_GiB;  // the ledger alone would allow every step
+  config.reserve_bytes = kReserve;
+  auto memory = make_memory(mock, config);
+
+  std::vector<DeviceAllocation> held;
+  uint64_t refusals = 0;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    CAPTURE(i, steps[i].other_bytes);
+    const uint64_t ledger_before = memory->budget().in_use_bytes();
+    auto a = memory->allocate(MemoryCategory::ndarray, kSize);
+    if (steps[i].fits) {
+      REQUIRE(a);
+      held.push_back(*a);
+      continue;
+    }
+    REQUIRE_FALSE(a);
+    ++refusals;
+    const kiln::Failure &f = a.error();
+    CHECK(f.result == RhiResult::out_of_memory);
+    CHECK(f.oom_source == OomSource::budget);
+    CHECK(f.requested_bytes == kSize);
+    CHECK(f.device == "mock");
+    CHECK(std::string_view(f.site) == "DeviceMemory::check_live_free");
+    REQUIRE(f.has_memory);
+    CHECK(f.memory.total_bytes == 1_GiB);
+    CHECK(f.memory.free_bytes ==
+          (1_GiB > held.size() * kSize + steps[i].other_bytes
+               ? 1_GiB - held.size() * kSize - steps[i].other_bytes
+               : 0));
+    // The ledger still had room: only the live check could have refused.
+    CHECK(ledger_before + kSize <= memory->budget().limit_bytes());
+    CHECK(memory->budget().in_use_bytes() == ledger_before);
+    CHECK(f.message().find(kiln::format_bytes(kSize)) != std::string::npos);
+  }
+  CHECK(refusals == 2);
+  CHECK(held.size() == 4);
+  CHECK(mock.driver_oom_count() == 0);
+  CHECK(memory->stats().live_refusals == 2);
+  CHECK(memory->stats().live_checks == steps.size());
+  CHECK(mock.held_bytes() == 4 * kSize);
+  for (DeviceAllocation a : held) REQUIRE(memory->free(a));
+}
+
+TEST_CASE("with live_check off the same growth reaches the driver and the driver refuses it",
+          "[device_memory][live]") {
+  constexpr uint64_t kSize = 128_MiB;
+  MockDevice mock(mock_options(1_GiB));
+  BudgetConfig config = no_cache();
+  config.limit_bytes = 1_GiB;
+  config.reserve_bytes = 64_MiB;
+  config.live_check = false;
+  auto memory = make_memory(mock, config);
+
+  std::vector<DeviceAllocation> held;
+  for (int i = 0; i < 3; ++i) {
+    auto a = memory->allocate(MemoryCategory::ndarray, kSize);
+    REQUIRE(a);
+    held.push_back(*a);
+  }
+  mock.set_other_process_bytes(768_MiB);  // free is now 0
+  const uint64_t calls = mock.driver_allocation_count();
+  auto refused = memory->allocate(MemoryCategory::ndarray, kSize);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().result == RhiResult::out_of_memory);
+  CHECK(refused.error().oom_source == OomSource::driver);
+  CHECK(refused.error().driver_status == std::string_view("MOCK_ERROR_OUT_OF_MEMORY"));
+  CHECK(mock.driver_allocation_count() == calls + 1);
+  CHECK(mock.driver_oom_count() == 1);
+  CHECK(memory->stats().driver_ooms == 1);
+  CHECK(memory->stats().live_checks == 0);
+  CHECK(memory->budget().in_use_bytes() == 3 * kSize);  // the reservation was given back
+  for (DeviceAllocation a : held) REQUIRE(memory->free(a));
+  CHECK(memory->budget().in_use_bytes() == 0);
+}
+
+TEST_CASE("an out-of-memory message names the requested bytes and the budget",
+          "[device_memory]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, fixed_limit(10_MiB));
+  auto a = memory->allocate(MemoryCategory::ndarray, 7_MiB);
+  REQUIRE(a);
+  auto refused = memory->allocate(MemoryCategory::staging, 5_MiB);
+  REQUIRE_FALSE(refused);
+  const std::string message = refused.error().message();
+  CAPTURE(message);
+  CHECK(message.find(kiln::format_bytes(5_MiB)) != std::string::npos);
+  CHECK(message.find("budget " + kiln::format_bytes(10_MiB)) != std::string::npos);
+  CHECK(message.find(kiln::format_bytes(3_MiB) + " left") != std::string::npos);
+  CHECK(message.find("mock") != std::string::npos);
+  CHECK(message.find("KILN_POOL_LIMIT_MB") != std::string::npos);
+  REQUIRE(memory->free(*a));
+}
+
+TEST_CASE("charge and uncharge account bytes outside device allocations", "[device_memory]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, fixed_limit(10_MiB));
+  REQUIRE(memory->charge(MemoryCategory::code_object, 6_MiB));
+  CHECK(charged(*memory, MemoryCategory::code_object) == 6_MiB);
+  CHECK(mock.held_bytes() == 0);  // nothing was allocated on the device
+
+  // The charge takes room from allocations.
+  auto refused = memory->allocate(MemoryCategory::ndarray, 5_MiB);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().oom_source == OomSource::budget);
+  auto over = memory->charge(MemoryCategory::code_object, 5_MiB);
+  REQUIRE_FALSE(over);
+  CHECK(over.error().result == RhiResult::out_of_memory);
+  CHECK(over.error().oom_source == OomSource::budget);
+  CHECK(over.error().device == "mock");
+  CHECK(charged(*memory, MemoryCategory::code_object) == 6_MiB);
+
+  memory->uncharge(MemoryCategory::code_object, 6_MiB);
+  CHECK(memory->budget().in_use_bytes() == 0);
+  auto fits = memory->allocate(MemoryCategory::ndarray, 5_MiB);
+  REQUIRE(fits);
+  REQUIRE(memory->free(*fits));
+}
+
+// A refusal's memory picture is taken after the refused request's reservation is given back.
+TEST_CASE("a live refusal's memory picture does not count the refused request as held",
+          "[device_memory][live]") {
+  MockDevice mock(mock_options(1_GiB, {0, 900_MiB}));
+  BudgetConfig config = no_cache();
+  config.limit_bytes = 1_GiB;
+  config.reserve_bytes = 64_MiB;
+  auto memory = make_memory(mock, config);
+  auto refused = memory->allocate(MemoryCategory::ndarray, 128_MiB);
+  REQUIRE_FALSE(refused);
+  REQUIRE(refused.error().oom_source == OomSource::budget);
+  CAPTURE(refused.error().message());
+  CHECK(memory->budget().in_use_bytes() == 0);
+  CHECK(refused.error().memory.in_use_total_bytes() == 0);
+}
+
+TEST_CASE("a driver refusal's memory picture does not count the refused request as held",
+          "[device_memory]") {
+  MockDevice mock(mock_options(1_GiB));
+  BudgetConfig config = no_cache();
+  config.limit_bytes = 1_GiB;
+  config.live_check = false;
+  auto memory = make_memory(mock, config);
+  auto held = memory->allocate(MemoryCategory::ndarray, 256_MiB);
+  REQUIRE(held);
+  mock.set_other_process_bytes(768_MiB);
+  auto refused = memory->allocate(MemoryCategory::staging, 128_MiB);
+  REQUIRE_FALSE(refused);
+  REQUIRE(refused.error().oom_source == OomSource::driver);
+  CAPTURE(refused.error().message());
+  CHECK(refused.error().memory.in_use_total_bytes() == 256_MiB);
+  CHECK(refused.error().memory.in_use_bytes[static_cast<std::size_t>(MemoryCategory::staging)] ==
+        0);
+  REQUIRE(memory->free(*held));
+}
