@@ -107,6 +107,7 @@ RhiExpected<LaunchResult> CpuKernelLauncher::launch(const LaunchSpec &spec) {
   LlvmDevice &device = memory_.device();
   KilnKernelArgs args = spec.args;
   args.num_tasks = num_tasks;
+  args.iteration_size = spec.iteration_size;
   KILN_ASSIGN_OR_RETURN(args.result_buffer, device.device_address(group[1]));
   std::size_t next = 2;
   for (const HostOperand &op : spec.host_operands) {

@@ -8,6 +8,12 @@
 // and processes the half-open index range [begin, end) of its iteration space. A launcher splits
 // the space into tasks (CPU: one task per worker chunk; GPU: one per block) and gives each task a
 // distinct task_index < args->num_tasks.
+//
+// GPU entry points (nvptx64, amdgcn) are
+//   extern "C" kernel void kiln_<op>_<dtype>_gpu(KilnRuntime *runtime, const KilnKernelArgs *args);
+// one GPU thread per task: task = blockIdx.x * blockDim.x + threadIdx.x (tasks >= num_tasks
+// return at once); the thread runs the range kernel on
+//   [iteration_size * task / num_tasks, iteration_size * (task + 1) / num_tasks).
 #ifndef KILN_RUNTIME_KERNEL_ABI_H_
 #define KILN_RUNTIME_KERNEL_ABI_H_
 
@@ -52,6 +58,7 @@ typedef struct KilnKernelArgs {
   int64_t scalar_i64;      ///< integer scalar operand for i32/i64
   uint64_t result_buffer;  ///< device address of the result buffer (num_tasks KilnTaskResult)
   int64_t num_tasks;       ///< number of tasks of this launch
+  int64_t iteration_size;  ///< size of the iteration space the tasks split (GPU entry points)
 } KilnKernelArgs;
 
 /// One slot of the result buffer, written by task `task_index`. The host clears the buffer before
