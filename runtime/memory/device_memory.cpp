@@ -115,8 +115,9 @@ uint64_t DeviceMemory::release_cached() {
   }
   uint64_t released = 0;
   for (const CachingPool::Block &b : blocks) {
-    budget_.release(MemoryCategory::pool_cache, b.class_bytes);
+    // The device lets go first, then the ledger: the device never holds more than the ledger.
     (void)device_.dealloc_memory(b.alloc);
+    budget_.release(MemoryCategory::pool_cache, b.class_bytes);
     released += b.class_bytes;
   }
   evictions_.fetch_add(blocks.size(), std::memory_order_relaxed);
@@ -243,17 +244,13 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
     }
     if (!live) {
       live_refusals_.fetch_add(live.error().result == RhiResult::out_of_memory, std::memory_order_relaxed);
-      *reservation = Reservation();
       live.error().requested_bytes = requested_bytes;
       return fail(std::move(live).error());
     }
     for (std::size_t i = 0; i < n; ++i) {
       if (hit[i]) continue;
       auto block = allocate_block(requests[i], classes[i]);
-      if (!block) {
-        *reservation = Reservation();
-        return fail(std::move(block).error());
-      }
+      if (!block) return fail(std::move(block).error());  // frees `grown`, then the reservation goes
       out[i] = *block;
       grown.push_back(*block);
     }
@@ -328,8 +325,9 @@ RhiStatus DeviceMemory::free(DeviceAllocation alloc) {
     }
     live_.erase(it);
   }
+  auto freed = device_.dealloc_memory(alloc);  // device first, then the ledger (see release_cached)
   budget_.release(entry.category, entry.class_bytes);
-  return device_.dealloc_memory(alloc);
+  return freed;
 }
 
 RhiStatus DeviceMemory::charge(MemoryCategory category, uint64_t size_bytes) {
