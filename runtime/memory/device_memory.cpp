@@ -106,6 +106,24 @@ RhiStatus DeviceMemory::check_live_free(uint64_t size_bytes, MemoryCategory cate
   return std::unexpected(std::move(f));
 }
 
+uint64_t DeviceMemory::cached_bytes() const {
+  std::lock_guard lock(mutex_);
+  return pool_.cached_bytes();
+}
+
+bool DeviceMemory::evicting_would_fit(uint64_t size_bytes, uint64_t limit_bytes) const {
+  const CategoryBytes in_use = budget_.in_use_by_category();
+  uint64_t held = 0;  // what eviction cannot give back
+  for (std::size_t i = 0; i < in_use.size(); ++i)
+    if (i != static_cast<std::size_t>(MemoryCategory::pool_cache)) held += in_use[i];
+  return held <= limit_bytes && size_bytes <= limit_bytes - held;
+}
+
+uint64_t DeviceMemory::usable_after(const Failure &live_refusal) const {
+  const MemorySnapshot &m = live_refusal.memory;
+  return m.free_bytes > m.reserve_bytes ? m.free_bytes - m.reserve_bytes : 0;
+}
+
 uint64_t DeviceMemory::release_cached() {
   std::vector<CachingPool::Block> blocks;
   {
@@ -126,8 +144,11 @@ uint64_t DeviceMemory::release_cached() {
 
 RhiExpected<Reservation> DeviceMemory::reserve_growth(std::span<const CategoryRequest> growth) {
   auto reservation = budget_.reserve(growth);
-  // Cached bytes never cause a refusal on their own: evict them, then ask once more.
-  if (!reservation && release_cached() > 0) {
+  // Cached bytes never cause a refusal on their own: when evicting them would make room, evict
+  // and ask once more (a request too large even for an empty pool keeps the cache).
+  if (!reservation && reservation.error().result == RhiResult::out_of_memory &&
+      evicting_would_fit(reservation.error().requested_bytes, budget_.limit_bytes()) &&
+      release_cached() > 0) {
     retries_.fetch_add(1, std::memory_order_relaxed);
     reservation = budget_.reserve(growth);
   }
@@ -168,9 +189,27 @@ void DeviceMemory::give_back_unused(std::span<const DeviceAllocation> blocks,
   }
 }
 
+RhiStatus DeviceMemory::validate(MemoryCategory category, uint64_t size_bytes) const {
+  const char *why = nullptr;
+  if (size_bytes == 0) why = "allocation of 0 bytes";
+  if (category == MemoryCategory::pool_cache) why = "pool_cache is the pool's own category";
+  if (why == nullptr) return {};
+  Failure f = invalid_usage(device_.name(), "DeviceMemory::allocate",
+                            fmt::format("{} (category {})", why, to_string(category)));
+  f.category = category;
+  f.requested_bytes = size_bytes;
+  return std::unexpected(std::move(f));
+}
+
+uint64_t DeviceMemory::class_of(uint64_t size_bytes) const {
+  const uint64_t rounded = caching_ ? CachingPool::size_class(size_bytes) : 0;
+  return rounded != 0 ? rounded : size_bytes;
+}
+
 RhiStatus DeviceMemory::check_fault_plan(std::span<const AllocRequest> requests) {
   for (const AllocRequest &r : requests) {
     if (!fault_plan_.should_fail(r.size_bytes)) continue;
+    driver_ooms_.fetch_add(1, std::memory_order_relaxed);
     Failure f = make_failure(RhiResult::out_of_memory, device_.name(), "DeviceMemory::allocate", "");
     f.oom_source = OomSource::driver;
     f.category = r.category;
@@ -183,19 +222,13 @@ RhiStatus DeviceMemory::check_fault_plan(std::span<const AllocRequest> requests)
 
 RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
     std::span<const AllocRequest> requests) {
-  KILN_RETURN_IF_ERROR(check_fault_plan(requests));
   const std::size_t n = requests.size();
   std::vector<uint64_t> classes(n);
   for (std::size_t i = 0; i < n; ++i) {
-    if (requests[i].size_bytes == 0) {
-      Failure f = invalid_usage(device_.name(), "DeviceMemory::allocate",
-                                fmt::format("allocation of 0 bytes for {}", to_string(requests[i].category)));
-      f.category = requests[i].category;
-      return std::unexpected(std::move(f));
-    }
-    const uint64_t rounded = caching_ ? CachingPool::size_class(requests[i].size_bytes) : 0;
-    classes[i] = rounded != 0 ? rounded : requests[i].size_bytes;
+    KILN_RETURN_IF_ERROR(validate(requests[i].category, requests[i].size_bytes));
+    classes[i] = class_of(requests[i].size_bytes);
   }
+  KILN_RETURN_IF_ERROR(check_fault_plan(requests));
   // 1. Reuse: cached blocks need no budget growth and no driver call.
   std::vector<DeviceAllocation> out(n);
   std::vector<bool> hit(n, false);
@@ -238,7 +271,9 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
       return fail(std::move(f));
     }
     auto live = check_live_free(growth_bytes, growth.front().category);
-    if (!live && live.error().result == RhiResult::out_of_memory && release_cached() > 0) {
+    if (!live && live.error().result == RhiResult::out_of_memory &&
+        cached_bytes() >= growth_bytes - std::min(growth_bytes, usable_after(live.error())) &&
+        release_cached() > 0) {
       retries_.fetch_add(1, std::memory_order_relaxed);
       live = check_live_free(growth_bytes, growth.front().category);
     }
@@ -298,9 +333,30 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_group(
   return result;
 }
 
+std::optional<DeviceAllocation> DeviceMemory::take_cached(MemoryCategory category, uint64_t class_bytes) {
+  std::lock_guard lock(mutex_);
+  auto block = pool_.take(class_bytes);
+  if (!block) return std::nullopt;
+  live_[block->alloc_id].category = category;
+  budget_.transfer(MemoryCategory::pool_cache, category, class_bytes);
+  return block;
+}
+
 RhiExpected<DeviceAllocation> DeviceMemory::allocate(MemoryCategory category, uint64_t size_bytes,
                                                      bool zero_fill) {
   const AllocRequest request{category, size_bytes, zero_fill};
+  if (caching_) {
+    // The common case, a single request served from the pool: no group bookkeeping.
+    KILN_RETURN_IF_ERROR(validate(category, size_bytes));
+    KILN_RETURN_IF_ERROR(check_fault_plan(std::span<const AllocRequest>(&request, 1)));
+    if (auto block = take_cached(category, class_of(size_bytes))) {
+      if (zero_fill) KILN_RETURN_IF_ERROR(device_.fill_zero(*block));
+      allocations_.fetch_add(1, std::memory_order_relaxed);
+      cache_hits_.fetch_add(1, std::memory_order_relaxed);
+      return *block;
+    }
+    fault_plan_.uncount();  // the group path below counts this request again
+  }
   KILN_ASSIGN_OR_RETURN(auto group, allocate_group(std::span<const AllocRequest>(&request, 1)));
   return group.front();
 }
@@ -331,6 +387,7 @@ RhiStatus DeviceMemory::free(DeviceAllocation alloc) {
 }
 
 RhiStatus DeviceMemory::charge(MemoryCategory category, uint64_t size_bytes) {
+  if (category == MemoryCategory::pool_cache) KILN_RETURN_IF_ERROR(validate(category, size_bytes));
   const CategoryRequest request{category, size_bytes};
   auto reservation = reserve_growth(std::span<const CategoryRequest>(&request, 1));
   if (!reservation) {

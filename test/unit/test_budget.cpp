@@ -78,7 +78,7 @@ TEST_CASE("a single request larger than the limit is refused", "[budget]") {
   CHECK(budget.stats().refusals == 1);
 }
 
-TEST_CASE("a dropped reservation gives its bytes back; a committed one keeps them", "[budget]") {
+TEST_CASE("a dropped reservation gives its bytes back, a committed one keeps them", "[budget]") {
   MemoryBudget budget(10_MiB);
   {
     auto r = budget.reserve(MemoryCategory::staging, 6_MiB);
