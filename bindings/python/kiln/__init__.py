@@ -1,0 +1,53 @@
+"""kiln: ndarrays on a device, built-in kernels, and typed errors for every way a device says no.
+
+    import kiln
+    kiln.init(arch="cpu", budget_bytes=256 << 20)
+    a = kiln.from_numpy(numpy.arange(6, dtype=numpy.float32).reshape(2, 3))
+    kiln.axpy(2.0, a, b)
+    try:
+        big = kiln.ndarray(kiln.f32, (1 << 40,))
+    except MemoryError as e:           # every out-of-memory kind is a MemoryError
+        print(type(e).__name__, e.requested_bytes, e.limit_bytes)
+
+One executor (device + budget + kernels) is global: kiln.init() makes it, a later kiln.init()
+replaces it (the default, made on first use, is arch="cpu"). Arrays of a replaced executor stay
+safe to keep, free and delete (they keep their device memory alive), but operations on them raise
+InvalidUsageError. Arrays are freed by del / garbage collection or explicitly by a.free().
+
+Memory: kiln.memory_stats() (a dict of bytes and counters), kiln.memory_summary() (a table),
+kiln.empty_cache() (gives the caching pool's blocks back; freed arrays are kept there as
+"pool_cache" for reuse), kiln.add_oom_observer(fn) / remove_oom_observer(id).
+"""
+
+from ._errors import (  # noqa: F401  (the exceptions come first: the native module imports them)
+    Error, OutOfMemoryError, DeviceOutOfMemoryError, BudgetExceededError,
+    DeviceHeapExhaustedError, HostOutOfMemoryError, InvalidUsageError, NotSupportedError,
+    DeviceLostError, RuntimeFaultError,
+)
+from ._kiln import (  # noqa: F401
+    init, device, dtype, f32, f64, i32, i64, ndarray, from_numpy,
+    fill, copy, axpy, reduce_sum, matmul, compact_positive,
+    memory_stats, memory_summary, empty_cache, reset_peak_memory_stats,
+    add_oom_observer, remove_oom_observer,
+)
+from . import _kiln, testing  # noqa: F401
+
+__all__ = [
+    "Error", "OutOfMemoryError", "DeviceOutOfMemoryError", "BudgetExceededError",
+    "DeviceHeapExhaustedError", "HostOutOfMemoryError", "InvalidUsageError", "NotSupportedError",
+    "DeviceLostError", "RuntimeFaultError",
+    "init", "device", "dtype", "f32", "f64", "i32", "i64", "ndarray", "from_numpy",
+    "fill", "copy", "axpy", "reduce_sum", "matmul", "compact_positive",
+    "memory_stats", "memory_summary", "empty_cache", "reset_peak_memory_stats",
+    "add_oom_observer", "remove_oom_observer", "testing",
+]
+
+
+def _shutdown():
+    # The executor goes while the interpreter is still whole (its OOM observers hold callables).
+    _kiln._shutdown()
+
+
+import atexit as _atexit  # noqa: E402
+
+_atexit.register(_shutdown)

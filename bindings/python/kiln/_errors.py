@@ -1,0 +1,115 @@
+"""The named errors of kiln as Python exceptions.
+
+One class per C++ ``kiln::ErrorKind`` (executor/errors.h); the extension module maps each failure
+to exactly one of them (bindings/python/kiln_module.cpp, the only place that does). Hierarchy::
+
+    Error(Exception)
+    +-- OutOfMemoryError(Error, MemoryError)
+    |   +-- DeviceOutOfMemoryError     the driver refused (or an injected fault)
+    |   +-- BudgetExceededError        kiln's budget or the live free-memory check refused
+    |   +-- DeviceHeapExhaustedError   the device-side heap ran out while a kernel ran
+    |   +-- HostOutOfMemoryError       host memory could not be had
+    +-- InvalidUsageError(Error, ValueError)
+    +-- NotSupportedError(Error, NotImplementedError)
+    +-- DeviceLostError(Error, RuntimeError)
+    +-- RuntimeFaultError(Error, RuntimeError)
+
+Every instance carries the failure detail as attributes (``FIELDS``); sizes are in bytes and are
+``None`` where the failure had no memory picture. ``str(e)`` is the full message. Instances
+survive ``pickle`` with their class and attributes.
+"""
+
+__all__ = [
+    "Error", "OutOfMemoryError", "DeviceOutOfMemoryError", "BudgetExceededError",
+    "DeviceHeapExhaustedError", "HostOutOfMemoryError", "InvalidUsageError",
+    "NotSupportedError", "DeviceLostError", "RuntimeFaultError",
+]
+
+# name -> default. The defaults are what an instance made by hand (not by kiln) reports.
+FIELDS = {
+    "requested_bytes": 0,   # bytes the failed request asked for
+    "device": "",           # "cpu", "mock", "cuda:0"
+    "category": "",         # "ndarray", "staging", "argument_buffer", "runtime_heap", ...
+    "free_bytes": None,     # live free device memory at the failure
+    "total_bytes": None,    # total device memory
+    "limit_bytes": None,    # kiln's budget for the device
+    "reserve_bytes": None,  # headroom kept free (set when the live check refused)
+    "in_use_bytes": None,   # dict: category -> bytes kiln held at the failure
+    "site": "",             # the call that failed, e.g. "MemoryBudget::reserve"
+    "driver_status": "",    # the driver's own status name, e.g. "MOCK_ERROR_OUT_OF_MEMORY"
+    "result": "",           # the RhiResult: "out_of_memory", "invalid_usage", ...
+    "oom_source": "",       # "driver", "budget", "device_heap", "host" or "none"
+    "detail": "",           # what was wrong (invalid usage, runtime faults)
+    "context": (),          # lines added on the way up, innermost first
+}
+
+
+def _rebuild(cls, message, fields):
+    """Unpickles an Error: the same class, message and attributes."""
+    return cls(message, **fields)
+
+
+class Error(Exception):
+    """Base of every kiln exception. ``str(e)`` is the full message."""
+
+    def __init__(self, message="", **fields):
+        super().__init__(message)
+        unknown = set(fields) - set(FIELDS)
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: unknown fields {sorted(unknown)}")
+        for name, default in FIELDS.items():
+            value = fields.get(name, default)
+            if name == "in_use_bytes" and value is not None:
+                value = dict(value)
+            elif name == "context":
+                value = tuple(value)
+            setattr(self, name, value)
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), str(self), {name: getattr(self, name) for name in FIELDS}))
+
+
+class OutOfMemoryError(Error, MemoryError):
+    """Memory could not be had. Freeing arrays (or kiln.empty_cache()) may help."""
+
+
+class DeviceOutOfMemoryError(OutOfMemoryError):
+    """The driver refused the allocation (also: an injected fault, kiln.testing.fail_allocation)."""
+
+
+class BudgetExceededError(OutOfMemoryError):
+    """kiln's budget refused before asking the driver (limit, or live free memory minus reserve)."""
+
+
+class DeviceHeapExhaustedError(OutOfMemoryError):
+    """A kernel exhausted the device-side heap (kiln.init(device_heap_bytes=...))."""
+
+
+class HostOutOfMemoryError(OutOfMemoryError):
+    """Host memory could not be had (e.g. the numpy array of to_numpy())."""
+
+
+class InvalidUsageError(Error, ValueError):
+    """The call can never work as given (negative dimension, wrong dtype, use after free, ...)."""
+
+
+class NotSupportedError(Error, NotImplementedError):
+    """The backend, driver or feature is absent on this machine or in this build."""
+
+
+class DeviceLostError(Error, RuntimeError):
+    """A sticky device fault: the device is unusable; re-init."""
+
+
+class RuntimeFaultError(Error, RuntimeError):
+    """Any other device or driver failure (RhiResult::error)."""
+
+
+for _cls in (Error, OutOfMemoryError, DeviceOutOfMemoryError, BudgetExceededError,
+             DeviceHeapExhaustedError, HostOutOfMemoryError, InvalidUsageError,
+             NotSupportedError, DeviceLostError, RuntimeFaultError):
+    _cls.__module__ = "kiln"  # tracebacks and pickle name them kiln.<Name>
+del _cls

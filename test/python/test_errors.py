@@ -1,0 +1,113 @@
+"""The exception classes: hierarchy, mapping from every error kind, attributes, pickle."""
+import pickle
+
+import pytest
+
+import kiln
+import kiln.testing
+
+HIERARCHY = [
+    (kiln.Error, (Exception,)),
+    (kiln.OutOfMemoryError, (kiln.Error, MemoryError)),
+    (kiln.DeviceOutOfMemoryError, (kiln.OutOfMemoryError,)),
+    (kiln.BudgetExceededError, (kiln.OutOfMemoryError,)),
+    (kiln.DeviceHeapExhaustedError, (kiln.OutOfMemoryError,)),
+    (kiln.HostOutOfMemoryError, (kiln.OutOfMemoryError,)),
+    (kiln.InvalidUsageError, (kiln.Error, ValueError)),
+    (kiln.NotSupportedError, (kiln.Error, NotImplementedError)),
+    (kiln.DeviceLostError, (kiln.Error, RuntimeError)),
+    (kiln.RuntimeFaultError, (kiln.Error, RuntimeError)),
+]
+
+
+@pytest.mark.parametrize("cls,bases", HIERARCHY, ids=lambda v: getattr(v, "__name__", ""))
+def test_hierarchy_is_exactly_as_documented(cls, bases):
+    assert cls.__bases__ == bases
+    assert cls.__module__ == "kiln"
+
+
+def test_only_the_out_of_memory_family_is_a_memory_error():
+    oom = {kiln.DeviceOutOfMemoryError, kiln.BudgetExceededError, kiln.DeviceHeapExhaustedError,
+           kiln.HostOutOfMemoryError, kiln.OutOfMemoryError}
+    for cls, _ in HIERARCHY:
+        assert issubclass(cls, MemoryError) == (cls in oom), cls
+
+
+# (RhiResult, OomSource) -> class, through the one native mapping (kiln::classify).
+MAPPING = [
+    ("out_of_memory", "driver", kiln.DeviceOutOfMemoryError),
+    ("out_of_memory", "none", kiln.DeviceOutOfMemoryError),
+    ("out_of_memory", "budget", kiln.BudgetExceededError),
+    ("out_of_memory", "device_heap", kiln.DeviceHeapExhaustedError),
+    ("out_of_memory", "host", kiln.HostOutOfMemoryError),
+    ("invalid_usage", "none", kiln.InvalidUsageError),
+    ("not_supported", "none", kiln.NotSupportedError),
+    ("device_lost", "none", kiln.DeviceLostError),
+    ("error", "none", kiln.RuntimeFaultError),
+]
+
+
+@pytest.mark.parametrize("result,source,cls", MAPPING)
+def test_every_error_kind_maps_to_its_class(result, source, cls):
+    e = kiln.testing.make_error(result, source, requested_bytes=123, device="mock", detail="why")
+    assert type(e) is cls
+    assert (e.result, e.oom_source, e.requested_bytes, e.device, e.detail) == \
+        (result, source, 123, "mock", "why")
+    assert "why" in str(e)
+
+
+@pytest.mark.parametrize("result,source,cls", MAPPING)
+def test_pickle_keeps_class_message_and_attributes(result, source, cls):
+    e = kiln.testing.make_error(result, source, requested_bytes=7, device="cuda:0", detail="d")
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is cls
+    assert str(back) == str(e)
+    assert vars(back) == vars(e)
+
+
+def test_a_real_budget_refusal_survives_pickle_with_its_memory_picture():
+    with pytest.raises(kiln.BudgetExceededError) as info:
+        kiln.ndarray(kiln.f64, (1 << 40,))
+    e = info.value
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        back = pickle.loads(pickle.dumps(e, protocol=protocol))
+        assert type(back) is kiln.BudgetExceededError
+        assert str(back) == str(e)
+        assert back.requested_bytes == 8 << 40
+        assert back.limit_bytes == e.limit_bytes > 0
+        assert back.in_use_bytes == e.in_use_bytes and back.in_use_bytes["runtime_heap"] > 0
+        assert back.site == e.site and back.context == e.context
+
+
+def test_exceptions_can_be_made_by_hand_with_defaults():
+    e = kiln.DeviceLostError("gone", device="cuda:0")
+    assert str(e) == "gone" and e.device == "cuda:0" and e.requested_bytes == 0
+    assert e.free_bytes is None and e.in_use_bytes is None
+    with pytest.raises(TypeError):
+        kiln.Error("x", no_such_field=1)
+
+
+def test_unknown_result_in_make_error_is_invalid_usage():
+    with pytest.raises(kiln.InvalidUsageError):
+        kiln.testing.make_error("exploded")
+
+
+def test_not_supported_from_a_real_path():
+    # cuda: no driver on this machine; amdgpu: not built. Both come from the C++ side.
+    for arch in ("cuda", "amdgpu"):
+        with pytest.raises(NotImplementedError) as info:
+            kiln.init(arch=arch)
+        assert type(info.value) is kiln.NotSupportedError
+        assert info.value.result == "not_supported"
+        assert info.value.device.startswith(arch)
+    a = kiln.ndarray(kiln.f32, (3,))  # the previous executor is still in place
+    kiln.fill(a, 1.0)
+
+
+def test_invalid_usage_from_real_paths():
+    with pytest.raises(ValueError) as info:
+        kiln.init(arch="tpu")
+    assert type(info.value) is kiln.InvalidUsageError and "tpu" in str(info.value)
+    with pytest.raises(kiln.InvalidUsageError) as info:
+        kiln.ndarray(kiln.f32, (2, -3))
+    assert info.value.site == "compute_shape_info" and "negative" in str(info.value)

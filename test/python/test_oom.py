@@ -1,0 +1,302 @@
+"""Every out-of-memory kind, each from a real path, caught as MemoryError; nothing stays held."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import kiln
+import kiln.testing
+from conftest import MiB, allocated_bytes, collect_unraisable
+
+
+def test_the_issue_example_four_tib_on_cpu_is_refused_then_a_small_array_works():
+    before = allocated_bytes()
+    with pytest.raises(kiln.OutOfMemoryError) as info:
+        kiln.ndarray(kiln.f32, (1 << 40,))
+    e = info.value
+    assert isinstance(e, MemoryError) and type(e) is kiln.BudgetExceededError
+    assert e.requested_bytes == 4 << 40
+    assert e.limit_bytes == kiln.memory_stats()["limit_bytes"] > 0
+    assert e.category == "ndarray" and e.device == "cpu" and e.oom_source == "budget"
+    assert "4.00 TiB" in str(e) and "budget" in str(e)
+    assert allocated_bytes() == before
+    a = kiln.ndarray(kiln.f32, (16,))
+    kiln.fill(a, 3.0)
+    assert a.to_numpy().tolist() == [3.0] * 16
+
+
+def test_budget_refusal_names_the_budget_and_what_kiln_holds():
+    kiln.init(arch="cpu", budget_bytes=64 * MiB, device_heap_bytes=1 * MiB)
+    keep = kiln.ndarray(kiln.f32, (10 * MiB,))  # 40 MiB
+    before = allocated_bytes()
+    with pytest.raises(MemoryError) as info:
+        kiln.ndarray(kiln.f32, (8 * MiB,))  # 32 MiB more does not fit in 64
+    e = info.value
+    assert type(e) is kiln.BudgetExceededError
+    assert e.requested_bytes == 32 * MiB and e.limit_bytes == 64 * MiB
+    assert e.in_use_bytes["ndarray"] >= 40 * MiB and e.site == "MemoryBudget::reserve"
+    assert "64.00 MiB" in str(e) and "32.00 MiB" in str(e)
+    assert allocated_bytes() == before
+    assert kiln.memory_stats()["budget_refusals"] >= 1
+    keep.free()
+    b = kiln.ndarray(kiln.f32, (8 * MiB,))  # the identical call now fits
+    assert b.nbytes == 32 * MiB
+
+
+def test_live_free_memory_refusal_when_other_processes_hold_the_mock_device():
+    kiln.init(arch="mock", mock_capacity_bytes=256 * MiB, reserve_bytes=0,
+              budget_bytes=1 << 30, mock_other_process_bytes=200 * MiB)
+    before = allocated_bytes()
+    with pytest.raises(MemoryError) as info:
+        kiln.ndarray(kiln.f64, (8 * MiB,))  # 64 MiB; about 40 MiB are free
+    e = info.value
+    assert type(e) is kiln.BudgetExceededError
+    assert e.site == "DeviceMemory::check_live_free" and e.device == "mock"
+    assert e.total_bytes == 256 * MiB and e.free_bytes < 64 * MiB
+    assert allocated_bytes() == before
+    assert kiln.memory_stats()["live_refusals"] == 1
+
+
+def test_driver_refusal_on_the_mock_device():
+    # The budget (1 GiB) is larger than the device (64 MiB) and the live check is off, so the
+    # request reaches the mock driver, which refuses it.
+    kiln.init(arch="mock", mock_capacity_bytes=64 * MiB, budget_bytes=1 << 30, live_check=False)
+    before = allocated_bytes()
+    with pytest.raises(MemoryError) as info:
+        kiln.ndarray(kiln.f32, (24 * MiB,))  # 96 MiB
+    e = info.value
+    assert type(e) is kiln.DeviceOutOfMemoryError
+    assert e.driver_status == "MOCK_ERROR_OUT_OF_MEMORY" and e.oom_source == "driver"
+    assert e.requested_bytes == 96 * MiB and e.total_bytes == 64 * MiB and e.device == "mock"
+    assert "MOCK_ERROR_OUT_OF_MEMORY" in str(e)
+    assert allocated_bytes() == before
+    assert kiln.memory_stats()["driver_ooms"] >= 1
+    assert kiln.ndarray(kiln.f32, (4 * MiB,)).nbytes == 16 * MiB
+
+
+def test_injected_fault_counts_only_allocations_inside_the_block():
+    for _ in range(3):
+        kiln.ndarray(kiln.f32, (4,))  # before the block: not counted
+    before = allocated_bytes()
+    with kiln.testing.fail_allocation(at=2):
+        first = kiln.ndarray(kiln.f32, (4,))
+        with pytest.raises(MemoryError) as info:
+            kiln.ndarray(kiln.i64, (5,))
+        third = kiln.ndarray(kiln.f32, (4,))
+    e = info.value
+    assert type(e) is kiln.DeviceOutOfMemoryError
+    assert e.driver_status == "injected fault (FaultPlan)" and e.requested_bytes == 40
+    del first, third
+    assert allocated_bytes() == before
+    kiln.ndarray(kiln.i64, (5,))  # the plan is cleared on exit
+
+
+def test_injected_fault_is_cleared_when_the_block_raises():
+    with pytest.raises(kiln.DeviceOutOfMemoryError):
+        with kiln.testing.fail_allocation(at=1):
+            kiln.ndarray(kiln.f32, (4,))
+    for _ in range(5):
+        kiln.ndarray(kiln.f32, (4,))
+
+
+def test_an_unreached_fault_does_not_outlive_its_block():
+    with kiln.testing.fail_allocation(at=3):
+        kiln.ndarray(kiln.f32, (4,))  # only the 1st allocation happens inside
+        assert kiln.testing.allocation_count() == 1
+    for _ in range(5):  # the 3rd would fail if the plan were still armed
+        kiln.ndarray(kiln.f32, (4,))
+
+
+def test_fail_allocation_needs_a_positive_int():
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(kiln.InvalidUsageError):
+            with kiln.testing.fail_allocation(at=bad):
+                pass
+
+
+@pytest.mark.parametrize("at,category", [(1, "argument_buffer"), (2, "result_buffer"),
+                                         (3, "staging")])
+def test_a_launch_that_cannot_get_its_buffers_launches_nothing_and_holds_nothing(at, category):
+    y = kiln.from_numpy(np.zeros(1000, dtype=np.float64))
+    x = np.arange(1000, dtype=np.float64)
+    before = allocated_bytes()
+    with kiln.testing.fail_allocation(at=at):
+        with pytest.raises(kiln.DeviceOutOfMemoryError) as info:
+            kiln.axpy(2.0, x, y)  # host x: argument buffer, result buffer, staging
+    assert info.value.category == category
+    assert allocated_bytes() == before
+    assert y.to_numpy().sum() == 0.0  # nothing was launched
+    kiln.axpy(2.0, x, y)
+    np.testing.assert_array_equal(y.to_numpy(), 2.0 * x)
+
+
+def test_device_heap_exhaustion_in_compact_positive():
+    kiln.init(arch="cpu", device_heap_bytes=64 * 1024)
+    x = kiln.from_numpy(np.arange(1, 100_001, dtype=np.float32))
+    before = allocated_bytes()
+    with pytest.raises(MemoryError) as info:
+        kiln.compact_positive(x)
+    e = info.value
+    assert type(e) is kiln.DeviceHeapExhaustedError
+    assert e.oom_source == "device_heap" and e.category == "runtime_heap"
+    assert e.requested_bytes > 0 and e.context == ("compacting f32[100000]",)
+    assert allocated_bytes() == before
+    small = kiln.from_numpy(np.array([3, -1, 0, 7], dtype=np.float32))
+    np.testing.assert_array_equal(kiln.compact_positive(small).to_numpy(), [3, 7])
+
+
+HOST_OOM_SCRIPT = textwrap.dedent("""
+    import resource, kiln
+    kiln.init(arch="cpu", num_threads=1)
+    a = kiln.ndarray(kiln.f64, (16 << 20,))  # 128 MiB on the (host-memory) cpu device
+    kiln.fill(a, 1.0)
+    vm = int([l for l in open("/proc/self/status") if l.startswith("VmSize")][0].split()[1]) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (32 << 20), resource.RLIM_INFINITY))
+    try:
+        a.to_numpy()  # needs 128 MiB of host memory for the copy
+    except MemoryError as e:
+        print(type(e).__name__, e.oom_source, e.requested_bytes, e.site)
+""")
+
+
+def test_host_out_of_memory_when_the_host_copy_cannot_be_had():
+    env = dict(os.environ)
+    out = subprocess.run([sys.executable, "-c", HOST_OOM_SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["HostOutOfMemoryError", "host", str(128 << 20), "to_numpy"]
+
+
+@pytest.mark.parametrize("kind", ["budget", "driver", "fault", "device_heap"])
+def test_memory_error_catches_every_kind_and_the_baseline_comes_back(kind):
+    if kind == "budget":
+        kiln.init(arch="cpu", budget_bytes=32 * MiB)
+        expected, action = kiln.BudgetExceededError, lambda: kiln.ndarray(kiln.f32, (16 * MiB,))
+    elif kind == "driver":
+        kiln.init(arch="mock", mock_capacity_bytes=32 * MiB, budget_bytes=1 << 30,
+                  live_check=False)
+        expected, action = kiln.DeviceOutOfMemoryError, lambda: kiln.ndarray(kiln.f32, (16 * MiB,))
+    elif kind == "fault":
+        expected = kiln.DeviceOutOfMemoryError
+
+        def action():
+            with kiln.testing.fail_allocation(at=1):
+                kiln.ndarray(kiln.f32, (16,))
+    else:
+        kiln.init(arch="cpu", device_heap_bytes=4096)
+        x = kiln.from_numpy(np.ones(10_000, dtype=np.float64))
+        expected, action = kiln.DeviceHeapExhaustedError, lambda: kiln.compact_positive(x)
+    before = allocated_bytes()
+    for _ in range(3):  # the same refusal each time: nothing was kept by the previous one
+        with pytest.raises(MemoryError) as info:
+            action()
+        assert type(info.value) is expected
+        assert allocated_bytes() == before
+
+
+def test_empty_cache_gives_the_pool_back():
+    a = kiln.ndarray(kiln.f32, (1 << 20,))
+    del a
+    assert kiln.memory_stats()["cached_bytes"] >= 4 * MiB
+    assert kiln.empty_cache() >= 4 * MiB
+    assert kiln.memory_stats()["cached_bytes"] == 0
+
+
+def test_oom_observer_gets_the_exception_and_may_free_memory_for_a_retry():
+    kiln.init(arch="cpu", budget_bytes=64 * MiB, device_heap_bytes=1 * MiB, caching=False)
+    victims = [kiln.ndarray(kiln.f32, (10 * MiB,))]  # 40 MiB
+    seen = []
+
+    def observer(e):
+        seen.append(e)
+        while victims:
+            victims.pop().free()
+
+    oid = kiln.add_oom_observer(observer)
+    b = kiln.ndarray(kiln.f32, (8 * MiB,))  # refused once, then retried after the observer
+    assert b.nbytes == 32 * MiB
+    assert len(seen) == 1 and type(seen[0]) is kiln.BudgetExceededError
+    assert seen[0].requested_bytes == 32 * MiB and seen[0].limit_bytes == 64 * MiB
+    assert kiln.memory_stats()["retries"] >= 1
+    assert kiln.remove_oom_observer(oid) is True
+    assert kiln.remove_oom_observer(oid) is False
+    with pytest.raises(kiln.BudgetExceededError):
+        kiln.ndarray(kiln.f32, (16 * MiB,))
+    assert len(seen) == 1
+
+
+def test_a_raising_observer_is_reported_and_the_original_error_still_raised():
+    kiln.init(arch="cpu", budget_bytes=32 * MiB)
+
+    def observer(e):
+        raise KeyError("observer bug")
+
+    kiln.add_oom_observer(observer)
+    with collect_unraisable() as unraisable, pytest.raises(kiln.BudgetExceededError):
+        kiln.ndarray(kiln.f32, (16 * MiB,))
+    assert [type(u) for u in unraisable] == [KeyError]
+
+
+def test_observer_runs_during_a_launch_without_the_gil_and_may_not_allocate():
+    # The staging buffer of axpy (host x) is refused inside the launch, which runs without the
+    # GIL: the observer re-acquires it, gets the exception, and may not allocate or launch.
+    kiln.init(arch="cpu", budget_bytes=40 * MiB, device_heap_bytes=1 * MiB)
+    y = kiln.ndarray(kiln.f64, (3 * MiB,))  # 24 MiB
+    kiln.fill(y, 0.0)
+    seen = []
+
+    def observer(e):
+        seen.append(e)
+        kiln.ndarray(kiln.f32, (4,))
+
+    kiln.add_oom_observer(observer)
+    with collect_unraisable() as unraisable, pytest.raises(kiln.BudgetExceededError) as info:
+        kiln.axpy(1.0, np.ones(3 * MiB), y)  # + 24 MiB of staging
+    assert info.value.category == "staging"
+    assert [type(e) for e in seen] == [kiln.BudgetExceededError] and seen[0].category == "staging"
+    assert [type(u) for u in unraisable] == [kiln.InvalidUsageError]
+    assert "OOM observer" in str(unraisable[0])
+
+
+def test_an_array_in_use_by_a_running_launch_cannot_be_freed():
+    kiln.init(arch="cpu", budget_bytes=40 * MiB, device_heap_bytes=1 * MiB)
+    y = kiln.ndarray(kiln.f64, (3 * MiB,))
+    kiln.fill(y, 0.0)
+    kiln.add_oom_observer(lambda e: y.free())
+    with collect_unraisable() as unraisable, pytest.raises(kiln.BudgetExceededError):
+        kiln.axpy(1.0, np.ones(3 * MiB), y)
+    assert [type(u) for u in unraisable] == [kiln.InvalidUsageError]
+    assert "in use" in str(unraisable[0])
+    assert not y.is_freed
+    assert kiln.reduce_sum(y) == 0.0
+
+
+def test_init_drops_the_observers_of_the_executor_it_replaces():
+    kiln.init(arch="cpu", budget_bytes=32 * MiB)
+    seen = []
+    kiln.add_oom_observer(seen.append)
+    kiln.init(arch="cpu", budget_bytes=32 * MiB)
+    with pytest.raises(kiln.BudgetExceededError):
+        kiln.ndarray(kiln.f32, (16 * MiB,))
+    assert seen == []
+    oid = kiln.add_oom_observer(seen.append)
+    with pytest.raises(kiln.BudgetExceededError):
+        kiln.ndarray(kiln.f32, (16 * MiB,))
+    assert len(seen) == 1 and kiln.remove_oom_observer(oid)
+
+
+def test_an_observer_that_refers_to_an_array_does_not_leak_after_init():
+    import gc
+    import weakref
+    y = kiln.ndarray(kiln.f32, (4,))
+    observer = lambda e, a=y: a.free()  # noqa: E731  (y -> device -> observer -> y)
+    ref = weakref.ref(observer)
+    kiln.add_oom_observer(observer)
+    del observer
+    kiln.init(arch="cpu")
+    del y
+    gc.collect()
+    assert ref() is None
