@@ -5,8 +5,11 @@
 #                       [EXTRA_FLAGS <flag>...] [DEPENDS <file>...])
 #     Compiles <file> with clang-14 for <triple> into ${CMAKE_CURRENT_BINARY_DIR}/<name>.bc and
 #     defines a custom target <name> that builds it. The target's KILN_BITCODE_FILE property holds
-#     the .bc path. EXTRA_FLAGS are appended to the clang command line, e.g. for GPU triples
-#     `-nogpulib` (amdgcn) or `-Xclang -target-cpu -Xclang sm_70` (nvptx64).
+#     the .bc path. EXTRA_FLAGS are appended to the clang command line, e.g. `-nogpulib` for
+#     amdgcn. nvptx64-nvidia-cuda needs none: its bitcode is built generic (clang writes sm_20 /
+#     ptx32 into each function) and the SM version and PTX ISA version are chosen when PTX is
+#     emitted for a device (runtime/jit/ptx_codegen.cpp strips the per-function attributes), so
+#     one bitcode serves every GPU.
 #
 #   kiln_embed_bitcode(<target> <name>)
 #     Adds a generated source to <target> that embeds the bytes of bitcode <name> (from

@@ -6,6 +6,7 @@
 
 #include "kiln/executor/launcher.h"
 #include "kiln/rhi/cpu_device.h"
+#include "kiln/rhi/cuda_device.h"
 #include "kiln/runtime/thread_pool.h"
 
 namespace kiln {
@@ -19,7 +20,10 @@ RhiExpected<std::unique_ptr<LlvmDevice>> create_device(const ExecutorConfig &con
   switch (config.backend) {
     case Backend::cpu: return std::unique_ptr<LlvmDevice>(new CpuDevice());
     case Backend::mock: return std::unique_ptr<LlvmDevice>(new MockDevice(config.mock));
-    case Backend::cuda:
+    case Backend::cuda: {
+      KILN_ASSIGN_OR_RETURN(auto device, create_cuda_device(0));
+      return std::unique_ptr<LlvmDevice>(std::move(device));
+    }
     case Backend::amdgpu: break;
   }
   return std::unexpected(make_failure(
@@ -34,6 +38,7 @@ LlvmRuntimeExecutor::LlvmRuntimeExecutor(ExecutorConfig config,
 
 LlvmRuntimeExecutor::~LlvmRuntimeExecutor() {
   launcher_.reset();
+  if (module_) (void)static_cast<GpuDevice &>(*context_->device).unload_module(*module_);
   if (runtime_state_alloc_) (void)context_->memory->free(*runtime_state_alloc_);
   if (heap_alloc_) (void)context_->memory->free(*heap_alloc_);
   context_->memory->release_cached();  // arrays that outlive the executor still work, uncached
@@ -45,9 +50,14 @@ RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create(
   auto context = std::make_shared<DeviceContext>();
   KILN_ASSIGN_OR_RETURN(context->device, create_device(config));
   KILN_ASSIGN_OR_RETURN(context->memory, runtime::DeviceMemory::create(*context->device, config.budget));
+  const CodegenArch arch =
+      context->device->host_addressable() ? CodegenArch::host : CodegenArch::nvptx64;
   if (!program) {
-    KILN_ASSIGN_OR_RETURN(program, Program::shared_host());
+    KILN_ASSIGN_OR_RETURN(program, Program::shared(arch));
   }
+  if (program->arch() != arch)
+    return std::unexpected(invalid_usage(context->device->name(), "LlvmRuntimeExecutor::create",
+                                         "the program was compiled for another arch than the device's"));
   std::unique_ptr<LlvmRuntimeExecutor> executor(
       new LlvmRuntimeExecutor(std::move(config), std::move(context), std::move(program)));
   KILN_RETURN_IF_ERROR(executor->init_runtime());
@@ -67,8 +77,20 @@ RhiStatus LlvmRuntimeExecutor::init_runtime() {
     return std::unexpected(std::move(allocs).error().add_context("allocating the device runtime heap"));
   runtime_state_alloc_ = (*allocs)[0];
   if (allocs->size() > 1) heap_alloc_ = (*allocs)[1];
-  launcher_ = std::make_unique<CpuKernelLauncher>(memory, *program_, *runtime_state_alloc_, heap_alloc_,
-                                                  config_.device_heap_bytes, config_.num_threads);
+  if (context_->device->host_addressable()) {
+    launcher_ = std::make_unique<CpuKernelLauncher>(memory, *program_, *runtime_state_alloc_, heap_alloc_,
+                                                    config_.device_heap_bytes, config_.num_threads);
+    return {};
+  }
+  auto &gpu = static_cast<GpuDevice &>(*context_->device);
+  auto module = gpu.load_module(program_->code_image());
+  if (!module) {
+    memory.annotate(module.error());
+    return std::unexpected(std::move(module).error().add_context("loading the kernels' code object"));
+  }
+  module_ = *module;
+  launcher_ = std::make_unique<GpuKernelLauncher>(memory, gpu, *program_, *module_, *runtime_state_alloc_,
+                                                  heap_alloc_, config_.device_heap_bytes);
   return {};
 }
 
@@ -103,6 +125,7 @@ RhiExpected<Ndarray> LlvmRuntimeExecutor::ndarray(DataType dtype, std::span<cons
 }
 
 RhiStatus LlvmRuntimeExecutor::free(Ndarray &array) {
+  KILN_RETURN_IF_ERROR(check_usable("free", array));
   KILN_ASSIGN_OR_RETURN(const std::optional<DeviceAllocation> alloc, array.allocation("free"));
   array.state_->freed = true;
   if (alloc) return context_->memory->free(*alloc);

@@ -30,31 +30,15 @@ class ScopedGroup {
 
 }  // namespace
 
-CpuKernelLauncher::CpuKernelLauncher(runtime::DeviceMemory &memory, Program &program,
-                                     DeviceAllocation runtime_state,
-                                     std::optional<DeviceAllocation> heap, uint64_t heap_bytes,
-                                     unsigned num_threads)
-    : memory_(memory),
-      program_(program),
-      runtime_state_(runtime_state),
-      heap_(heap),
-      heap_bytes_(heap ? heap_bytes : 0),
-      pool_(std::make_unique<runtime::ThreadPool>(
-          num_threads != 0 ? num_threads : std::max(1u, std::thread::hardware_concurrency()))) {}
+// --- shared launch contract -------------------------------------------------------------------
 
-CpuKernelLauncher::~CpuKernelLauncher() = default;
+KernelLauncher::KernelLauncher(runtime::DeviceMemory &memory, DeviceAllocation runtime_state,
+                               std::optional<DeviceAllocation> heap, uint64_t heap_bytes)
+    : memory_(memory), runtime_state_(runtime_state), heap_(heap), heap_bytes_(heap ? heap_bytes : 0) {}
 
-unsigned CpuKernelLauncher::num_threads() const { return pool_->num_threads(); }
+KernelLauncher::~KernelLauncher() = default;
 
-int64_t CpuKernelLauncher::task_count(const LaunchSpec &spec) const {
-  if (spec.iteration_size <= spec.min_elements_per_task) return 1;
-  const int64_t max_tasks = static_cast<int64_t>(pool_->num_threads()) * 4;
-  const int64_t by_grain = (spec.iteration_size + spec.min_elements_per_task - 1) /
-                           spec.min_elements_per_task;
-  return std::max<int64_t>(1, std::min(max_tasks, by_grain));
-}
-
-RhiStatus CpuKernelLauncher::reset_runtime() {
+RhiStatus KernelLauncher::reset_runtime() {
   LlvmDevice &device = memory_.device();
   KilnRuntime state{};
   if (heap_) {
@@ -64,14 +48,14 @@ RhiStatus CpuKernelLauncher::reset_runtime() {
   return device.memcpy_host_to_device(runtime_state_, 0, &state, sizeof state);
 }
 
-RhiStatus CpuKernelLauncher::check_device_error(const std::string &kernel) {
+RhiStatus KernelLauncher::check_device_error(const std::string &kernel) {
   KilnRuntime state{};
   KILN_RETURN_IF_ERROR(memory_.device().memcpy_device_to_host(&state, runtime_state_, 0, sizeof state));
   if (state.error_code == KILN_DEVICE_OK) return {};
   state.error_message[sizeof state.error_message - 1] = '\0';
   Failure f;
   f.device = memory_.device().name();
-  f.site = "CpuKernelLauncher::launch";
+  f.site = "KernelLauncher::launch";
   if (state.error_code == KILN_DEVICE_HEAP_EXHAUSTED) {
     f.result = RhiResult::out_of_memory;
     f.oom_source = OomSource::device_heap;
@@ -88,8 +72,8 @@ RhiStatus CpuKernelLauncher::check_device_error(const std::string &kernel) {
   return std::unexpected(std::move(f));
 }
 
-RhiExpected<LaunchResult> CpuKernelLauncher::launch(const LaunchSpec &spec) {
-  KILN_ASSIGN_OR_RETURN(const KilnKernelFn fn, program_.kernel(spec.kernel));
+RhiExpected<LaunchResult> KernelLauncher::launch(const LaunchSpec &spec) {
+  KILN_RETURN_IF_ERROR(check_kernel(spec.kernel));
   std::lock_guard lock(mutex_);
   const int64_t num_tasks = task_count(spec);
 
@@ -101,7 +85,9 @@ RhiExpected<LaunchResult> CpuKernelLauncher::launch(const LaunchSpec &spec) {
   for (const HostOperand &op : spec.host_operands)
     if (!op.bytes.empty()) requests.push_back({MemoryCategory::staging, op.bytes.size(), false});
   auto allocs = memory_.allocate_group(requests);
-  if (!allocs) return std::unexpected(std::move(allocs).error().add_context(fmt::format("preparing launch of {}", spec.kernel)));
+  if (!allocs)
+    return std::unexpected(
+        std::move(allocs).error().add_context(fmt::format("preparing launch of {}", spec.kernel)));
   ScopedGroup group(memory_, std::move(*allocs));
 
   LlvmDevice &device = memory_.device();
@@ -124,14 +110,7 @@ RhiExpected<LaunchResult> CpuKernelLauncher::launch(const LaunchSpec &spec) {
 
   KILN_ASSIGN_OR_RETURN(const uint64_t runtime_address, device.device_address(runtime_state_));
   KILN_ASSIGN_OR_RETURN(const uint64_t args_address, device.device_address(group[0]));
-  auto *runtime_ptr = reinterpret_cast<KilnRuntime *>(runtime_address);
-  const auto *args_ptr = reinterpret_cast<const KilnKernelArgs *>(args_address);
-  const int64_t n = spec.iteration_size;
-  pool_->parallel_for(num_tasks, [&](int64_t task) {
-    const int64_t begin = n * task / num_tasks;
-    const int64_t end = n * (task + 1) / num_tasks;
-    fn(runtime_ptr, args_ptr, begin, end, task);
-  });
+  KILN_RETURN_IF_ERROR(execute(spec.kernel, runtime_address, args_address, num_tasks, spec.iteration_size));
   KILN_RETURN_IF_ERROR(check_device_error(spec.kernel));
 
   LaunchResult result;
@@ -141,6 +120,79 @@ RhiExpected<LaunchResult> CpuKernelLauncher::launch(const LaunchSpec &spec) {
         result.task_results.data(), group[1], 0, result.task_results.size() * sizeof(KilnTaskResult)));
   }
   return result;
+}
+
+// --- CPU --------------------------------------------------------------------------------------
+
+CpuKernelLauncher::CpuKernelLauncher(runtime::DeviceMemory &memory, Program &program,
+                                     DeviceAllocation runtime_state,
+                                     std::optional<DeviceAllocation> heap, uint64_t heap_bytes,
+                                     unsigned num_threads)
+    : KernelLauncher(memory, runtime_state, heap, heap_bytes),
+      program_(program),
+      pool_(std::make_unique<runtime::ThreadPool>(
+          num_threads != 0 ? num_threads : std::max(1u, std::thread::hardware_concurrency()))) {}
+
+CpuKernelLauncher::~CpuKernelLauncher() = default;
+
+unsigned CpuKernelLauncher::num_threads() const { return pool_->num_threads(); }
+
+RhiStatus CpuKernelLauncher::check_kernel(const std::string &kernel) {
+  KILN_RETURN_IF_ERROR(program_.kernel(kernel));
+  return {};
+}
+
+int64_t CpuKernelLauncher::task_count(const LaunchSpec &spec) const {
+  if (spec.iteration_size <= spec.min_elements_per_task) return 1;
+  const int64_t max_tasks = static_cast<int64_t>(pool_->num_threads()) * 4;
+  const int64_t by_grain = (spec.iteration_size + spec.min_elements_per_task - 1) /
+                           spec.min_elements_per_task;
+  return std::max<int64_t>(1, std::min(max_tasks, by_grain));
+}
+
+RhiStatus CpuKernelLauncher::execute(const std::string &kernel, uint64_t runtime_address,
+                                     uint64_t args_address, int64_t num_tasks, int64_t n) {
+  KILN_ASSIGN_OR_RETURN(const KilnKernelFn fn, program_.kernel(kernel));
+  auto *runtime_ptr = reinterpret_cast<KilnRuntime *>(runtime_address);
+  const auto *args_ptr = reinterpret_cast<const KilnKernelArgs *>(args_address);
+  pool_->parallel_for(num_tasks, [&](int64_t task) {
+    const int64_t begin = kiln_task_split_point(n, task, num_tasks);
+    const int64_t end = kiln_task_split_point(n, task + 1, num_tasks);
+    fn(runtime_ptr, args_ptr, begin, end, task);
+  });
+  return {};
+}
+
+// --- GPU --------------------------------------------------------------------------------------
+
+GpuKernelLauncher::GpuKernelLauncher(runtime::DeviceMemory &memory, GpuDevice &device,
+                                     Program &program, uint64_t module,
+                                     DeviceAllocation runtime_state,
+                                     std::optional<DeviceAllocation> heap, uint64_t heap_bytes)
+    : KernelLauncher(memory, runtime_state, heap, heap_bytes),
+      device_(device),
+      program_(program),
+      module_(module) {}
+
+RhiStatus GpuKernelLauncher::check_kernel(const std::string &kernel) {
+  if (program_.has_kernel(kernel)) return {};
+  return std::unexpected(invalid_usage(device_.name(), "GpuKernelLauncher::launch",
+                                       fmt::format("unknown kernel '{}'", kernel)));
+}
+
+int64_t GpuKernelLauncher::task_count(const LaunchSpec &spec) const {
+  return std::clamp<int64_t>(spec.iteration_size, 1, kMaxTasks);
+}
+
+RhiStatus GpuKernelLauncher::execute(const std::string &kernel, uint64_t runtime_address,
+                                     uint64_t args_address, int64_t num_tasks, int64_t) {
+  void *params[2] = {&runtime_address, &args_address};
+  const unsigned block = static_cast<unsigned>(std::min<int64_t>(num_tasks, kBlockThreads));
+  const unsigned grid = static_cast<unsigned>((num_tasks + block - 1) / block);
+  auto launched = device_.launch_kernel(module_, kernel + "_gpu", grid, block, params);
+  if (!launched)
+    return std::unexpected(std::move(launched).error().add_context(fmt::format("running {}", kernel)));
+  return {};
 }
 
 }  // namespace kiln

@@ -1,35 +1,72 @@
 #include "kiln/executor/program.h"
 
+#include <map>
+
 #include <fmt/format.h>
 
 #include "kiln/runtime/cpu_jit.h"
+#include "kiln/runtime/ptx_codegen.h"
 
 namespace kiln {
+namespace {
 
-Program::Program(CodegenArch arch, std::unique_ptr<runtime::CpuJit> jit)
-    : arch_(arch), jit_(std::move(jit)) {}
+// The kernels a PTX image defines: every ".entry <name>_gpu", named without the suffix.
+std::set<std::string, std::less<>> gpu_entry_points(std::string_view ptx) {
+  std::set<std::string, std::less<>> names;
+  constexpr std::string_view kEntry = ".entry ";
+  constexpr std::string_view kSuffix = "_gpu";
+  for (std::size_t pos = ptx.find(kEntry); pos != std::string_view::npos; pos = ptx.find(kEntry, pos + 1)) {
+    const std::size_t begin = pos + kEntry.size();
+    const std::size_t end = ptx.find_first_of("( \n", begin);
+    std::string_view name = ptx.substr(begin, end - begin);
+    if (name.ends_with(kSuffix)) names.emplace(name.substr(0, name.size() - kSuffix.size()));
+  }
+  return names;
+}
+
+}  // namespace
+
+Program::Program(CodegenArch arch, std::unique_ptr<runtime::CpuJit> jit, std::string image)
+    : arch_(arch), jit_(std::move(jit)), image_(std::move(image)) {
+  if (!image_.empty()) {
+    gpu_kernels_ = gpu_entry_points(image_);
+    image_.push_back('\0');
+  }
+}
 
 Program::~Program() = default;
 
 RhiExpected<std::shared_ptr<Program>> Program::create(CodegenArch arch) {
-  if (arch != CodegenArch::host)
-    return std::unexpected(make_failure(RhiResult::not_supported, "kiln", "Program::create",
-                                        "only host code generation is built so far"));
-  KILN_ASSIGN_OR_RETURN(auto jit, runtime::CpuJit::create());
-  return std::shared_ptr<Program>(new Program(arch, std::move(jit)));
+  switch (arch) {
+    case CodegenArch::host: {
+      KILN_ASSIGN_OR_RETURN(auto jit, runtime::CpuJit::create());
+      return std::shared_ptr<Program>(new Program(arch, std::move(jit), ""));
+    }
+    case CodegenArch::nvptx64: {
+      KILN_ASSIGN_OR_RETURN(std::string ptx, runtime::generate_ptx());
+      return std::shared_ptr<Program>(new Program(arch, nullptr, std::move(ptx)));
+    }
+    case CodegenArch::amdgcn: break;
+  }
+  return std::unexpected(make_failure(RhiResult::not_supported, "kiln", "Program::create",
+                                      "amdgcn code generation is not built yet"));
 }
 
-RhiExpected<std::shared_ptr<Program>> Program::shared_host() {
+RhiExpected<std::shared_ptr<Program>> Program::shared(CodegenArch arch) {
   static std::mutex mutex;
-  static std::shared_ptr<Program> program;
+  static std::map<CodegenArch, std::shared_ptr<Program>> programs;
   std::lock_guard lock(mutex);
+  auto &program = programs[arch];
   if (!program) {
-    KILN_ASSIGN_OR_RETURN(program, create(CodegenArch::host));
+    KILN_ASSIGN_OR_RETURN(program, create(arch));
   }
   return program;
 }
 
 RhiExpected<KilnKernelFn> Program::kernel(std::string_view name) {
+  if (!jit_)
+    return std::unexpected(make_failure(RhiResult::not_supported, "kiln", "Program::kernel",
+                                        "a GPU program's kernels run on its device, not the host"));
   std::lock_guard lock(mutex_);
   if (auto it = kernels_.find(std::string(name)); it != kernels_.end()) return it->second;
   KILN_ASSIGN_OR_RETURN(const KilnKernelFn fn, jit_->lookup_kernel(name));
@@ -37,6 +74,15 @@ RhiExpected<KilnKernelFn> Program::kernel(std::string_view name) {
   return fn;
 }
 
-uint64_t Program::code_size_bytes() const { return jit_->code_size_bytes(); }
+bool Program::has_kernel(std::string_view name) {
+  if (!jit_) return gpu_kernels_.contains(name);
+  return kernel(name).has_value();
+}
+
+std::span<const std::byte> Program::code_image() const {
+  return std::as_bytes(std::span<const char>(image_.data(), image_.size()));
+}
+
+uint64_t Program::code_size_bytes() const { return jit_ ? jit_->code_size_bytes() : image_.size(); }
 
 }  // namespace kiln

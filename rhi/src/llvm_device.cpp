@@ -28,8 +28,23 @@ RhiExpected<DeviceAllocation> LlvmDevice::allocate(const AllocParams &params) {
   return allocate_runtime(runtime_params);
 }
 
+void LlvmDevice::mark_lost(const Failure &cause) {
+  std::lock_guard lock(mutex_);
+  if (lost_.load()) return;
+  lost_cause_ = cause.message();
+  lost_.store(true, std::memory_order_release);
+}
+
+RhiStatus LlvmDevice::check_alive(const char *site) const {
+  if (!is_lost()) return {};
+  return std::unexpected(failure(
+      RhiResult::device_lost, site,
+      fmt::format("the device was lost earlier ({}); recreate the executor", lost_cause_)));
+}
+
 RhiExpected<DeviceAllocation> LlvmDevice::allocate_runtime(const LlvmRuntimeAllocParams &params) {
   constexpr const char *kSite = "LlvmDevice::allocate_memory_runtime";
+  KILN_RETURN_IF_ERROR(check_alive(kSite));
   const auto refuse = [&](RhiResult result, std::string detail) {
     Failure f = failure(result, kSite, std::move(detail));
     f.category = params.category;
@@ -63,6 +78,7 @@ RhiExpected<DeviceAllocation> LlvmDevice::allocate_runtime(const LlvmRuntimeAllo
 }
 
 RhiExpected<LlvmDevice::Entry> LlvmDevice::find_live(DeviceAllocation alloc, const char *site) const {
+  KILN_RETURN_IF_ERROR(check_alive(site));
   if (alloc.device != this)
     return std::unexpected(failure(RhiResult::invalid_usage, site,
                                    fmt::format("allocation {} belongs to another device",
@@ -105,6 +121,7 @@ RhiStatus LlvmDevice::dealloc_memory(DeviceAllocation alloc) {
     live_.erase(it);
     live_bytes_ -= entry.size_bytes;
   }
+  if (is_lost()) return {};  // the memory went with the device
   return driver_free(entry.address, entry.size_bytes);
 }
 

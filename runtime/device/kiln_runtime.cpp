@@ -264,25 +264,59 @@ void compact_positive(KilnRuntime *rt, const KilnKernelArgs *args, int64_t begin
 
 }  // namespace
 
-// One extern "C" entry point per (op, dtype); the signature is KilnKernelFn.
-#define KILN_KERNEL(op, dtype, T)                                                            \
+namespace {
+
+// The C++ type of each dtype name used by KILN_FOR_EACH_KERNEL.
+using dtype_f32 = float;
+using dtype_f64 = double;
+using dtype_i32 = int32_t;
+using dtype_i64 = int64_t;
+
+}  // namespace
+
+// One extern "C" range kernel per (op, dtype); the signature is KilnKernelFn.
+#define KILN_RANGE_KERNEL(op, dtype)                                                         \
   extern "C" void kiln_##op##_##dtype(KilnRuntime *rt, const KilnKernelArgs *args,          \
                                       int64_t begin, int64_t end, int64_t task_index) {     \
-    op<T>(rt, args, begin, end, task_index);                                                 \
+    op<dtype_##dtype>(rt, args, begin, end, task_index);                                     \
   }
+KILN_FOR_EACH_KERNEL(KILN_RANGE_KERNEL)
+#undef KILN_RANGE_KERNEL
 
-#define KILN_DEFINE_KERNELS(dtype, T)     \
-  KILN_KERNEL(fill, dtype, T)             \
-  KILN_KERNEL(copy, dtype, T)             \
-  KILN_KERNEL(axpy, dtype, T)             \
-  KILN_KERNEL(reduce_sum, dtype, T)       \
-  KILN_KERNEL(matmul, dtype, T)           \
-  KILN_KERNEL(compact_positive, dtype, T)
+// --- GPU entry points ----------------------------------------------------------------------------
+//
+// One kernel entry point kiln_<op>_<dtype>_gpu(rt, args) per range kernel, one GPU thread per
+// task (see kernel_abi.h). They are plain extern "C" functions here; the PTX emitter
+// (runtime/jit/ptx_codegen.cpp) marks every kiln_*_gpu function as a kernel in nvvm.annotations,
+// so the bitcode stays generic and the SM version is chosen when PTX is emitted.
+#if defined(__NVPTX__)
 
-KILN_DEFINE_KERNELS(f32, float)
-KILN_DEFINE_KERNELS(f64, double)
-KILN_DEFINE_KERNELS(i32, int32_t)
-KILN_DEFINE_KERNELS(i64, int64_t)
+namespace {
 
-#undef KILN_DEFINE_KERNELS
-#undef KILN_KERNEL
+/// The global thread index: ctaid.x * ntid.x + tid.x, in 64 bits (a grid may exceed 2^31 threads).
+int64_t gpu_task_index() {
+  const uint64_t block = static_cast<uint32_t>(__nvvm_read_ptx_sreg_ctaid_x());
+  const uint64_t block_size = static_cast<uint32_t>(__nvvm_read_ptx_sreg_ntid_x());
+  const uint64_t thread = static_cast<uint32_t>(__nvvm_read_ptx_sreg_tid_x());
+  return static_cast<int64_t>(block * block_size + thread);
+}
+
+}  // namespace
+
+#define KILN_GPU_ENTRY(op, dtype)                                                            \
+  extern "C" void kiln_##op##_##dtype##_gpu(KilnRuntime *rt, const KilnKernelArgs *args) {  \
+    const int64_t task = gpu_task_index();                                                   \
+    const int64_t num_tasks = args->num_tasks;                                               \
+    if (task >= num_tasks) return;                                                           \
+    const int64_t size = args->iteration_size;                                               \
+    kiln_##op##_##dtype(rt, args, kiln_task_split_point(size, task, num_tasks),              \
+                        kiln_task_split_point(size, task + 1, num_tasks), task);             \
+  }
+KILN_FOR_EACH_KERNEL(KILN_GPU_ENTRY)
+#undef KILN_GPU_ENTRY
+
+#elif defined(__AMDGCN__)
+// The HIP backend defines the same kiln_<op>_<dtype>_gpu entry points here, with the task index
+// from __builtin_amdgcn_workgroup_id_x() * __builtin_amdgcn_workgroup_size_x() +
+// __builtin_amdgcn_workitem_id_x() and the amdgpu_kernel calling convention.
+#endif  // __NVPTX__ / __AMDGCN__

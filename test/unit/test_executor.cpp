@@ -167,6 +167,11 @@ TEST_CASE("an ndarray of another executor is InvalidUsage", "[executor][bad-inpu
   auto filled = ex2->fill(a, Scalar::of(2.0));
   REQUIRE_FALSE(filled);
   CHECK(kind_of(filled.error()) == ErrorKind::invalid_usage);
+  auto freed = ex2->free(a);
+  REQUIRE_FALSE(freed);
+  CHECK(kind_of(freed.error()) == ErrorKind::invalid_usage);
+  CHECK_FALSE(a.is_freed());  // the refused free left the array alone
+  CHECK(ex1->free(a));
 }
 
 TEST_CASE("a launch whose staging does not fit is refused whole: nothing held, nothing launched",

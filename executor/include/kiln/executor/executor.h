@@ -42,7 +42,7 @@ struct DeviceContext {
 /// (backend without a driver on this machine or in this build).
 [[nodiscard]] RhiExpected<std::unique_ptr<LlvmDevice>> create_device(const ExecutorConfig &config);
 
-class CpuKernelLauncher;
+class KernelLauncher;
 
 /// The executor. Every operation returns RhiExpected / RhiStatus (no exceptions); wrap with
 /// value_or_throw() for the named exceptions. Launches on one executor are serialized; the
@@ -107,7 +107,8 @@ class LlvmRuntimeExecutor {
   bool code_charged_ = false;
   std::optional<DeviceAllocation> runtime_state_alloc_;  // the KilnRuntime
   std::optional<DeviceAllocation> heap_alloc_;           // the device heap chunk, if any
-  std::unique_ptr<CpuKernelLauncher> launcher_;
+  std::optional<uint64_t> module_;  // GPU devices: the loaded code object
+  std::unique_ptr<KernelLauncher> launcher_;
   std::mutex compact_mutex_;  // a compaction's launch and its copy-out from the heap
 };
 

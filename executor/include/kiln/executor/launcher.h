@@ -1,9 +1,12 @@
-// The CPU kernel launcher: computes and reserves everything a launch needs in one step, then
-// either launches or returns the error with nothing launched and nothing held.
+// Kernel launchers: compute and reserve everything a launch needs in one step, then either launch
+// or return the error with nothing launched and nothing held. KernelLauncher holds the shared
+// logic; CpuKernelLauncher runs host code on a worker pool, GpuKernelLauncher launches a loaded
+// module on a GpuDevice (CUDA now, HIP later).
 #ifndef KILN_EXECUTOR_LAUNCHER_H_
 #define KILN_EXECUTOR_LAUNCHER_H_
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -12,6 +15,7 @@
 
 #include "kiln/executor/program.h"
 #include "kiln/rhi/device.h"
+#include "kiln/rhi/gpu_device.h"
 #include "kiln/runtime/kernel_abi.h"
 #include "kiln/runtime/memory/device_memory.h"
 
@@ -29,12 +33,12 @@ struct HostOperand {
 };
 
 /// What to launch. `args.ptr` slots for device arrays are filled by the caller; host operands,
-/// the result buffer and num_tasks are filled by the launcher.
+/// the result buffer, num_tasks and iteration_size are filled by the launcher.
 struct LaunchSpec {
   std::string kernel;                ///< "kiln_axpy_f32"
   KilnKernelArgs args{};
   int64_t iteration_size = 0;        ///< elements (or rows, for matmul) of the iteration space
-  int64_t min_elements_per_task = 1 << 16;  ///< below this a launch runs as one task
+  int64_t min_elements_per_task = 1 << 16;  ///< CPU: below this a launch runs as one task
   std::vector<HostOperand> host_operands;
   bool wants_task_results = false;   ///< allocate, clear and read back the result buffer
 };
@@ -44,37 +48,81 @@ struct LaunchResult {
   std::vector<KilnTaskResult> task_results;  ///< one per task when wants_task_results
 };
 
-/// Launches kernels of a Program on a host-addressable device (cpu, mock). One launch at a time
-/// (a mutex); launches from several threads are serialized.
-class CpuKernelLauncher {
+/// The launch contract, shared by every backend. One launch at a time per launcher.
+class KernelLauncher {
  public:
   /// `runtime_state` holds the KilnRuntime; `heap` (absent when heap_bytes is 0) is the device
-  /// heap chunk of `heap_bytes` that kernels allocate from. Both stay owned by the caller.
-  CpuKernelLauncher(runtime::DeviceMemory &memory, Program &program, DeviceAllocation runtime_state,
-                    std::optional<DeviceAllocation> heap, uint64_t heap_bytes, unsigned num_threads);
-  ~CpuKernelLauncher();
+  /// heap chunk of `heap_bytes` kernels allocate from. Both stay owned by the caller.
+  KernelLauncher(runtime::DeviceMemory &memory, DeviceAllocation runtime_state,
+                 std::optional<DeviceAllocation> heap, uint64_t heap_bytes);
+  virtual ~KernelLauncher();
 
   /// Runs `spec`. Before anything is allocated: the kernel must exist (invalid_usage). Then the
   /// argument buffer, result buffer and staging are reserved together (out_of_memory, nothing
   /// held, nothing launched). After the launch the device error area is checked: heap
-  /// exhaustion -> out_of_memory (oom_source device_heap); other device errors -> error.
-  /// Every launch-scoped allocation is freed before returning, on every path.
+  /// exhaustion -> out_of_memory (oom_source device_heap); other device errors -> error; a
+  /// sticky device fault -> device_lost. Every launch-scoped allocation is freed on every path.
   [[nodiscard]] RhiExpected<LaunchResult> launch(const LaunchSpec &spec);
-  /// Worker threads a launch uses (the calling thread included).
-  [[nodiscard]] unsigned num_threads() const;
+  /// Host worker threads a launch uses (0 for GPU launchers).
+  [[nodiscard]] virtual unsigned num_threads() const = 0;
+
+ protected:
+  [[nodiscard]] virtual RhiStatus check_kernel(const std::string &kernel) = 0;
+  [[nodiscard]] virtual int64_t task_count(const LaunchSpec &spec) const = 0;
+  /// Runs the kernel over num_tasks tasks; the argument block is already on the device.
+  [[nodiscard]] virtual RhiStatus execute(const std::string &kernel, uint64_t runtime_address,
+                                          uint64_t args_address, int64_t num_tasks,
+                                          int64_t iteration_size) = 0;
+  runtime::DeviceMemory &memory_;
 
  private:
-  [[nodiscard]] int64_t task_count(const LaunchSpec &spec) const;
   [[nodiscard]] RhiStatus reset_runtime();
   [[nodiscard]] RhiStatus check_device_error(const std::string &kernel);
 
-  runtime::DeviceMemory &memory_;
-  Program &program_;
   DeviceAllocation runtime_state_;
   std::optional<DeviceAllocation> heap_;
   uint64_t heap_bytes_;
-  std::unique_ptr<runtime::ThreadPool> pool_;
   std::mutex mutex_;
+};
+
+/// Runs JIT-compiled host kernels of a Program on a host-addressable device (cpu, mock).
+class CpuKernelLauncher final : public KernelLauncher {
+ public:
+  CpuKernelLauncher(runtime::DeviceMemory &memory, Program &program, DeviceAllocation runtime_state,
+                    std::optional<DeviceAllocation> heap, uint64_t heap_bytes, unsigned num_threads);
+  ~CpuKernelLauncher() override;
+  [[nodiscard]] unsigned num_threads() const override;
+
+ private:
+  RhiStatus check_kernel(const std::string &kernel) override;
+  int64_t task_count(const LaunchSpec &spec) const override;
+  RhiStatus execute(const std::string &kernel, uint64_t runtime_address, uint64_t args_address,
+                    int64_t num_tasks, int64_t iteration_size) override;
+
+  Program &program_;
+  std::unique_ptr<runtime::ThreadPool> pool_;
+};
+
+/// Launches the `<kernel>_gpu` entry points of a module loaded on a GpuDevice: one GPU thread per
+/// task, blocks of kBlockThreads.
+class GpuKernelLauncher final : public KernelLauncher {
+ public:
+  static constexpr unsigned kBlockThreads = 256;
+  static constexpr int64_t kMaxTasks = 16384;  ///< caps the result buffer at 512 KiB
+  GpuKernelLauncher(runtime::DeviceMemory &memory, GpuDevice &device, Program &program,
+                    uint64_t module, DeviceAllocation runtime_state,
+                    std::optional<DeviceAllocation> heap, uint64_t heap_bytes);
+  [[nodiscard]] unsigned num_threads() const override { return 0; }
+
+ private:
+  RhiStatus check_kernel(const std::string &kernel) override;
+  int64_t task_count(const LaunchSpec &spec) const override;
+  RhiStatus execute(const std::string &kernel, uint64_t runtime_address, uint64_t args_address,
+                    int64_t num_tasks, int64_t iteration_size) override;
+
+  GpuDevice &device_;
+  Program &program_;
+  uint64_t module_;
 };
 
 }  // namespace kiln

@@ -4,6 +4,8 @@
 
 #include <memory>
 #include <mutex>
+#include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -20,27 +22,37 @@ class CpuJit;
 /// Where a Program's code runs.
 enum class CodegenArch : uint8_t { host, nvptx64, amdgcn };
 
-/// JIT-compiled kernels for one arch. Device-independent: executors share it and each charges
-/// code_size_bytes() to its own ledger as code_object. Thread-safe.
+/// The kernels for one arch: JIT-compiled host code, or a code image (PTX) that a GPU device
+/// loads. Device-independent: executors share it, and each charges code_size_bytes() to its own
+/// ledger as code_object. Thread-safe.
 class Program {
  public:
-  /// Compiles the runtime module for `arch`. Errors: not_supported (arch without a code path on
-  /// this build), error (LLVM failed; the detail says how).
+  /// Compiles the runtime module for `arch` (host: LLJIT; nvptx64: PTX for sm_80, which newer
+  /// GPUs JIT-compile). Errors: not_supported (arch without a code path in this build), error
+  /// (LLVM failed; the detail says how).
   [[nodiscard]] static RhiExpected<std::shared_ptr<Program>> create(CodegenArch arch);
-  /// The process-wide host Program, compiled on first use. Errors: as create.
-  [[nodiscard]] static RhiExpected<std::shared_ptr<Program>> shared_host();
+  /// The process-wide Program for `arch`, compiled on first use. Errors: as create.
+  [[nodiscard]] static RhiExpected<std::shared_ptr<Program>> shared(CodegenArch arch);
+  [[nodiscard]] static RhiExpected<std::shared_ptr<Program>> shared_host() { return shared(CodegenArch::host); }
   ~Program();
 
   [[nodiscard]] CodegenArch arch() const { return arch_; }
-  /// The kernel "kiln_<op>_<dtype>". Errors: invalid_usage naming an unknown kernel.
+  /// Host programs: the kernel "kiln_<op>_<dtype>". Errors: invalid_usage naming an unknown
+  /// kernel, or not_supported for a GPU program (its kernels run on the device).
   [[nodiscard]] RhiExpected<KilnKernelFn> kernel(std::string_view name);
+  /// Whether "kiln_<op>_<dtype>" exists in this program.
+  [[nodiscard]] bool has_kernel(std::string_view name);
+  /// GPU programs: the code image a device loads (PTX text, NUL-terminated). Empty for host.
+  [[nodiscard]] std::span<const std::byte> code_image() const;
   /// Bytes of compiled code (charged to each executor's ledger as code_object).
   [[nodiscard]] uint64_t code_size_bytes() const;
 
  private:
-  Program(CodegenArch arch, std::unique_ptr<runtime::CpuJit> jit);
+  Program(CodegenArch arch, std::unique_ptr<runtime::CpuJit> jit, std::string image);
   CodegenArch arch_;
   std::unique_ptr<runtime::CpuJit> jit_;
+  std::string image_;                  // GPU code image, NUL included
+  std::set<std::string, std::less<>> gpu_kernels_;  // "kiln_axpy_f32" for each "_gpu" entry
   std::mutex mutex_;
   std::unordered_map<std::string, KilnKernelFn> kernels_;
 };

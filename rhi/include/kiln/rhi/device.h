@@ -6,6 +6,7 @@
 #ifndef KILN_RHI_DEVICE_H_
 #define KILN_RHI_DEVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -137,6 +138,13 @@ class LlvmDevice : public Device {
   /// Injected faults (fail the N-th allocation, fail large sizes). Thread-safe.
   [[nodiscard]] FaultPlan &fault_plan() { return fault_plan_; }
 
+  /// Marks the device lost after a sticky fault: every later call fails fast with device_lost
+  /// naming `cause`; frees only forget their allocation (its memory went with the device).
+  void mark_lost(const Failure &cause);
+  [[nodiscard]] bool is_lost() const { return lost_.load(std::memory_order_acquire); }
+  /// Success, or the device_lost failure when the device is lost.
+  [[nodiscard]] RhiStatus check_alive(const char *site) const;
+
   /// Number of live allocations and their total size in bytes (what the driver holds for kiln).
   [[nodiscard]] uint64_t live_allocation_count() const;
   [[nodiscard]] uint64_t live_allocation_bytes() const;
@@ -165,6 +173,8 @@ class LlvmDevice : public Device {
                                                uint64_t size_bytes, const char *site) const;
 
   FaultPlan fault_plan_;
+  std::atomic<bool> lost_{false};
+  std::string lost_cause_;  // written once, before lost_ is set
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Entry> live_;
   uint64_t next_alloc_id_ = 1;

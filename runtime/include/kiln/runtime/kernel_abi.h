@@ -13,7 +13,9 @@
 //   extern "C" kernel void kiln_<op>_<dtype>_gpu(KilnRuntime *runtime, const KilnKernelArgs *args);
 // one GPU thread per task: task = blockIdx.x * blockDim.x + threadIdx.x (tasks >= num_tasks
 // return at once); the thread runs the range kernel on
-//   [iteration_size * task / num_tasks, iteration_size * (task + 1) / num_tasks).
+//   [iteration_size * task / num_tasks, iteration_size * (task + 1) / num_tasks)
+// computed exactly, without overflow, by kiln_task_split_point() below. Every launcher (CPU,
+// GPU entry points, the fake CUDA driver) splits with that one function, so all agree.
 #ifndef KILN_RUNTIME_KERNEL_ABI_H_
 #define KILN_RUNTIME_KERNEL_ABI_H_
 
@@ -72,6 +74,65 @@ typedef struct KilnTaskResult {
 
 typedef void (*KilnKernelFn)(KilnRuntime *runtime, const KilnKernelArgs *args, int64_t begin,
                              int64_t end, int64_t task_index);
+
+/// floor(iteration_size * task / num_tasks), exactly, for 0 <= task <= num_tasks,
+/// num_tasks > 0 and iteration_size >= 0: the first index of task `task` (and the end of task
+/// `task - 1`). The product may exceed 64 bits, so it is split as n = q * T + r:
+/// n * t / T = q * t + r * t / T, where r * t < T * T; the rare r * t that does not fit in 64 bits
+/// (num_tasks > 2^32) is divided as a 128-bit value, bit by bit, so no 128-bit division routine
+/// (a libcall that nvptx64 and amdgcn cannot resolve) is ever needed. Freestanding C: the device
+/// runtime, the host launchers and the fake CUDA driver all split with it.
+static inline int64_t kiln_task_split_point(int64_t iteration_size, int64_t task,
+                                            int64_t num_tasks) {
+  const uint64_t n = (uint64_t)iteration_size;
+  const uint64_t t = (uint64_t)task;
+  const uint64_t d = (uint64_t)num_tasks;
+  const uint64_t q = n / d;
+  const uint64_t r = n % d;
+  /* r * t as a 128-bit value hi:lo, from 32-bit halves. */
+  const uint64_t r_lo = r & 0xffffffffu, r_hi = r >> 32;
+  const uint64_t t_lo = t & 0xffffffffu, t_hi = t >> 32;
+  const uint64_t ll = r_lo * t_lo, lh = r_lo * t_hi, hl = r_hi * t_lo, hh = r_hi * t_hi;
+  const uint64_t mid = (ll >> 32) + (lh & 0xffffffffu) + (hl & 0xffffffffu);
+  const uint64_t lo = (mid << 32) | (ll & 0xffffffffu);
+  const uint64_t hi = hh + (lh >> 32) + (hl >> 32) + (mid >> 32);
+  uint64_t frac;
+  if (hi == 0) {
+    frac = lo / d;
+  } else {
+    /* Restoring division of hi:lo by d; hi < d because r * t < d * d, so the quotient fits. */
+    uint64_t rem = hi;
+    frac = 0;
+    for (int bit = 63; bit >= 0; --bit) {
+      const uint64_t carry = rem >> 63;
+      rem = (rem << 1) | ((lo >> bit) & 1u);
+      frac <<= 1;
+      if (carry != 0 || rem >= d) {
+        rem -= d;
+        frac |= 1u;
+      }
+    }
+  }
+  return (int64_t)(q * t + frac);
+}
+
+/// The kernels of the device runtime module, as X(op, dtype) for every op and dtype. The range
+/// kernel is kiln_<op>_<dtype> (a KilnKernelFn); the GPU entry point is kiln_<op>_<dtype>_gpu.
+/// dtypes: f32 (float), f64 (double), i32 (int32_t), i64 (int64_t).
+#define KILN_FOR_EACH_KERNEL_OF_DTYPE(X, dtype) \
+  X(fill, dtype)                                \
+  X(copy, dtype)                                \
+  X(axpy, dtype)                                \
+  X(reduce_sum, dtype)                          \
+  X(matmul, dtype)                              \
+  X(compact_positive, dtype)
+#define KILN_FOR_EACH_KERNEL(X)            \
+  KILN_FOR_EACH_KERNEL_OF_DTYPE(X, f32)    \
+  KILN_FOR_EACH_KERNEL_OF_DTYPE(X, f64)    \
+  KILN_FOR_EACH_KERNEL_OF_DTYPE(X, i32)    \
+  KILN_FOR_EACH_KERNEL_OF_DTYPE(X, i64)
+/// The number of entries KILN_FOR_EACH_KERNEL expands to.
+#define KILN_NUM_KERNELS 24
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,0 +1,37 @@
+// GpuDevice: what the CUDA and HIP backends share beyond LlvmDevice: code objects and launches.
+#ifndef KILN_RHI_GPU_DEVICE_H_
+#define KILN_RHI_GPU_DEVICE_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "kiln/rhi/device.h"
+
+namespace kiln {
+
+/// A device with its own memory and its own kernels, loaded as code objects (PTX, HSACO).
+/// Thread-safe.
+class GpuDevice : public LlvmDevice {
+ public:
+  [[nodiscard]] bool host_addressable() const final { return false; }
+
+  /// Loads a code object; returns a module id. Errors: invalid_usage (the driver rejected the
+  /// image), out_of_memory, device_lost, not_supported.
+  [[nodiscard]] virtual RhiExpected<uint64_t> load_module(std::span<const std::byte> image) = 0;
+  /// Unloads a module. Errors: invalid_usage (unknown id).
+  [[nodiscard]] virtual RhiStatus unload_module(uint64_t module) = 0;
+  /// Launches `kernel` of `module` on grid_x blocks of block_x threads with `params` (pointers to
+  /// each argument's value) and waits for it. A sticky fault marks the device lost and returns
+  /// device_lost; every later call fails fast with it.
+  [[nodiscard]] virtual RhiStatus launch_kernel(uint64_t module, const std::string &kernel,
+                                                unsigned grid_x, unsigned block_x,
+                                                std::span<void *> params) = 0;
+
+ protected:
+  using LlvmDevice::LlvmDevice;
+};
+
+}  // namespace kiln
+
+#endif  // KILN_RHI_GPU_DEVICE_H_

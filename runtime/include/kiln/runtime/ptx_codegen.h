@@ -1,0 +1,44 @@
+// PTX for the CUDA backend: the device runtime module, compiled at build time to generic nvptx64
+// bitcode (cmake/KilnDeviceBitcode.cmake), is turned into PTX text in process by LLVM's NVPTX
+// back end for the SM version of the device at hand. The CUDA driver assembles that PTX with
+// cuModuleLoadData (its JIT), so kiln needs no CUDA toolkit at build or run time.
+#ifndef KILN_RUNTIME_PTX_CODEGEN_H_
+#define KILN_RUNTIME_PTX_CODEGEN_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "kiln/rhi/result.h"
+
+namespace kiln::runtime {
+
+/// The device runtime module compiled at build time for nvptx64-nvidia-cuda (no SM version
+/// chosen), as LLVM bitcode bytes. The bytes live in the binary's read-only data for the life of
+/// the process. Thread-safe.
+[[nodiscard]] std::span<const uint8_t> nvptx_runtime_bitcode();
+
+/// PTX text (NUL-free, ready for cuModuleLoadData once NUL-terminated, which std::string's
+/// c_str() is) of the whole device runtime module for `sm_arch` ("sm_<major><minor>"; a
+/// feature-set suffix, "sm_90a" or "sm_100f", is accepted and ignored). Every kiln_<op>_<dtype>_gpu
+/// function of kernel_abi.h is a `.entry`, one GPU thread per task (grid and block are the
+/// launcher's choice); the range kernels and the heap allocator are `.func`s it calls.
+///
+/// The module is optimized at O3 for the NVPTX target and emitted at aggressive codegen level.
+/// The SM version written is the newest this LLVM knows that is not newer than `sm_arch` (LLVM 14
+/// knows up to sm_86, so "sm_90" gives `.target sm_86`, which the driver JIT-compiles for sm_90);
+/// the PTX ISA version is the lowest that SM version needs (sm_80: 7.0, sm_86: 7.1), so the PTX
+/// loads on the oldest driver that supports the device.
+///
+/// Errors: invalid_usage (`sm_arch` is not of the form sm_<digits>[a|f]),
+///         not_supported (this LLVM has no NVPTX target, or knows no SM version <= `sm_arch`),
+///         error (the embedded bitcode does not parse or verify, or PTX emission failed; the
+///         detail has LLVM's text). Never aborts; every llvm::Error is consumed.
+/// Thread-safe. The first call per SM version takes a few hundred ms; the text is cached, so
+/// later calls for the same SM version return a copy at once.
+[[nodiscard]] RhiExpected<std::string> generate_ptx(std::string_view sm_arch = "sm_80");
+
+}  // namespace kiln::runtime
+
+#endif  // KILN_RUNTIME_PTX_CODEGEN_H_

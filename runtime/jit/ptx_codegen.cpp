@@ -1,0 +1,280 @@
+// generate_ptx: the embedded nvptx64 runtime bitcode -> kernels annotated -> O3 for the chosen SM
+// version -> PTX text. Every llvm::Error and every LLVM diagnostic of error severity is consumed
+// here and becomes a Failure; nothing in this file aborts.
+#include "kiln/runtime/ptx_codegen.h"
+
+#include <charconv>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include <llvm/ADT/SmallString.h>
+#include <llvm/Bitcode/BitcodeReader.h>
+#include <llvm/Config/llvm-config.h>
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/DiagnosticInfo.h>
+#include <llvm/IR/DiagnosticPrinter.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/LegacyPassManager.h>
+#include <llvm/IR/Metadata.h>
+#include <llvm/IR/Module.h>
+#include <llvm/IR/Verifier.h>
+#include <llvm/MC/MCSubtargetInfo.h>
+#include <llvm/MC/TargetRegistry.h>
+#include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/Error.h>
+#include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Support/raw_ostream.h>
+#include <llvm/Target/TargetMachine.h>
+#include <llvm/Target/TargetOptions.h>
+
+#if KILN_HAVE_NVPTX
+extern "C" const uint8_t kiln_bitcode_kiln_device_runtime_nvptx_begin[];
+extern "C" const uint8_t kiln_bitcode_kiln_device_runtime_nvptx_end[];
+extern "C" void LLVMInitializeNVPTXTargetInfo();
+extern "C" void LLVMInitializeNVPTXTarget();
+extern "C" void LLVMInitializeNVPTXTargetMC();
+extern "C" void LLVMInitializeNVPTXAsmPrinter();
+#endif
+
+namespace kiln::runtime {
+
+std::span<const uint8_t> nvptx_runtime_bitcode() {
+#if KILN_HAVE_NVPTX
+  const auto size = static_cast<std::size_t>(kiln_bitcode_kiln_device_runtime_nvptx_end -
+                                             kiln_bitcode_kiln_device_runtime_nvptx_begin);
+  return {kiln_bitcode_kiln_device_runtime_nvptx_begin, size};
+#else
+  return {};
+#endif
+}
+
+namespace {
+
+constexpr const char *kDevice = "cuda";
+constexpr const char *kSite = "generate_ptx";
+constexpr const char *kTriple = "nvptx64-nvidia-cuda";
+
+Failure llvm_failure(llvm::Error error, std::string_view what) {
+  return make_failure(RhiResult::error, kDevice, kSite,
+                      std::string(what) + ": " + llvm::toString(std::move(error)));
+}
+
+/// Parses "sm_<digits>" with an optional feature-set suffix "a" or "f" (sm_90a, sm_100f) into
+/// the number (sm_80 -> 80); nullopt if malformed.
+std::optional<int> parse_sm_version(std::string_view arch) {
+  if (!arch.starts_with("sm_")) return std::nullopt;
+  std::string_view digits = arch.substr(3);
+  if (!digits.empty() && (digits.back() == 'a' || digits.back() == 'f')) digits.remove_suffix(1);
+  int version = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), version);
+  if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() ||
+      version <= 0 || version > 10000) {
+    return std::nullopt;
+  }
+  return version;
+}
+
+/// The lowest PTX ISA version (times 10) that can target sm_<version>, from the PTX ISA
+/// reference's "PTX ISA version required" table, never below LLVM's lowest, ptx32.
+int min_ptx_version(int sm_version) {
+  struct Row {
+    int sm;
+    int ptx;
+  };
+  static constexpr Row kTable[] = {
+      {20, 32}, {30, 32}, {32, 40}, {35, 32}, {37, 41}, {50, 40}, {52, 41}, {53, 42},
+      {60, 50}, {61, 50}, {62, 50}, {70, 60}, {72, 61}, {75, 63}, {80, 70}, {86, 71},
+      {87, 74}, {89, 78}, {90, 78}, {100, 86}, {101, 86}, {120, 87},
+  };
+  int ptx = 32;
+  for (const Row &row : kTable) {
+    if (row.sm <= sm_version) ptx = row.ptx;
+  }
+  return ptx;
+}
+
+/// Initializes LLVM's NVPTX target once per process; nullptr if this LLVM has none.
+const llvm::Target *nvptx_target() {
+#if KILN_HAVE_NVPTX
+  static std::once_flag once;
+  static const llvm::Target *target = nullptr;
+  std::call_once(once, [] {
+    LLVMInitializeNVPTXTargetInfo();
+    LLVMInitializeNVPTXTarget();
+    LLVMInitializeNVPTXTargetMC();
+    LLVMInitializeNVPTXAsmPrinter();
+    std::string ignored;
+    target = llvm::TargetRegistry::lookupTarget(kTriple, ignored);
+  });
+  return target;
+#else
+  return nullptr;
+#endif
+}
+
+/// The newest SM version <= `requested` that this LLVM can emit, or nullopt.
+std::optional<int> supported_sm_version(const llvm::Target &target, int requested) {
+  std::unique_ptr<llvm::MCSubtargetInfo> info(target.createMCSubtargetInfo(kTriple, "", ""));
+  if (!info) return std::nullopt;
+  for (int version = requested; version >= 10; --version) {
+    if (info->isCPUStringValid("sm_" + std::to_string(version))) return version;
+  }
+  return std::nullopt;
+}
+
+/// Collects error-severity diagnostics (codegen reports some of its errors this way) instead of
+/// letting LLVM print them or exit.
+struct DiagnosticCollector final : llvm::DiagnosticHandler {
+  std::string errors;
+  bool handleDiagnostics(const llvm::DiagnosticInfo &info) override {
+    if (info.getSeverity() == llvm::DS_Error) {
+      llvm::raw_string_ostream os(errors);
+      if (!errors.empty()) os << "; ";
+      llvm::DiagnosticPrinterRawOStream printer(os);
+      info.print(printer);
+    }
+    return true;  // handled: nothing is printed
+  }
+};
+
+/// Makes every defined kiln_*_gpu function a kernel (nvvm.annotations) and internalizes every
+/// other definition, so the optimizer can inline the range kernels into the entry points and drop
+/// what no entry point uses. Strips the per-function CPU and features clang wrote (sm_20, ptx32),
+/// which would override the target machine's. Returns the number of kernels.
+int annotate_kernels(llvm::Module &module) {
+  llvm::LLVMContext &context = module.getContext();
+  llvm::NamedMDNode *annotations = module.getOrInsertNamedMetadata("nvvm.annotations");
+  llvm::Type *i32 = llvm::Type::getInt32Ty(context);
+  int kernels = 0;
+  for (llvm::Function &function : module) {
+    function.removeFnAttr("target-cpu");
+    function.removeFnAttr("target-features");
+    function.removeFnAttr("tune-cpu");
+    if (function.isDeclaration()) continue;
+    const llvm::StringRef name = function.getName();
+    if (name.startswith("kiln_") && name.endswith("_gpu")) {
+      llvm::Metadata *operands[] = {llvm::ValueAsMetadata::get(&function),
+                                    llvm::MDString::get(context, "kernel"),
+                                    llvm::ConstantAsMetadata::get(llvm::ConstantInt::get(i32, 1))};
+      annotations->addOperand(llvm::MDNode::get(context, operands));
+      ++kernels;
+    } else {
+      function.setLinkage(llvm::GlobalValue::InternalLinkage);
+    }
+  }
+  return kernels;
+}
+
+void optimize(llvm::Module &module, llvm::TargetMachine &tm) {
+  llvm::PipelineTuningOptions tuning;
+  tuning.LoopVectorization = true;
+  tuning.SLPVectorization = true;
+  llvm::PassBuilder builder(&tm, tuning);
+  llvm::LoopAnalysisManager loop_analyses;
+  llvm::FunctionAnalysisManager function_analyses;
+  llvm::CGSCCAnalysisManager cgscc_analyses;
+  llvm::ModuleAnalysisManager module_analyses;
+  builder.registerModuleAnalyses(module_analyses);
+  builder.registerCGSCCAnalyses(cgscc_analyses);
+  builder.registerFunctionAnalyses(function_analyses);
+  builder.registerLoopAnalyses(loop_analyses);
+  builder.crossRegisterProxies(loop_analyses, function_analyses, cgscc_analyses, module_analyses);
+  llvm::ModulePassManager passes =
+      builder.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
+  passes.run(module, module_analyses);
+}
+
+/// The whole pipeline for one SM version (the caller validated it against this LLVM).
+RhiExpected<std::string> emit_ptx(const llvm::Target &target, int sm_version) {
+  const std::string cpu = "sm_" + std::to_string(sm_version);
+  const std::string features = "+ptx" + std::to_string(min_ptx_version(sm_version));
+  std::unique_ptr<llvm::TargetMachine> tm(target.createTargetMachine(
+      kTriple, cpu, features, llvm::TargetOptions(), llvm::Reloc::PIC_, llvm::None,
+      llvm::CodeGenOpt::Aggressive));
+  if (!tm) {
+    return std::unexpected(make_failure(RhiResult::error, kDevice, kSite,
+                                        "LLVM could not create an NVPTX target machine for " + cpu));
+  }
+
+  llvm::LLVMContext context;
+  auto diagnostics = std::make_unique<DiagnosticCollector>();
+  DiagnosticCollector *collected = diagnostics.get();
+  context.setDiagnosticHandler(std::move(diagnostics));
+
+  const std::span<const uint8_t> bytes = nvptx_runtime_bitcode();
+  const llvm::StringRef data(reinterpret_cast<const char *>(bytes.data()), bytes.size());
+  auto parsed =
+      llvm::parseBitcodeFile(llvm::MemoryBufferRef(data, "kiln_device_runtime_nvptx"), context);
+  if (!parsed) {
+    return std::unexpected(
+        llvm_failure(parsed.takeError(), "could not parse the embedded nvptx runtime bitcode"));
+  }
+  std::unique_ptr<llvm::Module> module = std::move(*parsed);
+  module->setTargetTriple(kTriple);
+  module->setDataLayout(tm->createDataLayout());
+  if (annotate_kernels(*module) == 0) {
+    return std::unexpected(make_failure(
+        RhiResult::error, kDevice, kSite,
+        "the embedded nvptx runtime bitcode defines no kiln_*_gpu entry point; rebuild kiln"));
+  }
+  optimize(*module, *tm);
+  std::string verifier_text;
+  llvm::raw_string_ostream verifier_os(verifier_text);
+  if (llvm::verifyModule(*module, &verifier_os)) {
+    return std::unexpected(make_failure(RhiResult::error, kDevice, kSite,
+                                        "the optimized nvptx runtime module failed verification: " +
+                                            verifier_os.str()));
+  }
+
+  llvm::SmallString<0> ptx;
+  llvm::raw_svector_ostream ptx_os(ptx);
+  llvm::legacy::PassManager codegen;
+  if (tm->addPassesToEmitFile(codegen, ptx_os, nullptr, llvm::CGFT_AssemblyFile)) {
+    return std::unexpected(make_failure(RhiResult::error, kDevice, kSite,
+                                        "LLVM's NVPTX target cannot emit PTX text"));
+  }
+  codegen.run(*module);
+  if (!collected->errors.empty()) {
+    return std::unexpected(make_failure(RhiResult::error, kDevice, kSite,
+                                        "PTX emission for " + cpu + " failed: " +
+                                            collected->errors));
+  }
+  return std::string(ptx.data(), ptx.size());
+}
+
+}  // namespace
+
+RhiExpected<std::string> generate_ptx(std::string_view sm_arch) {
+  const std::optional<int> requested = parse_sm_version(sm_arch);
+  if (!requested) {
+    return std::unexpected(invalid_usage(kDevice, kSite,
+                                         "'" + std::string(sm_arch) +
+                                             "' is not an SM version; expected sm_<digits>, "
+                                             "e.g. sm_80"));
+  }
+  const llvm::Target *target = nvptx_target();
+  if (target == nullptr || nvptx_runtime_bitcode().empty()) {
+    return std::unexpected(make_failure(RhiResult::not_supported, kDevice, kSite,
+                                        "this kiln was built with an LLVM that has no NVPTX "
+                                        "target; rebuild against an LLVM with NVPTX"));
+  }
+  const std::optional<int> sm_version = supported_sm_version(*target, *requested);
+  if (!sm_version) {
+    return std::unexpected(make_failure(RhiResult::not_supported, kDevice, kSite,
+                                        "LLVM " LLVM_VERSION_STRING " cannot emit PTX for " +
+                                            std::string(sm_arch) + " or any older SM version"));
+  }
+
+  // One generation per SM version per process; the lock also serializes first generations.
+  static std::mutex mutex;
+  static std::map<int, std::string> cache;
+  const std::lock_guard lock(mutex);
+  if (const auto it = cache.find(*sm_version); it != cache.end()) return it->second;
+  KILN_ASSIGN_OR_RETURN(std::string ptx, emit_ptx(*target, *sm_version));
+  cache.emplace(*sm_version, ptx);
+  return ptx;
+}
+
+}  // namespace kiln::runtime

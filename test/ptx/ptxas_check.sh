@@ -1,0 +1,18 @@
+#!/bin/sh
+# Assembles kiln's PTX with the CUDA toolkit's ptxas, once per SM version.
+#   ptxas_check.sh <kiln-ptx> <ptxas> <work dir> <sm_arch>...
+# For each arch: kiln-ptx <arch> > <work dir>/kiln_<arch>.ptx, then
+# ptxas -arch=<arch> on it. Exit status 0 only if every arch assembles.
+set -eu
+kiln_ptx=$1
+ptxas=$2
+work_dir=$3
+shift 3
+mkdir -p "$work_dir"
+for arch in "$@"; do
+  ptx="$work_dir/kiln_$arch.ptx"
+  "$kiln_ptx" "$arch" > "$ptx"
+  grep -q '^\.visible \.entry kiln_axpy_f32_gpu(' "$ptx"
+  "$ptxas" -arch="$arch" "$ptx" -o "$work_dir/kiln_$arch.cubin"
+  echo "ptxas -arch=$arch: OK ($(grep -c '\.entry' "$ptx") entries, $(grep '^\.target' "$ptx"), $(grep '^\.version' "$ptx"))"
+done
