@@ -190,6 +190,7 @@ void DeviceMemory::give_back_unused(std::span<const DeviceAllocation> blocks,
 }
 
 RhiStatus DeviceMemory::validate(MemoryCategory category, uint64_t size_bytes) const {
+  KILN_RETURN_IF_ERROR(device_.check_alive("DeviceMemory::allocate"));  // cached blocks too
   const char *why = nullptr;
   if (size_bytes == 0) why = "allocation of 0 bytes";
   if (category == MemoryCategory::pool_cache) why = "pool_cache is the pool's own category";

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end checks of the kiln-ops binary: verdict lines, exit codes, budget refusals, JSON.
-# usage: kiln_ops_cli.sh <path to kiln-ops>
+# usage: kiln_ops_cli.sh <path to kiln-ops> <path to libkiln_fake_cuda.so>
 set -u
 ops="$1"
+fake_cuda="$2"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
@@ -53,6 +54,18 @@ check "the next case after heap exhaustion is OK" grep -q '^fill/i64/tiny: OK$' 
 check "--list prints case names" bash -c "'$ops' --list | grep -q '^matmul/f64/odd$'"
 "$ops" --filter 'reduce_sum/i32/tiny' --json "$tmp/out.json" > /dev/null 2>&1
 check "--json writes the verdicts" grep -q '"name": "reduce_sum/i32/tiny", "verdict": "OK"' "$tmp/out.json"
+
+# CUDA against the fake driver: every case OK; without a driver: NotSupportedError, exit 1.
+KILN_CUDA_DRIVER="$fake_cuda" "$ops" --backend cuda --max-array-mb 4 > "$tmp/cuda.txt" 2>&1; rc=$?
+check "cuda on the fake driver exits 0" test "$rc" -eq 0
+check "cuda on the fake driver: all cases OK" grep -Eq '^[0-9]+/[0-9]+ cases OK, 0 refused, 0 failed$' "$tmp/cuda.txt"
+KILN_CUDA_DRIVER=/nonexistent/libcuda.so.1 "$ops" --backend cuda > "$tmp/nocuda.txt" 2>&1; rc=$?
+check "cuda without a driver exits 1" test "$rc" -eq 1
+check "cuda without a driver is NotSupportedError naming the library" \
+  grep -q 'NotSupportedError: .*/nonexistent/libcuda.so.1' "$tmp/nocuda.txt"
+KILN_CUDA_DRIVER="$fake_cuda" KILN_FAKE_CUDA_MODE=stub "$ops" --backend cuda > "$tmp/stub.txt" 2>&1
+check "cuda with a stub driver is NotSupportedError naming CUDA_ERROR_STUB_LIBRARY" \
+  grep -q 'NotSupportedError: .*CUDA_ERROR_STUB_LIBRARY' "$tmp/stub.txt"
 
 if [ "$failures" -ne 0 ]; then echo "kiln_ops_cli: $failures check(s) failed"; exit 1; fi
 echo "kiln_ops_cli: all checks passed"

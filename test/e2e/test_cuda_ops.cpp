@@ -1,0 +1,162 @@
+// The CUDA backend end to end against the fake driver (test/fake_cuda): kiln-ops cases, a driver
+// out-of-memory sweep over every cuMemAlloc_v2 call, a sticky fault at a launch, stub mode.
+#include <dlfcn.h>
+
+#include <cstdlib>
+
+#include <catch2/catch.hpp>
+
+#include "fake_cuda_control.h"
+#include "suite.h"
+#include "test_support.h"
+
+using namespace kiln;
+using namespace kiln::test;
+
+namespace {
+
+// The fake's control API, resolved on the same handle kiln's loader opens (dlopen refcounts it).
+struct FakeCuda {
+  void *handle = nullptr;
+  decltype(&kiln_fake_cuda_reset) reset = nullptr;
+  decltype(&kiln_fake_cuda_inject_fault) inject_fault = nullptr;
+  decltype(&kiln_fake_cuda_call_count) call_count = nullptr;
+  decltype(&kiln_fake_cuda_held_bytes) held_bytes = nullptr;
+  decltype(&kiln_fake_cuda_set_mode) set_mode = nullptr;
+
+  static FakeCuda &get() {
+    static FakeCuda fake = [] {
+      setenv("KILN_CUDA_DRIVER", KILN_FAKE_CUDA_LIBRARY, 1);
+      FakeCuda f;
+      f.handle = dlopen(KILN_FAKE_CUDA_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+      REQUIRE(f.handle != nullptr);
+      f.reset = reinterpret_cast<decltype(f.reset)>(dlsym(f.handle, "kiln_fake_cuda_reset"));
+      f.inject_fault = reinterpret_cast<decltype(f.inject_fault)>(dlsym(f.handle, "kiln_fake_cuda_inject_fault"));
+      f.call_count = reinterpret_cast<decltype(f.call_count)>(dlsym(f.handle, "kiln_fake_cuda_call_count"));
+      f.held_bytes = reinterpret_cast<decltype(f.held_bytes)>(dlsym(f.handle, "kiln_fake_cuda_held_bytes"));
+      f.set_mode = reinterpret_cast<decltype(f.set_mode)>(dlsym(f.handle, "kiln_fake_cuda_set_mode"));
+      return f;
+    }();
+    fake.reset();
+    return fake;
+  }
+};
+
+ops::SuiteOptions cuda_options(uint64_t max_array_bytes) {
+  ops::SuiteOptions options;
+  options.config.backend = Backend::cuda;
+  options.config.device_heap_bytes = 8_MiB;
+  options.max_array_bytes = max_array_bytes;
+  options.program = value_or_throw(Program::shared(CodegenArch::nvptx64));
+  options.out = nullptr;
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("kiln-ops cases on cuda against the fake driver are all OK", "[cuda][e2e]") {
+  FakeCuda &fake = FakeCuda::get();
+  const ops::SuiteReport report = ops::run_suite(cuda_options(1_MiB));
+  REQUIRE_FALSE(report.setup_failure);
+  CHECK(report.results.size() >= 40);
+  CHECK(report.failed == 0);
+  CHECK(report.refused == 0);
+  for (const auto &r : report.results) {
+    INFO(r.name << ": " << r.detail);
+    CHECK(r.ledger_after_bytes - r.ledger_code_bytes == r.device_live_bytes);
+  }
+  CHECK(fake.held_bytes() == 0);  // teardown gave everything back to the driver
+}
+
+TEST_CASE("CUDA_ERROR_OUT_OF_MEMORY at any cuMemAlloc_v2 ends OK or DeviceOutOfMemoryError",
+          "[cuda][e2e][fault]") {
+  FakeCuda &fake = FakeCuda::get();
+  const ops::SuiteOptions options = cuda_options(64_KiB);
+  const ops::SuiteReport clean = ops::run_suite(options);
+  REQUIRE(clean.failed == 0);
+  const unsigned long long calls = fake.call_count("cuMemAlloc_v2");
+  REQUIRE(calls > 5);
+  int refused = 0;
+  for (unsigned long long k = 1; k <= calls; ++k) {
+    fake.reset();
+    REQUIRE(fake.inject_fault("cuMemAlloc_v2", k, 2) == 0);  // CUDA_ERROR_OUT_OF_MEMORY
+    const ops::SuiteReport run = ops::run_suite(options);
+    INFO("fault at cuMemAlloc_v2 call " << k);
+    if (run.setup_failure) {  // the fault hit the executor's own set-up
+      CHECK(classify(*run.setup_failure) == ErrorKind::device_out_of_memory);
+      ++refused;
+    } else {
+      CHECK(run.failed == 0);
+      for (const auto &r : run.results) {
+        if (r.verdict == ops::Verdict::refused) {
+          CHECK(r.error_name == "DeviceOutOfMemoryError");
+          ++refused;
+        }
+        CHECK(r.ledger_after_bytes - r.ledger_cached_bytes == run.ledger_baseline_bytes);
+      }
+    }
+    CHECK(fake.held_bytes() == 0);
+  }
+  CHECK(refused > 0);
+}
+
+TEST_CASE("an illegal address at a launch is DeviceLostError and later cases fail fast with it",
+          "[cuda][e2e][lost]") {
+  FakeCuda &fake = FakeCuda::get();
+  ops::SuiteOptions options = cuda_options(64_KiB);
+  options.filter = "/f32/tiny";
+  REQUIRE(fake.inject_fault("cuLaunchKernel", 3, 700) == 0);  // CUDA_ERROR_ILLEGAL_ADDRESS
+  const ops::SuiteReport report = ops::run_suite(options);
+  REQUIRE_FALSE(report.setup_failure);
+  CHECK(report.failed == 0);
+  std::size_t first_lost = report.results.size();
+  for (std::size_t i = 0; i < report.results.size(); ++i)
+    if (report.results[i].verdict == ops::Verdict::refused) {
+      first_lost = std::min(first_lost, i);
+      CHECK(report.results[i].error_name == "DeviceLostError");
+    }
+  REQUIRE(first_lost < report.results.size());
+  for (std::size_t i = first_lost; i < report.results.size(); ++i) {
+    INFO(report.results[i].name);
+    CHECK(report.results[i].verdict == ops::Verdict::refused);
+    CHECK(report.results[i].error_name == "DeviceLostError");
+  }
+  CHECK(fake.call_count("cuLaunchKernel") == 3);  // nothing launched after the fault
+}
+
+TEST_CASE("the stub driver is NotSupported naming the library and its answer", "[cuda][e2e]") {
+  FakeCuda &fake = FakeCuda::get();
+  REQUIRE(fake.set_mode("stub") == 0);
+  ExecutorConfig config;
+  config.backend = Backend::cuda;
+  auto ex = LlvmRuntimeExecutor::create(config);
+  fake.reset();
+  REQUIRE_FALSE(ex);
+  CHECK(classify(ex.error()) == ErrorKind::not_supported);
+  CHECK_THAT(ex.error().message(), Catch::Contains("CUDA_ERROR_STUB_LIBRARY") &&
+                                       Catch::Contains("libkiln_fake_cuda.so"));
+}
+
+TEST_CASE("after a sticky fault kiln fails fast without calling the driver again", "[cuda][e2e][lost]") {
+  FakeCuda &fake = FakeCuda::get();
+  ExecutorConfig config;
+  config.backend = Backend::cuda;
+  config.device_heap_bytes = 1_MiB;
+  auto ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+  Ndarray a = upload<float>(*ex, DataType::f32, {1, 2, 3});
+  REQUIRE(fake.inject_fault("cuLaunchKernel", 1, 700) == 0);
+  auto faulted = ex->fill(a, Scalar::of(1.0));
+  REQUIRE_FALSE(faulted);
+  CHECK(classify(faulted.error()) == ErrorKind::device_lost);
+  CHECK_THAT(faulted.error().message(), Catch::Contains("CUDA_ERROR_ILLEGAL_ADDRESS"));
+  const unsigned long long calls = fake.call_count("cuCtxSetCurrent");
+  const int64_t shape[1] = {4};
+  auto b = ex->ndarray(DataType::f32, shape);
+  REQUIRE_FALSE(b);
+  CHECK(classify(b.error()) == ErrorKind::device_lost);
+  auto sum = ex->reduce_sum(a);
+  REQUIRE_FALSE(sum);
+  CHECK(classify(sum.error()) == ErrorKind::device_lost);
+  CHECK_THAT(sum.error().message(), Catch::Contains("lost earlier"));
+  CHECK(fake.call_count("cuCtxSetCurrent") == calls);  // no driver call after the loss
+}

@@ -1,0 +1,84 @@
+"""The CUDA backend from Python, against the fake driver (test/fake_cuda): a driver out-of-memory
+sweep ends in kiln.DeviceOutOfMemoryError (a MemoryError); no driver and the stub driver are
+kiln.NotSupportedError naming the library and the driver's answer."""
+import ctypes
+import os
+
+import numpy as np
+import pytest
+
+import kiln
+
+FAKE = os.environ.get("KILN_TEST_FAKE_CUDA")
+pytestmark = pytest.mark.skipif(not FAKE, reason="KILN_TEST_FAKE_CUDA (the fake driver's path) not set")
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setenv("KILN_CUDA_DRIVER", FAKE)
+    lib = ctypes.CDLL(FAKE)  # the same handle kiln's loader opens: one fake state
+    lib.kiln_fake_cuda_inject_fault.argtypes = [ctypes.c_char_p, ctypes.c_ulonglong, ctypes.c_int]
+    lib.kiln_fake_cuda_call_count.argtypes = [ctypes.c_char_p]
+    lib.kiln_fake_cuda_call_count.restype = ctypes.c_ulonglong
+    lib.kiln_fake_cuda_held_bytes.restype = ctypes.c_size_t
+    lib.kiln_fake_cuda_reset()
+    yield lib
+    kiln.init(arch="cpu", num_threads=2)
+    lib.kiln_fake_cuda_reset()
+
+
+def workload():
+    """A few arrays and ops; returns the result to check."""
+    x = kiln.from_numpy(np.arange(1, 1001, dtype=np.float32))
+    y = kiln.from_numpy(np.ones(1000, dtype=np.float32))
+    kiln.axpy(2.0, x, y)
+    return kiln.reduce_sum(y)
+
+
+def test_ops_run_on_cuda_against_the_fake(fake):
+    kiln.init(arch="cuda", device_heap_bytes=1 << 20)
+    assert kiln.device() == "cuda:0"
+    assert workload() == pytest.approx(2 * 500500 + 1000)
+
+
+def test_driver_oom_at_every_cuMemAlloc_is_a_DeviceOutOfMemoryError(fake):
+    kiln.init(arch="cuda", device_heap_bytes=1 << 20, caching=False)
+    base = fake.kiln_fake_cuda_call_count(b"cuMemAlloc_v2")
+    workload()
+    calls = fake.kiln_fake_cuda_call_count(b"cuMemAlloc_v2") - base
+    assert calls >= 4
+    raised = 0
+    for k in range(1, calls + 1):
+        kiln.init(arch="cuda", device_heap_bytes=1 << 20, caching=False)
+        baseline = kiln.memory_stats()["allocated_bytes"]
+        assert fake.kiln_fake_cuda_inject_fault(b"cuMemAlloc_v2", k, CUDA_ERROR_OUT_OF_MEMORY) == 0
+        with pytest.raises(MemoryError) as info:
+            workload()
+        raised += 1
+        err = info.value
+        del info
+        err.__traceback__ = None  # the frames hold the arrays the workload had made
+        assert type(err) is kiln.DeviceOutOfMemoryError
+        assert err.driver_status == "CUDA_ERROR_OUT_OF_MEMORY"
+        assert err.device == "cuda:0"
+        assert err.requested_bytes > 0
+        assert kiln.memory_stats()["allocated_bytes"] == baseline
+        assert workload() == pytest.approx(2 * 500500 + 1000)  # the next identical call works
+    assert raised == calls
+
+
+def test_no_driver_is_NotSupportedError_naming_the_library(monkeypatch):
+    monkeypatch.setenv("KILN_CUDA_DRIVER", "/nonexistent/libcuda.so.1")
+    with pytest.raises(kiln.NotSupportedError) as info:
+        kiln.init(arch="cuda")
+    assert isinstance(info.value, NotImplementedError)
+    assert "/nonexistent/libcuda.so.1" in str(info.value)
+
+
+def test_stub_driver_is_NotSupportedError_with_the_drivers_answer(fake):
+    fake.kiln_fake_cuda_set_mode(b"stub")
+    with pytest.raises(kiln.NotSupportedError) as info:
+        kiln.init(arch="cuda")
+    assert info.value.driver_status == "CUDA_ERROR_STUB_LIBRARY"
+    assert "libkiln_fake_cuda.so" in str(info.value)
