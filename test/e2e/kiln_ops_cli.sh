@@ -31,6 +31,17 @@ check "no FAIL under the budget" bash -c "! grep -q ': FAIL' '$tmp/b64.txt'"
 KILN_POOL_LIMIT_MB=32 "$ops" --filter 'fill/f32/large' > "$tmp/env.txt" 2>&1
 check "KILN_POOL_LIMIT_MB=32 refuses by budget" grep -q 'REFUSED BudgetExceededError' "$tmp/env.txt"
 
+# Repetitions on mock under a 32 MiB budget: identical verdicts each time, some of them refusals.
+"$ops" --backend mock --budget-mb 32 --repeat 4 > "$tmp/rep.txt" 2>&1; rc=$?
+check "mock --repeat 4 exits 0" test "$rc" -eq 0
+grep -E ': (OK|FAIL|REFUSED)' "$tmp/rep.txt" | sed -E 's/(REFUSED [A-Za-z]+).*/\1/' > "$tmp/verdicts.txt"
+n=$(( $(wc -l < "$tmp/verdicts.txt") / 4 ))
+for r in 1 2 3; do
+  check "repetition $((r + 1)) has the verdicts of the first" \
+    cmp -s <(sed -n "1,${n}p" "$tmp/verdicts.txt") <(sed -n "$((r * n + 1)),$(((r + 1) * n))p" "$tmp/verdicts.txt")
+done
+check "the 32 MiB budget refuses some mock cases" grep -q 'REFUSED BudgetExceededError' "$tmp/verdicts.txt"
+
 # Faults on mock: a sample of K over a clean run never crashes and refuses exactly one case.
 "$ops" --backend mock --max-array-mb 1 > "$tmp/mock.txt" 2>&1
 allocs=$(sed -n 's/^allocations: //p' "$tmp/mock.txt")

@@ -38,6 +38,8 @@ TEST_CASE("on mock every case is OK and after each case the ledger equals what t
   REQUIRE(report.results.size() >= 40);
   CHECK(report.failed == 0);
   CHECK(report.refused == 0);
+  CHECK(report.ledger_after_teardown_bytes == 0);
+  CHECK(report.device_after_teardown_bytes == 0);
   for (const auto &r : report.results) {
     INFO(r.name << ": " << r.detail);
     // code objects live in the JIT's memory, every other category in device allocations
@@ -76,6 +78,8 @@ TEST_CASE("a fault at every allocation of a mock run refuses exactly the faulted
     REQUIRE_FALSE(faulted.setup_failure);
     CHECK(faulted.failed == 0);
     CHECK(faulted.refused == 1);
+    CHECK(faulted.ledger_after_teardown_bytes == 0);
+    CHECK(faulted.device_after_teardown_bytes == 0);
     CHECK(faulted.ok + 1 == static_cast<int>(clean.results.size()));
     for (const auto &r : faulted.results) {
       if (r.verdict == ops::Verdict::refused) CHECK(r.error_name == "DeviceOutOfMemoryError");
@@ -113,4 +117,22 @@ TEST_CASE("a heap too small for the compaction case refuses it and the next case
   CHECK(compact.verdict == ops::Verdict::refused);
   CHECK(compact.error_name == "DeviceHeapExhaustedError");
   CHECK(fill.verdict == ops::Verdict::ok);
+}
+
+TEST_CASE("a fault at every allocation of a cpu run leaves the ledger at 0 after teardown",
+          "[e2e][fault]") {
+  ops::SuiteOptions options = mock_options(16_KiB);
+  options.config.backend = Backend::cpu;
+  options.filter = "/(f32|i64)/";
+  const ops::SuiteReport clean = ops::run_suite(options);
+  REQUIRE(clean.failed == 0);
+  for (uint64_t k = 1; k <= clean.allocations; ++k) {
+    options.fault_at = k;
+    const ops::SuiteReport faulted = ops::run_suite(options);
+    INFO("fault at allocation " << k);
+    CHECK(faulted.failed == 0);
+    CHECK(faulted.refused == 1);
+    CHECK(faulted.ledger_after_teardown_bytes == 0);
+    CHECK(faulted.device_after_teardown_bytes == 0);
+  }
 }

@@ -94,6 +94,13 @@ SuiteReport run_suite(const SuiteOptions &options) {
     const runtime::LedgerStats stats = (*ex)->memory().budget().stats();
     for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
       report.peak_bytes[i] = std::max(report.peak_bytes[i], stats.peak_bytes[i]);
+    // Teardown: with the executor gone, its device and ledger must hold nothing.
+    const std::shared_ptr<DeviceContext> context = (*ex)->context();
+    ex->reset();
+    report.ledger_after_teardown_bytes = std::max(report.ledger_after_teardown_bytes,
+                                                  context->memory->budget().in_use_bytes());
+    report.device_after_teardown_bytes = std::max(report.device_after_teardown_bytes,
+                                                  context->device->live_allocation_bytes());
   }
   print_summary(options.out, report);
   return report;

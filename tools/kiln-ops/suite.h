@@ -58,6 +58,8 @@ struct SuiteReport {
   CategoryBytes peak_bytes{};        ///< highest ledger bytes per category over the run
   uint64_t allocations = 0;          ///< driver allocation attempts counted from the first case
   uint64_t ledger_baseline_bytes = 0;  ///< ledger total after set-up (runtime state + code)
+  uint64_t ledger_after_teardown_bytes = 0;  ///< ledger total once the executor is gone (0)
+  uint64_t device_after_teardown_bytes = 0;  ///< bytes the device still held then (0)
   std::optional<Failure> setup_failure;  ///< the executor could not be made
 };
 

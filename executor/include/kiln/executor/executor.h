@@ -88,6 +88,8 @@ class LlvmRuntimeExecutor {
   [[nodiscard]] RhiExpected<Ndarray> compact_positive(const Ndarray &x);
 
   [[nodiscard]] LlvmDevice &device() const { return *context_->device; }
+  /// The device and its memory; they outlive the executor while this (or an array) is held.
+  [[nodiscard]] std::shared_ptr<DeviceContext> context() const { return context_; }
   [[nodiscard]] runtime::DeviceMemory &memory() const { return *context_->memory; }
   [[nodiscard]] const ExecutorConfig &config() const { return config_; }
   [[nodiscard]] Program &program() const { return *program_; }
