@@ -1,5 +1,7 @@
 #include "kiln/executor/ndarray.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -27,18 +29,30 @@ RhiExpected<ShapeInfo> compute_shape_info(DataType dtype, std::span<const int64_
           "kiln", "compute_shape_info",
           fmt::format("shape {} has a negative dimension", describe_array(dtype, shape))));
   }
+  // A zero dimension makes a zero-size array whatever the others are: no product can overflow.
+  const bool zero_size = std::find(shape.begin(), shape.end(), 0) != shape.end();
   bool overflow = false;
-  for (int64_t dim : shape)
-    overflow |= __builtin_mul_overflow(info.num_elements, static_cast<uint64_t>(dim), &info.num_elements);
+  if (zero_size) {
+    info.num_elements = 0;
+  } else {
+    for (int64_t dim : shape)
+      overflow |= __builtin_mul_overflow(info.num_elements, static_cast<uint64_t>(dim), &info.num_elements);
+  }
   overflow |= __builtin_mul_overflow(info.num_elements, itemsize(dtype), &info.size_bytes);
   if (overflow || info.num_elements > static_cast<uint64_t>(INT64_MAX))
     return std::unexpected(invalid_usage(
         "kiln", "compute_shape_info",
         fmt::format("shape {} overflows: its byte count does not fit in 64 bits",
                     describe_array(dtype, shape))));
+  // Row-major strides in elements; a zero-size array's strides treat 0 as 1 and saturate to 0
+  // where that product would overflow (they address nothing).
   info.strides.assign(shape.size(), 1);
-  for (std::size_t i = shape.size(); i-- > 1;)
-    info.strides[i - 1] = info.strides[i] * (shape[i] == 0 ? 1 : shape[i]);
+  for (std::size_t i = shape.size(); i-- > 1;) {
+    int64_t stride = 0;
+    if (info.strides[i] == 0 || __builtin_mul_overflow(info.strides[i], std::max<int64_t>(shape[i], 1), &stride))
+      stride = 0;
+    info.strides[i - 1] = stride;
+  }
   return info;
 }
 

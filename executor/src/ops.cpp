@@ -97,7 +97,7 @@ RhiExpected<Scalar> LlvmRuntimeExecutor::reduce_sum(const Ndarray &x) {
     int_sum += r.value_bits;
   }
   if (is_floating(x.dtype())) {
-    sum.i64 = static_cast<int64_t>(sum.f64);
+    sum.i64 = Scalar::of(sum.f64).i64;
   } else {
     sum.i64 = static_cast<int64_t>(int_sum);
     sum.f64 = static_cast<double>(sum.i64);
@@ -118,6 +118,7 @@ RhiStatus LlvmRuntimeExecutor::matmul(const Ndarray &c, const Ndarray &a, const 
   const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
   if (b.shape()[0] != k || c.shape()[0] != m || c.shape()[1] != n)
     return bad("shapes do not agree (need (m,k) @ (k,n) -> (m,n))");
+  if (c.same_as(a) || c.same_as(b)) return bad("the output must not be an operand");
   if (c.num_elements() == 0) return {};
   if (k == 0) return fill(c, Scalar{});
   LaunchSpec spec;

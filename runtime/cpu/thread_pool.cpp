@@ -2,6 +2,7 @@
 // with it, so when parallel_for returns no worker can still touch the caller's function.
 #include "kiln/runtime/thread_pool.h"
 
+#include <system_error>
 #include <utility>
 
 namespace kiln::runtime {
@@ -28,7 +29,13 @@ void run_inline(int64_t num_tasks, const std::function<void(int64_t)> &fn) {
 ThreadPool::ThreadPool(unsigned num_threads) {
   const unsigned num_workers = num_threads > 1 ? num_threads - 1 : 0;
   workers_.reserve(num_workers);
-  for (unsigned i = 0; i < num_workers; ++i) workers_.emplace_back([this] { worker_loop(); });
+  for (unsigned i = 0; i < num_workers; ++i) {
+    try {
+      workers_.emplace_back([this] { worker_loop(); });
+    } catch (const std::system_error &) {
+      break;  // the OS refused another thread: work with the ones it gave (num_threads() says)
+    }
+  }
 }
 
 ThreadPool::~ThreadPool() {

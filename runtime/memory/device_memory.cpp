@@ -106,22 +106,12 @@ RhiStatus DeviceMemory::check_live_free(uint64_t size_bytes, MemoryCategory cate
   return std::unexpected(std::move(f));
 }
 
-uint64_t DeviceMemory::cached_bytes() const {
-  std::lock_guard lock(mutex_);
-  return pool_.cached_bytes();
-}
-
 bool DeviceMemory::evicting_would_fit(uint64_t size_bytes, uint64_t limit_bytes) const {
   const CategoryBytes in_use = budget_.in_use_by_category();
   uint64_t held = 0;  // what eviction cannot give back
   for (std::size_t i = 0; i < in_use.size(); ++i)
     if (i != static_cast<std::size_t>(MemoryCategory::pool_cache)) held += in_use[i];
   return held <= limit_bytes && size_bytes <= limit_bytes - held;
-}
-
-uint64_t DeviceMemory::usable_after(const Failure &live_refusal) const {
-  const MemorySnapshot &m = live_refusal.memory;
-  return m.free_bytes > m.reserve_bytes ? m.free_bytes - m.reserve_bytes : 0;
 }
 
 uint64_t DeviceMemory::release_cached() {
@@ -146,9 +136,11 @@ RhiExpected<Reservation> DeviceMemory::reserve_growth(std::span<const CategoryRe
   auto reservation = budget_.reserve(growth);
   // Cached bytes never cause a refusal on their own: when evicting them would make room, evict
   // and ask once more (a request too large even for an empty pool keeps the cache).
+  // The retry happens even when this thread evicted nothing: another thread may have just
+  // drained the pool, and its bytes come back to the ledger right after.
   if (!reservation && reservation.error().result == RhiResult::out_of_memory &&
-      evicting_would_fit(reservation.error().requested_bytes, budget_.limit_bytes()) &&
-      release_cached() > 0) {
+      evicting_would_fit(reservation.error().requested_bytes, budget_.limit_bytes())) {
+    release_cached();
     retries_.fetch_add(1, std::memory_order_relaxed);
     reservation = budget_.reserve(growth);
   }
@@ -225,11 +217,7 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
     std::span<const AllocRequest> requests) {
   const std::size_t n = requests.size();
   std::vector<uint64_t> classes(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    KILN_RETURN_IF_ERROR(validate(requests[i].category, requests[i].size_bytes));
-    classes[i] = class_of(requests[i].size_bytes);
-  }
-  KILN_RETURN_IF_ERROR(check_fault_plan(requests));
+  for (std::size_t i = 0; i < n; ++i) classes[i] = class_of(requests[i].size_bytes);
   // 1. Reuse: cached blocks need no budget growth and no driver call.
   std::vector<DeviceAllocation> out(n);
   std::vector<bool> hit(n, false);
@@ -246,6 +234,13 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
       budget_.transfer(MemoryCategory::pool_cache, requests[i].category, classes[i]);
       hits.push_back(*block);
       hit_requests.push_back(requests[i]);
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!hit[i] || !requests[i].zero_fill) continue;
+    if (auto cleared = device_.fill_zero(out[i]); !cleared) {
+      give_back_unused(hits, hit_requests);
+      return std::unexpected(std::move(cleared).error());
     }
   }
   // 2. Growth: the misses are reserved together, checked against live free memory, allocated.
@@ -272,9 +267,8 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
       return fail(std::move(f));
     }
     auto live = check_live_free(growth_bytes, growth.front().category);
-    if (!live && live.error().result == RhiResult::out_of_memory &&
-        cached_bytes() >= growth_bytes - std::min(growth_bytes, usable_after(live.error())) &&
-        release_cached() > 0) {
+    if (!live && live.error().result == RhiResult::out_of_memory && release_cached() > 0) {
+      // Evicting gave cached blocks back to the device: ask the device once more.
       retries_.fetch_add(1, std::memory_order_relaxed);
       live = check_live_free(growth_bytes, growth.front().category);
     }
@@ -295,8 +289,6 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
     for (std::size_t i = 0; i < n; ++i)
       if (!hit[i]) live_.emplace(out[i].alloc_id, LiveEntry{requests[i].category, classes[i]});
   }
-  for (std::size_t i = 0; i < n; ++i)
-    if (hit[i] && requests[i].zero_fill) (void)device_.fill_zero(out[i]);
   allocations_.fetch_add(n, std::memory_order_relaxed);
   cache_hits_.fetch_add(hits.size(), std::memory_order_relaxed);
   return out;
@@ -321,7 +313,18 @@ bool DeviceMemory::notify_observers(const Failure &failure) {
   return held() < before;
 }
 
-RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_group(
+RhiStatus DeviceMemory::admit(std::span<const AllocRequest> requests) {
+  for (const AllocRequest &r : requests) KILN_RETURN_IF_ERROR(validate(r.category, r.size_bytes));
+  // The fault plan decides once per request; an observer that frees memory lets it through.
+  auto fault = check_fault_plan(requests);
+  if (fault) return {};
+  annotate(fault.error());
+  if (!notify_observers(fault.error())) return fault;
+  retries_.fetch_add(1, std::memory_order_relaxed);
+  return {};
+}
+
+RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_admitted(
     std::span<const AllocRequest> requests) {
   auto result = try_allocate_group(requests);
   if (result) return result;
@@ -332,6 +335,12 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_group(
   result = try_allocate_group(requests);
   if (!result) annotate(result.error());
   return result;
+}
+
+RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_group(
+    std::span<const AllocRequest> requests) {
+  KILN_RETURN_IF_ERROR(admit(requests));
+  return allocate_admitted(requests);
 }
 
 std::optional<DeviceAllocation> DeviceMemory::take_cached(MemoryCategory category, uint64_t class_bytes) {
@@ -346,19 +355,23 @@ std::optional<DeviceAllocation> DeviceMemory::take_cached(MemoryCategory categor
 RhiExpected<DeviceAllocation> DeviceMemory::allocate(MemoryCategory category, uint64_t size_bytes,
                                                      bool zero_fill) {
   const AllocRequest request{category, size_bytes, zero_fill};
+  const std::span<const AllocRequest> one(&request, 1);
+  KILN_RETURN_IF_ERROR(admit(one));
   if (caching_) {
     // The common case, a single request served from the pool: no group bookkeeping.
-    KILN_RETURN_IF_ERROR(validate(category, size_bytes));
-    KILN_RETURN_IF_ERROR(check_fault_plan(std::span<const AllocRequest>(&request, 1)));
     if (auto block = take_cached(category, class_of(size_bytes))) {
-      if (zero_fill) KILN_RETURN_IF_ERROR(device_.fill_zero(*block));
+      if (zero_fill) {
+        if (auto cleared = device_.fill_zero(*block); !cleared) {
+          give_back_unused(std::span<const DeviceAllocation>(&*block, 1), one);
+          return std::unexpected(std::move(cleared).error());
+        }
+      }
       allocations_.fetch_add(1, std::memory_order_relaxed);
       cache_hits_.fetch_add(1, std::memory_order_relaxed);
       return *block;
     }
-    fault_plan_.uncount();  // the group path below counts this request again
   }
-  KILN_ASSIGN_OR_RETURN(auto group, allocate_group(std::span<const AllocRequest>(&request, 1)));
+  KILN_ASSIGN_OR_RETURN(auto group, allocate_admitted(one));
   return group.front();
 }
 

@@ -737,3 +737,27 @@ TEST_CASE("as other processes grow, every request beyond free - reserve is refus
   CHECK(memory->budget().in_use_bytes() == held_bytes);
   for (DeviceAllocation a : held) REQUIRE(memory->free(a));
 }
+
+TEST_CASE("an injected fault on a cache hit is annotated, seen by observers, and counted once",
+          "[caching_pool][fault]") {
+  MockDevice mock(mock_options(64_MiB));
+  auto memory = make_memory(mock, cached(32_MiB));
+  warm_pool(*memory, 1_MiB, 1);  // the next 1 MiB request would be a cache hit
+  int observed = 0;
+  OomSource seen = OomSource::none;
+  (void)memory->add_oom_observer([&](const Failure &f) {
+    ++observed;
+    seen = f.oom_source;
+  });
+  memory->fault_plan().fail_nth_allocation(1);
+  auto refused = memory->allocate(MemoryCategory::ndarray, 1_MiB);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().result == RhiResult::out_of_memory);
+  CHECK(refused.error().has_memory);
+  CHECK(refused.error().memory.total_bytes == 64_MiB);
+  CHECK(observed == 1);
+  CHECK(seen == OomSource::driver);
+  CHECK(memory->fault_plan().allocation_count() == 1);
+  CHECK(memory->allocate(MemoryCategory::ndarray, 1_MiB));  // the next one is served
+  CHECK(memory->fault_plan().allocation_count() == 2);
+}

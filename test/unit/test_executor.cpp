@@ -2,6 +2,8 @@
 // and leaves the process, the device and every other allocation usable.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <limits>
 #include <thread>
 
 #include "test_support.h"
@@ -272,4 +274,39 @@ TEST_CASE("launches use every core unless num_threads says otherwise", "[executo
   ExecutorConfig one;
   one.num_threads = 1;
   CHECK(make_executor(one)->worker_threads() == 1);
+}
+
+TEST_CASE("a zero dimension beside huge ones is a zero-size array, not an overflow", "[executor]") {
+  auto ex = make_executor();
+  const int64_t shape[3] = {int64_t{1} << 40, int64_t{1} << 40, 0};
+  auto a = ex->ndarray(DataType::f64, shape);
+  REQUIRE(a);
+  CHECK(a->nbytes() == 0);
+  const int64_t leading_zero[3] = {0, int64_t{1} << 40, int64_t{1} << 40};
+  auto b = ex->ndarray(DataType::f64, leading_zero);
+  REQUIRE(b);
+  CHECK(b->num_elements() == 0);
+}
+
+TEST_CASE("matmul into one of its own operands is InvalidUsage", "[executor][bad-input]") {
+  auto ex = make_executor();
+  const int64_t s22[2] = {2, 2};
+  Ndarray a = value_or_throw(ex->ndarray(DataType::f32, s22));
+  Ndarray b = value_or_throw(ex->ndarray(DataType::f32, s22));
+  auto aliased = ex->matmul(a, a, b);
+  REQUIRE_FALSE(aliased);
+  CHECK(kind_of(aliased.error()) == ErrorKind::invalid_usage);
+  CHECK_FALSE(ex->matmul(b, a, b));
+}
+
+TEST_CASE("a float sum that does not fit int64 leaves i64 at 0 instead of undefined behaviour",
+          "[executor]") {
+  auto ex = make_executor();
+  Ndarray x = upload<float>(*ex, DataType::f32, {std::numeric_limits<float>::infinity(), 1.0f});
+  auto sum = ex->reduce_sum(x);
+  REQUIRE(sum);
+  CHECK(std::isinf(sum->f64));
+  CHECK(sum->i64 == 0);
+  CHECK(Scalar::of(std::nan("")).i64 == 0);
+  CHECK(Scalar::of(-3.7).i64 == -3);
 }

@@ -44,6 +44,13 @@ bool parse_u64(std::string_view text, uint64_t *out) {
   return ec == std::errc() && ptr == text.data() + text.size();
 }
 
+bool is_numeric_flag(std::string_view flag) {
+  for (std::string_view f : {"--budget-mb", "--heap-mb", "--max-array-mb", "--mock-capacity-mb",
+                             "--repeat", "--fault-at", "--threads"})
+    if (flag == f) return true;
+  return false;
+}
+
 int usage_error(const std::string &why) {
   fmt::print(stderr, "kiln-ops: {}\n{}", why, kUsage);
   return 2;
@@ -81,7 +88,9 @@ int parse_args(int argc, char **argv, Args &args) {
     } else if (flag == "--json") {
       args.json_path = value;
     } else if (!numeric) {
-      return usage_error(fmt::format("{} needs a non-negative integer, got '{}'", flag, value));
+      const bool known = is_numeric_flag(flag);
+      return usage_error(known ? fmt::format("{} needs a non-negative integer, got '{}'", flag, value)
+                               : fmt::format("unknown option {}", flag));
     } else if (flag == "--budget-mb" && mb_ok) {
       config.budget.limit_bytes = n << 20;
     } else if (flag == "--heap-mb" && mb_ok) {
@@ -98,7 +107,9 @@ int parse_args(int argc, char **argv, Args &args) {
     } else if (flag == "--threads" && n <= 4096) {
       config.num_threads = static_cast<unsigned>(n);
     } else {
-      return usage_error(fmt::format("unknown option or value out of range: {} {}", flag, value));
+      const bool known = is_numeric_flag(flag);
+      return usage_error(known ? fmt::format("{} {} is out of range", flag, value)
+                               : fmt::format("unknown option {}", flag));
     }
   }
   if (!args.max_array_set && config.backend == kiln::Backend::mock)
@@ -108,25 +119,39 @@ int parse_args(int argc, char **argv, Args &args) {
 
 }  // namespace
 
-int main(int argc, char **argv) {
+int run(int argc, char **argv) {
   Args args;
   if (int status = parse_args(argc, argv, args); status != 0) return status < 0 ? 0 : status;
+  const std::vector<kiln::ops::Case> cases = kiln::ops::selected_cases(args.suite);
+  if (cases.empty()) return usage_error(fmt::format("no case matches --filter '{}'", args.suite.filter));
   if (args.list) {
-    for (const auto &c : kiln::ops::make_cases(args.suite.max_array_bytes)) fmt::print("{}\n", c.name);
+    for (const auto &c : cases) fmt::print("{}\n", c.name);
     return 0;
   }
   args.suite.progress = isatty(STDERR_FILENO) != 0;
   const kiln::ops::SuiteReport report = kiln::ops::run_suite(args.suite);
-  if (report.setup_failure) {
-    fmt::print(stderr, "kiln-ops: could not set up the {} backend: {}\n",
-               kiln::to_string(args.suite.config.backend), kiln::describe(*report.setup_failure));
-    return 1;
-  }
   if (!args.json_path.empty()) {
     if (auto written = kiln::ops::write_json(report, args.json_path); !written) {
       fmt::print(stderr, "kiln-ops: {}\n", written.error().message());
       return 1;
     }
   }
+  if (report.setup_failure) {
+    fmt::print(stderr, "kiln-ops: could not set up the {} backend: {}\n",
+               kiln::to_string(args.suite.config.backend), kiln::describe(*report.setup_failure));
+    return 1;
+  }
   return report.failed == 0 ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+  // kiln-ops never crashes: anything unexpected ends the run with a message and status 1.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception &e) {
+    fmt::print(stderr, "kiln-ops: stopped: {}\n", e.what());
+  } catch (...) {
+    fmt::print(stderr, "kiln-ops: stopped by an unknown exception\n");
+  }
+  return 1;
 }

@@ -14,7 +14,16 @@ CaseResult run_case(const Case &c, LlvmRuntimeExecutor &ex) {
   CaseResult r;
   r.name = c.name;
   const auto start = std::chrono::steady_clock::now();
-  auto outcome = c.run(ex);
+  RhiExpected<std::optional<std::string>> outcome = std::optional<std::string>();
+  try {
+    outcome = c.run(ex);
+  } catch (const std::bad_alloc &) {  // the host reference's vectors did not fit
+    Failure f = make_failure(RhiResult::out_of_memory, "host", "kiln-ops case",
+                             "the host reference arrays of this case");
+    f.oom_source = OomSource::host;
+    f.requested_bytes = c.max_array_bytes;
+    outcome = std::unexpected(std::move(f));
+  }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!outcome) {
     const Failure &f = outcome.error();
@@ -59,13 +68,18 @@ void print_summary(std::FILE *out, const SuiteReport &report) {
 
 }  // namespace
 
-SuiteReport run_suite(const SuiteOptions &options) {
-  SuiteReport report;
+std::vector<Case> selected_cases(const SuiteOptions &options) {
   std::vector<Case> cases = make_cases(options.max_array_bytes);
   if (!options.filter.empty()) {
     const std::regex re(options.filter);
     std::erase_if(cases, [&](const Case &c) { return !std::regex_search(c.name, re); });
   }
+  return cases;
+}
+
+SuiteReport run_suite(const SuiteOptions &options) {
+  SuiteReport report;
+  const std::vector<Case> cases = selected_cases(options);
   const std::size_t total = cases.size() * static_cast<std::size_t>(options.repeat);
   for (int rep = 0; rep < options.repeat; ++rep) {
     // A fresh executor per repetition: nothing is carried from one run to the next.
@@ -137,7 +151,9 @@ RhiStatus write_json(const SuiteReport &report, const std::string &path) {
                json_string(r.error_name), json_string(r.detail), r.seconds,
                i + 1 < report.results.size() ? "," : "");
   }
-  fmt::print(file, "  ],\n  \"ok\": {}, \"refused\": {}, \"failed\": {}, \"allocations\": {},\n",
+  fmt::print(file, "  ],\n  \"setup_failure\": {},\n",
+             json_string(report.setup_failure ? describe(*report.setup_failure) : ""));
+  fmt::print(file, "  \"ok\": {}, \"refused\": {}, \"failed\": {}, \"allocations\": {},\n",
              report.ok, report.refused, report.failed, report.allocations);
   fmt::print(file, "  \"peak_bytes\": {{");
   for (std::size_t i = 0; i < kNumMemoryCategories; ++i)

@@ -63,6 +63,8 @@ struct SuiteReport {
   std::optional<Failure> setup_failure;  ///< the executor could not be made
 };
 
+/// The cases the options select (size limit and filter), in order.
+[[nodiscard]] std::vector<Case> selected_cases(const SuiteOptions &options);
 /// Runs the suite. Never throws for device answers; a refused case does not stop the sweep.
 [[nodiscard]] SuiteReport run_suite(const SuiteOptions &options);
 /// Writes the report as JSON. Errors: error when the file cannot be written.

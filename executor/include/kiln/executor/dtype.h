@@ -37,7 +37,11 @@ inline constexpr DataType kAllDataTypes[] = {DataType::f32, DataType::f64, DataT
 struct Scalar {
   double f64 = 0.0;
   int64_t i64 = 0;
-  [[nodiscard]] static Scalar of(double v) { return Scalar{v, static_cast<int64_t>(v)}; }
+  /// `i64` is v truncated toward zero, or 0 when v is not finite or out of int64's range.
+  [[nodiscard]] static Scalar of(double v) {
+    const bool fits = v > -9223372036854775808.0 && v < 9223372036854775808.0;  // NaN fails both
+    return Scalar{v, fits ? static_cast<int64_t>(v) : 0};
+  }
   [[nodiscard]] static Scalar of_int(int64_t v) { return Scalar{static_cast<double>(v), v}; }
 };
 

@@ -33,8 +33,6 @@ class FaultPlan {
     return n == fail_at_.load(std::memory_order_relaxed) ||
            size_bytes >= fail_size_.load(std::memory_order_relaxed);
   }
-  /// Takes back the last count (a caller that counted one attempt twice).
-  void uncount() { allocations_.fetch_sub(1, std::memory_order_relaxed); }
   /// Allocation attempts counted since the last fail_nth_allocation (or construction).
   [[nodiscard]] uint64_t allocation_count() const { return allocations_.load(std::memory_order_relaxed); }
 

@@ -15,7 +15,8 @@ namespace kiln::runtime {
 class ThreadPool {
  public:
   /// Starts `num_threads - 1` persistent workers; the thread calling parallel_for is the last
-  /// one. 0 (hardware_concurrency() may say so) is treated as 1: everything runs inline.
+  /// one. 0 (hardware_concurrency() may say so) is treated as 1: everything runs inline. When
+  /// the OS refuses a thread, the pool keeps the workers it got (never throws for that).
   explicit ThreadPool(unsigned num_threads = std::thread::hardware_concurrency());
   /// Stops and joins the workers. Must not run while a parallel_for on this pool is in flight.
   ~ThreadPool();

@@ -123,15 +123,16 @@ class DeviceMemory {
   };
   DeviceMemory(LlvmDevice &device, uint64_t limit_bytes, uint64_t reserve_bytes, bool live_check,
                bool caching);
+  [[nodiscard]] RhiStatus admit(std::span<const AllocRequest> requests);
+  [[nodiscard]] RhiExpected<std::vector<DeviceAllocation>> allocate_admitted(
+      std::span<const AllocRequest> requests);
   [[nodiscard]] RhiExpected<std::vector<DeviceAllocation>> try_allocate_group(
       std::span<const AllocRequest> requests);
   [[nodiscard]] RhiStatus check_fault_plan(std::span<const AllocRequest> requests);
   [[nodiscard]] RhiStatus validate(MemoryCategory category, uint64_t size_bytes) const;
   [[nodiscard]] uint64_t class_of(uint64_t size_bytes) const;
   [[nodiscard]] std::optional<DeviceAllocation> take_cached(MemoryCategory category, uint64_t class_bytes);
-  [[nodiscard]] uint64_t cached_bytes() const;
   [[nodiscard]] bool evicting_would_fit(uint64_t size_bytes, uint64_t limit_bytes) const;
-  [[nodiscard]] uint64_t usable_after(const Failure &live_refusal) const;
   [[nodiscard]] RhiExpected<Reservation> reserve_growth(std::span<const CategoryRequest> growth);
   [[nodiscard]] RhiStatus check_live_free(uint64_t size_bytes, MemoryCategory category);
   [[nodiscard]] RhiExpected<DeviceAllocation> allocate_block(const AllocRequest &request,
