@@ -29,6 +29,15 @@ namespace py = pybind11;
 namespace kiln::python {
 namespace {
 
+// Py_IsFinalizing is public from Python 3.13; older versions only have the private name.
+bool python_is_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
 // ----------------------------------------------------------------------------------------------
 // Errors: Failure -> Python exception.
 
@@ -580,11 +589,12 @@ py::object matmul(PyArray &a, PyArray &b, py::object out_obj) {
     const int64_t shape[2] = {aa.shape()[0], bb.shape()[1]};
     out_obj = py::cast(PyArray(check(ex->ndarray(aa.dtype(), shape)), ex));
   }
+  if (!py::isinstance<PyArray>(out_obj))
+    raise_invalid_usage(a.device, "matmul",
+                        fmt::format("matmul: out must be a kiln.ndarray, got {}",
+                                    py::str(py::type::of(out_obj)).cast<std::string>()));
   PyArray &c = out_obj.cast<PyArray &>();
-  const Ndarray &cc = c.get("matmul");
-  if (cc.same_as(aa) || cc.same_as(bb))
-    raise_invalid_usage(c.device, "matmul",
-                        fmt::format("matmul: out {} must not be one of its operands", c.description));
+  const Ndarray &cc = c.get("matmul");  // aliasing is refused by the executor (InvalidUsage)
   check(launch({&a, &b, &c}, [&] { return ex->matmul(cc, aa, bb); }));
   return out_obj;
 }
@@ -633,7 +643,7 @@ struct PyCallback {
   PyObject *fn;
   explicit PyCallback(py::function f) : fn(f.release().ptr()) {}
   ~PyCallback() {
-    if (!Py_IsInitialized() || _Py_IsFinalizing()) return;  // leak at exit rather than crash
+    if (!Py_IsInitialized() || python_is_finalizing()) return;  // leak at exit rather than crash
     py::gil_scoped_acquire gil;
     Py_DECREF(fn);
   }
@@ -650,7 +660,7 @@ uint64_t add_oom_observer(py::function fn) {
   auto callback = std::make_shared<PyCallback>(std::move(fn));
   auto ex = executor();
   const uint64_t id = ex->memory().add_oom_observer([callback](const Failure &failure) {
-    if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
+    if (!Py_IsInitialized() || python_is_finalizing()) return;
     py::gil_scoped_acquire gil;
     py::error_scope keep;  // whatever error was pending stays pending
     ObserverScope in_observer;

@@ -5,6 +5,10 @@
 
 #include "kiln/rhi/cpu_device.h"
 
+#include <algorithm>
+
+#include "cgroup_memory.h"
+
 namespace kiln {
 namespace {
 
@@ -28,17 +32,27 @@ bool read_meminfo(uint64_t *total_bytes, uint64_t *available_bytes) {
   return found == 2;
 }
 
+// A container's memory limit caps what the host reports.
+Device::MemoryInfo apply_cgroup_limit(Device::MemoryInfo info) {
+  if (auto cg = cgroup::own_memory_limit()) {
+    info.total_bytes = std::min(info.total_bytes, cg->limit_bytes);
+    const uint64_t cg_free = cg->limit_bytes > cg->usage_bytes ? cg->limit_bytes - cg->usage_bytes : 0;
+    info.free_bytes = std::min(info.free_bytes, cg_free);
+  }
+  return info;
+}
+
 }  // namespace
 
 RhiExpected<Device::MemoryInfo> CpuDevice::memory_info() {
   MemoryInfo info;
-  if (read_meminfo(&info.total_bytes, &info.free_bytes)) return info;
+  if (read_meminfo(&info.total_bytes, &info.free_bytes)) return apply_cgroup_limit(info);
   struct sysinfo si {};
   if (sysinfo(&si) != 0)
     return std::unexpected(failure(RhiResult::error, "sysinfo", std::strerror(errno)));
   info.total_bytes = static_cast<uint64_t>(si.totalram) * si.mem_unit;
   info.free_bytes = static_cast<uint64_t>(si.freeram + si.bufferram) * si.mem_unit;
-  return info;
+  return apply_cgroup_limit(info);
 }
 
 }  // namespace kiln

@@ -85,3 +85,12 @@ def test_launches_from_several_threads_agree():
     for t in threads:
         t.join()
     assert results == [int(host.sum())] * 4
+
+
+def test_matmul_out_must_be_a_kiln_ndarray_and_not_an_operand():
+    a = kiln.from_numpy(np.ones((2, 2), dtype=np.float32))
+    b = kiln.from_numpy(np.ones((2, 2), dtype=np.float32))
+    with pytest.raises(kiln.InvalidUsageError):
+        kiln.matmul(a, b, out=np.zeros((2, 2), dtype=np.float32))
+    with pytest.raises(kiln.InvalidUsageError):
+        kiln.matmul(a, b, out=a)
