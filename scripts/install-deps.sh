@@ -7,6 +7,7 @@ packages=(
   build-essential cmake make pkg-config
   llvm-14-dev clang-14 lld-14 zlib1g-dev libzstd-dev libxml2-dev libtinfo-dev libz3-dev libffi-dev libedit-dev
   libfmt-dev catch2 libbenchmark-dev
+  libamdhip64-dev  # the real HIP runtime (no GPU here): tests show --backend amdgpu is NotSupported
   pybind11-dev python3-dev python3-pytest python3-numpy python3-hypothesis
 )
 

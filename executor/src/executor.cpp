@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "kiln/executor/launcher.h"
+#include "kiln/rhi/amdgpu_device.h"
 #include "kiln/rhi/cpu_device.h"
 #include "kiln/rhi/cuda_device.h"
 #include "kiln/runtime/thread_pool.h"
@@ -24,11 +25,24 @@ RhiExpected<std::unique_ptr<LlvmDevice>> create_device(const ExecutorConfig &con
       KILN_ASSIGN_OR_RETURN(auto device, create_cuda_device(0));
       return std::unique_ptr<LlvmDevice>(std::move(device));
     }
-    case Backend::amdgpu: break;
+    case Backend::amdgpu: {
+      KILN_ASSIGN_OR_RETURN(auto device, create_amdgpu_device(0));
+      return std::unique_ptr<LlvmDevice>(std::move(device));
+    }
   }
   return std::unexpected(make_failure(
       RhiResult::not_supported, std::string(to_string(config.backend)), "create_device",
-      fmt::format("the {} backend is not built into this kiln yet", to_string(config.backend))));
+      fmt::format("the {} backend is not built into this kiln", to_string(config.backend))));
+}
+
+CodegenArch codegen_arch(const LlvmDevice &device) {
+  switch (device.backend()) {
+    case Backend::cpu:
+    case Backend::mock: return CodegenArch::host;
+    case Backend::cuda: return CodegenArch::nvptx64;
+    case Backend::amdgpu: return CodegenArch::amdgcn;
+  }
+  return CodegenArch::host;
 }
 
 LlvmRuntimeExecutor::LlvmRuntimeExecutor(ExecutorConfig config,
@@ -50,8 +64,7 @@ RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create(
   auto context = std::make_shared<DeviceContext>();
   KILN_ASSIGN_OR_RETURN(context->device, create_device(config));
   KILN_ASSIGN_OR_RETURN(context->memory, runtime::DeviceMemory::create(*context->device, config.budget));
-  const CodegenArch arch =
-      context->device->host_addressable() ? CodegenArch::host : CodegenArch::nvptx64;
+  const CodegenArch arch = codegen_arch(*context->device);
   if (!program) {
     KILN_ASSIGN_OR_RETURN(program, Program::shared(arch));
   }

@@ -4,7 +4,9 @@
 
 #include <fmt/format.h>
 
+#include "kiln/runtime/amdgcn_codegen.h"
 #include "kiln/runtime/cpu_jit.h"
+#include "kiln/runtime/elf_image.h"
 #include "kiln/runtime/ptx_codegen.h"
 
 namespace kiln {
@@ -24,41 +26,62 @@ std::set<std::string, std::less<>> gpu_entry_points(std::string_view ptx) {
   return names;
 }
 
+/// The kernels an HSACO exports: every function symbol "<name>_gpu", named without the suffix.
+RhiExpected<std::set<std::string, std::less<>>> hsaco_entry_points(std::span<const uint8_t> image,
+                                                                   std::string_view target) {
+  runtime::ElfImageInfo info;
+  std::string error;
+  if (!runtime::read_elf_image(std::as_bytes(image), &info, &error))
+    return std::unexpected(make_failure(RhiResult::error, "amdgpu", "Program::create",
+                                        fmt::format("the {} code object is unreadable: {}", target, error)));
+  std::set<std::string, std::less<>> names;
+  constexpr std::string_view kSuffix = "_gpu";
+  for (std::string_view name : info.functions)
+    if (name.ends_with(kSuffix)) names.emplace(name.substr(0, name.size() - kSuffix.size()));
+  return names;
+}
+
 }  // namespace
 
-Program::Program(CodegenArch arch, std::unique_ptr<runtime::CpuJit> jit, std::string image)
-    : arch_(arch), jit_(std::move(jit)), image_(std::move(image)) {
-  if (!image_.empty()) {
-    gpu_kernels_ = gpu_entry_points(image_);
-    image_.push_back('\0');
-  }
-}
+Program::Program(CodegenArch arch, std::unique_ptr<runtime::CpuJit> jit, std::string image,
+                 std::set<std::string, std::less<>> gpu_kernels)
+    : arch_(arch), jit_(std::move(jit)), image_(std::move(image)), gpu_kernels_(std::move(gpu_kernels)) {}
 
 Program::~Program() = default;
 
-RhiExpected<std::shared_ptr<Program>> Program::create(CodegenArch arch) {
+RhiExpected<std::shared_ptr<Program>> Program::create(CodegenArch arch, std::string_view target) {
+  if (arch != CodegenArch::amdgcn && !target.empty())
+    return std::unexpected(invalid_usage("kiln", "Program::create",
+                                         fmt::format("a code target ('{}') is only chosen for amdgcn", target)));
   switch (arch) {
     case CodegenArch::host: {
       KILN_ASSIGN_OR_RETURN(auto jit, runtime::CpuJit::create());
-      return std::shared_ptr<Program>(new Program(arch, std::move(jit), ""));
+      return std::shared_ptr<Program>(new Program(arch, std::move(jit), "", {}));
     }
     case CodegenArch::nvptx64: {
       KILN_ASSIGN_OR_RETURN(std::string ptx, runtime::generate_ptx());
-      return std::shared_ptr<Program>(new Program(arch, nullptr, std::move(ptx)));
+      auto kernels = gpu_entry_points(ptx);
+      ptx.push_back('\0');
+      return std::shared_ptr<Program>(new Program(arch, nullptr, std::move(ptx), std::move(kernels)));
     }
-    case CodegenArch::amdgcn: break;
+    case CodegenArch::amdgcn: {
+      KILN_ASSIGN_OR_RETURN(const runtime::AmdgcnCodeObject object, runtime::amdgcn_code_object(target));
+      KILN_ASSIGN_OR_RETURN(auto kernels, hsaco_entry_points(object.image, object.target));
+      std::string image(reinterpret_cast<const char *>(object.image.data()), object.image.size());
+      return std::shared_ptr<Program>(new Program(arch, nullptr, std::move(image), std::move(kernels)));
+    }
   }
   return std::unexpected(make_failure(RhiResult::not_supported, "kiln", "Program::create",
-                                      "amdgcn code generation is not built yet"));
+                                      "unknown code-generation arch"));
 }
 
-RhiExpected<std::shared_ptr<Program>> Program::shared(CodegenArch arch) {
+RhiExpected<std::shared_ptr<Program>> Program::shared(CodegenArch arch, std::string_view target) {
   static std::mutex mutex;
-  static std::map<CodegenArch, std::shared_ptr<Program>> programs;
+  static std::map<std::pair<CodegenArch, std::string>, std::shared_ptr<Program>> programs;
   std::lock_guard lock(mutex);
-  auto &program = programs[arch];
+  auto &program = programs[{arch, std::string(target)}];
   if (!program) {
-    KILN_ASSIGN_OR_RETURN(program, create(arch));
+    KILN_ASSIGN_OR_RETURN(program, create(arch, target));
   }
   return program;
 }

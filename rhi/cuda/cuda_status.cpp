@@ -1,7 +1,6 @@
 // The only place a CUresult becomes an RhiResult.
-#include <fmt/format.h>
-
 #include "cuda_driver.h"
+#include "src/driver_loader.h"
 
 namespace kiln::cuda {
 namespace {
@@ -72,15 +71,9 @@ const char *error_name(const CudaDriver *driver, CUresult result) {
 RhiStatus to_rhi(const CudaDriver *driver, CUresult result, const char *site, std::string device) {
   if (result == kSuccess) return {};
   const Code *code = find(result);
-  Failure f;
-  f.result = code != nullptr ? code->result : RhiResult::error;
-  f.oom_source = f.result == RhiResult::out_of_memory ? OomSource::driver : OomSource::none;
-  f.device = std::move(device);
-  f.site = site;
-  f.driver_status = error_name(driver, result);
-  f.detail = fmt::format("{} failed with code {}", site, result);
-  if (f.result == RhiResult::out_of_memory) f.detail.clear();  // the message says it all
-  return std::unexpected(std::move(f));
+  return std::unexpected(driver::driver_failure(code != nullptr ? code->result : RhiResult::error,
+                                                result, error_name(driver, result), site,
+                                                std::move(device)));
 }
 
 }  // namespace kiln::cuda

@@ -286,18 +286,33 @@ KILN_FOR_EACH_KERNEL(KILN_RANGE_KERNEL)
 // --- GPU entry points ----------------------------------------------------------------------------
 //
 // One kernel entry point kiln_<op>_<dtype>_gpu(rt, args) per range kernel, one GPU thread per
-// task (see kernel_abi.h). They are plain extern "C" functions here; the PTX emitter
-// (runtime/jit/ptx_codegen.cpp) marks every kiln_*_gpu function as a kernel in nvvm.annotations,
-// so the bitcode stays generic and the SM version is chosen when PTX is emitted.
-#if defined(__NVPTX__)
+// task (see kernel_abi.h). They are plain extern "C" functions here, so the bitcode stays generic:
+// - nvptx64: the PTX emitter (runtime/jit/ptx_codegen.cpp) marks every kiln_*_gpu function as a
+//   kernel in nvvm.annotations and chooses the SM version when it emits PTX;
+// - amdgcn: clang-14 has no attribute for the amdgpu_kernel calling convention outside OpenCL
+//   and HIP, so the build-time code-object generator (runtime/jit/amdgcn_codegen_main.cpp) sets
+//   it on every kiln_*_gpu function in LLVM IR and chooses the gfx processor.
+// Both read the block size from the hardware, not from a constant: the launcher may launch
+// blocks smaller than GpuKernelLauncher::kBlockThreads.
+#if defined(__NVPTX__) || defined(__AMDGCN__)
 
 namespace {
 
-/// The global thread index: ctaid.x * ntid.x + tid.x, in 64 bits (a grid may exceed 2^31 threads).
+/// The global thread index: block id * block size + thread id, in 64 bits (a grid may exceed
+/// 2^31 threads).
 int64_t gpu_task_index() {
+#if defined(__NVPTX__)
   const uint64_t block = static_cast<uint32_t>(__nvvm_read_ptx_sreg_ctaid_x());
   const uint64_t block_size = static_cast<uint32_t>(__nvvm_read_ptx_sreg_ntid_x());
   const uint64_t thread = static_cast<uint32_t>(__nvvm_read_ptx_sreg_tid_x());
+#else
+  // Workgroup id and work-item id come from hardware registers; the workgroup size is read by
+  // clang-14 from the HSA kernel dispatch packet (__builtin_amdgcn_dispatch_ptr, field
+  // workgroup_size_x), which hipModuleLaunchKernel fills with the launch's block size.
+  const uint64_t block = __builtin_amdgcn_workgroup_id_x();
+  const uint64_t block_size = __builtin_amdgcn_workgroup_size_x();
+  const uint64_t thread = __builtin_amdgcn_workitem_id_x();
+#endif
   return static_cast<int64_t>(block * block_size + thread);
 }
 
@@ -315,8 +330,4 @@ int64_t gpu_task_index() {
 KILN_FOR_EACH_KERNEL(KILN_GPU_ENTRY)
 #undef KILN_GPU_ENTRY
 
-#elif defined(__AMDGCN__)
-// The HIP backend defines the same kiln_<op>_<dtype>_gpu entry points here, with the task index
-// from __builtin_amdgcn_workgroup_id_x() * __builtin_amdgcn_workgroup_size_x() +
-// __builtin_amdgcn_workitem_id_x() and the amdgpu_kernel calling convention.
-#endif  // __NVPTX__ / __AMDGCN__
+#endif  // __NVPTX__ || __AMDGCN__

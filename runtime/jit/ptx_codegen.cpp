@@ -1,6 +1,7 @@
 // generate_ptx: the embedded nvptx64 runtime bitcode -> kernels annotated -> O3 for the chosen SM
-// version -> PTX text. Every llvm::Error and every LLVM diagnostic of error severity is consumed
-// here and becomes a Failure; nothing in this file aborts.
+// version -> PTX text, with the pipeline shared with the amdgcn generator (gpu_pipeline.h). Every
+// llvm::Error and every LLVM diagnostic of error severity is consumed here and becomes a Failure;
+// nothing in this file aborts.
 #include "kiln/runtime/ptx_codegen.h"
 
 #include <charconv>
@@ -13,21 +14,18 @@
 #include <llvm/Bitcode/BitcodeReader.h>
 #include <llvm/Config/llvm-config.h>
 #include <llvm/IR/Constants.h>
-#include <llvm/IR/DiagnosticInfo.h>
-#include <llvm/IR/DiagnosticPrinter.h>
 #include <llvm/IR/LLVMContext.h>
-#include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Metadata.h>
 #include <llvm/IR/Module.h>
-#include <llvm/IR/Verifier.h>
 #include <llvm/MC/MCSubtargetInfo.h>
 #include <llvm/MC/TargetRegistry.h>
-#include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/Error.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/Target/TargetOptions.h>
+
+#include "gpu_pipeline.h"
 
 #if KILN_HAVE_NVPTX
 extern "C" const uint8_t kiln_bitcode_kiln_device_runtime_nvptx_begin[];
@@ -124,66 +122,18 @@ std::optional<int> supported_sm_version(const llvm::Target &target, int requeste
   return std::nullopt;
 }
 
-/// Collects error-severity diagnostics (codegen reports some of its errors this way) instead of
-/// letting LLVM print them or exit.
-struct DiagnosticCollector final : llvm::DiagnosticHandler {
-  std::string errors;
-  bool handleDiagnostics(const llvm::DiagnosticInfo &info) override {
-    if (info.getSeverity() == llvm::DS_Error) {
-      llvm::raw_string_ostream os(errors);
-      if (!errors.empty()) os << "; ";
-      llvm::DiagnosticPrinterRawOStream printer(os);
-      info.print(printer);
-    }
-    return true;  // handled: nothing is printed
-  }
-};
-
 /// Makes every defined kiln_*_gpu function a kernel (nvvm.annotations) and internalizes every
-/// other definition, so the optimizer can inline the range kernels into the entry points and drop
-/// what no entry point uses. Strips the per-function CPU and features clang wrote (sm_20, ptx32),
-/// which would override the target machine's. Returns the number of kernels.
+/// other definition (gpu::prepare_entry_points). Returns the number of kernels.
 int annotate_kernels(llvm::Module &module) {
   llvm::LLVMContext &context = module.getContext();
   llvm::NamedMDNode *annotations = module.getOrInsertNamedMetadata("nvvm.annotations");
   llvm::Type *i32 = llvm::Type::getInt32Ty(context);
-  int kernels = 0;
-  for (llvm::Function &function : module) {
-    function.removeFnAttr("target-cpu");
-    function.removeFnAttr("target-features");
-    function.removeFnAttr("tune-cpu");
-    if (function.isDeclaration()) continue;
-    const llvm::StringRef name = function.getName();
-    if (name.startswith("kiln_") && name.endswith("_gpu")) {
-      llvm::Metadata *operands[] = {llvm::ValueAsMetadata::get(&function),
-                                    llvm::MDString::get(context, "kernel"),
-                                    llvm::ConstantAsMetadata::get(llvm::ConstantInt::get(i32, 1))};
-      annotations->addOperand(llvm::MDNode::get(context, operands));
-      ++kernels;
-    } else {
-      function.setLinkage(llvm::GlobalValue::InternalLinkage);
-    }
-  }
-  return kernels;
-}
-
-void optimize(llvm::Module &module, llvm::TargetMachine &tm) {
-  llvm::PipelineTuningOptions tuning;
-  tuning.LoopVectorization = true;
-  tuning.SLPVectorization = true;
-  llvm::PassBuilder builder(&tm, tuning);
-  llvm::LoopAnalysisManager loop_analyses;
-  llvm::FunctionAnalysisManager function_analyses;
-  llvm::CGSCCAnalysisManager cgscc_analyses;
-  llvm::ModuleAnalysisManager module_analyses;
-  builder.registerModuleAnalyses(module_analyses);
-  builder.registerCGSCCAnalyses(cgscc_analyses);
-  builder.registerFunctionAnalyses(function_analyses);
-  builder.registerLoopAnalyses(loop_analyses);
-  builder.crossRegisterProxies(loop_analyses, function_analyses, cgscc_analyses, module_analyses);
-  llvm::ModulePassManager passes =
-      builder.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
-  passes.run(module, module_analyses);
+  return gpu::prepare_entry_points(module, [&](llvm::Function &function) {
+    llvm::Metadata *operands[] = {llvm::ValueAsMetadata::get(&function),
+                                  llvm::MDString::get(context, "kernel"),
+                                  llvm::ConstantAsMetadata::get(llvm::ConstantInt::get(i32, 1))};
+    annotations->addOperand(llvm::MDNode::get(context, operands));
+  });
 }
 
 /// The whole pipeline for one SM version (the caller validated it against this LLVM).
@@ -199,8 +149,8 @@ RhiExpected<std::string> emit_ptx(const llvm::Target &target, int sm_version) {
   }
 
   llvm::LLVMContext context;
-  auto diagnostics = std::make_unique<DiagnosticCollector>();
-  DiagnosticCollector *collected = diagnostics.get();
+  auto diagnostics = std::make_unique<gpu::DiagnosticCollector>();
+  gpu::DiagnosticCollector *collected = diagnostics.get();
   context.setDiagnosticHandler(std::move(diagnostics));
 
   const std::span<const uint8_t> bytes = nvptx_runtime_bitcode();
@@ -219,27 +169,10 @@ RhiExpected<std::string> emit_ptx(const llvm::Target &target, int sm_version) {
         RhiResult::error, kDevice, kSite,
         "the embedded nvptx runtime bitcode defines no kiln_*_gpu entry point; rebuild kiln"));
   }
-  optimize(*module, *tm);
-  std::string verifier_text;
-  llvm::raw_string_ostream verifier_os(verifier_text);
-  if (llvm::verifyModule(*module, &verifier_os)) {
-    return std::unexpected(make_failure(RhiResult::error, kDevice, kSite,
-                                        "the optimized nvptx runtime module failed verification: " +
-                                            verifier_os.str()));
-  }
-
+  gpu::optimize(*module, *tm);
   llvm::SmallString<0> ptx;
-  llvm::raw_svector_ostream ptx_os(ptx);
-  llvm::legacy::PassManager codegen;
-  if (tm->addPassesToEmitFile(codegen, ptx_os, nullptr, llvm::CGFT_AssemblyFile)) {
-    return std::unexpected(make_failure(RhiResult::error, kDevice, kSite,
-                                        "LLVM's NVPTX target cannot emit PTX text"));
-  }
-  codegen.run(*module);
-  if (!collected->errors.empty()) {
-    return std::unexpected(make_failure(RhiResult::error, kDevice, kSite,
-                                        "PTX emission for " + cpu + " failed: " +
-                                            collected->errors));
+  if (llvm::Error error = gpu::verify_and_emit(*module, *tm, llvm::CGFT_AssemblyFile, *collected, ptx)) {
+    return std::unexpected(llvm_failure(std::move(error), "PTX emission for " + cpu + " failed"));
   }
   return std::string(ptx.data(), ptx.size());
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # End-to-end checks of the kiln-ops binary: verdict lines, exit codes, budget refusals, JSON.
-# usage: kiln_ops_cli.sh <path to kiln-ops> <path to libkiln_fake_cuda.so>
+# usage: kiln_ops_cli.sh <path to kiln-ops> <path to libkiln_fake_cuda.so> <path to libkiln_fake_hip.so>
 set -u
 ops="$1"
 fake_cuda="$2"
+fake_hip="$3"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
@@ -80,6 +81,31 @@ check "cuda without a driver is NotSupportedError naming the library" \
 KILN_CUDA_DRIVER="$fake_cuda" KILN_FAKE_CUDA_MODE=stub "$ops" --backend cuda > "$tmp/stub.txt" 2>&1
 check "cuda with a stub driver is NotSupportedError naming CUDA_ERROR_STUB_LIBRARY" \
   grep -q 'NotSupportedError: .*CUDA_ERROR_STUB_LIBRARY' "$tmp/stub.txt"
+
+# AMDGPU against the fake HIP runtime: every case OK; an injected hipErrorOutOfMemory is refused
+# by name; without a runtime, and on this machine's real HIP runtime (Debian's libamdhip64, which
+# finds no GPU): NotSupportedError carrying the runtime's own answer, exit 1, no crash.
+KILN_HIP_RUNTIME="$fake_hip" "$ops" --backend amdgpu --max-array-mb 4 > "$tmp/amdgpu.txt" 2>&1; rc=$?
+check "amdgpu on the fake HIP runtime exits 0" test "$rc" -eq 0
+check "amdgpu on the fake HIP runtime: all cases OK" grep -Eq '^[0-9]+/[0-9]+ cases OK, 0 refused, 0 failed$' "$tmp/amdgpu.txt"
+check "amdgpu on the fake HIP runtime: at least 40 OK verdicts" test "$(grep -c ': OK$' "$tmp/amdgpu.txt")" -ge 40
+KILN_HIP_RUNTIME="$fake_hip" KILN_FAKE_HIP_FAULTS=hipMalloc@5=hipErrorOutOfMemory \
+  "$ops" --backend amdgpu --max-array-mb 1 > "$tmp/amdgpu_oom.txt" 2>&1; rc=$?
+check "amdgpu with an injected hipErrorOutOfMemory exits 0" test "$rc" -eq 0
+check "amdgpu with an injected hipErrorOutOfMemory refuses one case by name" \
+  grep -q 'REFUSED DeviceOutOfMemoryError: .*hipErrorOutOfMemory' "$tmp/amdgpu_oom.txt"
+KILN_HIP_RUNTIME=/nonexistent/libamdhip64.so "$ops" --backend amdgpu > "$tmp/nohip.txt" 2>&1; rc=$?
+check "amdgpu without a HIP runtime exits 1" test "$rc" -eq 1
+check "amdgpu without a HIP runtime is NotSupportedError naming the library" \
+  grep -q 'NotSupportedError: .*/nonexistent/libamdhip64.so' "$tmp/nohip.txt"
+if ldconfig -p 2>/dev/null | grep -q 'libamdhip64\.so'; then
+  env -u KILN_HIP_RUNTIME "$ops" --backend amdgpu > "$tmp/realhip.txt" 2>&1; rc=$?
+  check "amdgpu on the real HIP runtime without a GPU exits 1 (not a crash)" test "$rc" -eq 1
+  check "amdgpu on the real HIP runtime is NotSupportedError with the runtime's hipError answer" \
+    grep -Eq 'NotSupportedError: .*hipError(NoDevice|InvalidDevice|InsufficientDriver|NotInitialized)' "$tmp/realhip.txt"
+else
+  echo "ok - SKIP real HIP runtime: libamdhip64 is not installed (scripts/install-deps.sh installs it)"
+fi
 
 if [ "$failures" -ne 0 ]; then echo "kiln_ops_cli: $failures check(s) failed"; exit 1; fi
 echo "kiln_ops_cli: all checks passed"

@@ -1,12 +1,8 @@
 // The CUDA backend end to end against the fake driver (test/fake_cuda): kiln-ops cases, a driver
 // out-of-memory sweep over every cuMemAlloc_v2 call, a sticky fault at a launch, stub mode.
-#include <dlfcn.h>
-
-#include <cstdlib>
-
 #include <catch2/catch.hpp>
 
-#include "fake_cuda_control.h"
+#include "fake_gpu_handle.h"
 #include "suite.h"
 #include "test_support.h"
 
@@ -15,32 +11,13 @@ using namespace kiln::test;
 
 namespace {
 
-// The fake's control API, resolved on the same handle kiln's loader opens (dlopen refcounts it).
-struct FakeCuda {
-  void *handle = nullptr;
-  decltype(&kiln_fake_cuda_reset) reset = nullptr;
-  decltype(&kiln_fake_cuda_inject_fault) inject_fault = nullptr;
-  decltype(&kiln_fake_cuda_call_count) call_count = nullptr;
-  decltype(&kiln_fake_cuda_held_bytes) held_bytes = nullptr;
-  decltype(&kiln_fake_cuda_set_mode) set_mode = nullptr;
+using FakeCuda = FakeGpu;
 
-  static FakeCuda &get() {
-    static FakeCuda fake = [] {
-      setenv("KILN_CUDA_DRIVER", KILN_FAKE_CUDA_LIBRARY, 1);
-      FakeCuda f;
-      f.handle = dlopen(KILN_FAKE_CUDA_LIBRARY, RTLD_NOW | RTLD_LOCAL);
-      REQUIRE(f.handle != nullptr);
-      f.reset = reinterpret_cast<decltype(f.reset)>(dlsym(f.handle, "kiln_fake_cuda_reset"));
-      f.inject_fault = reinterpret_cast<decltype(f.inject_fault)>(dlsym(f.handle, "kiln_fake_cuda_inject_fault"));
-      f.call_count = reinterpret_cast<decltype(f.call_count)>(dlsym(f.handle, "kiln_fake_cuda_call_count"));
-      f.held_bytes = reinterpret_cast<decltype(f.held_bytes)>(dlsym(f.handle, "kiln_fake_cuda_held_bytes"));
-      f.set_mode = reinterpret_cast<decltype(f.set_mode)>(dlsym(f.handle, "kiln_fake_cuda_set_mode"));
-      return f;
-    }();
-    fake.reset();
-    return fake;
-  }
-};
+FakeCuda &fake_cuda() {
+  static FakeCuda fake = FakeGpu::open(KILN_FAKE_CUDA_LIBRARY, "KILN_CUDA_DRIVER", "kiln_fake_cuda_");
+  fake.reset();
+  return fake;
+}
 
 ops::SuiteOptions cuda_options(uint64_t max_array_bytes) {
   ops::SuiteOptions options;
@@ -55,7 +32,7 @@ ops::SuiteOptions cuda_options(uint64_t max_array_bytes) {
 }  // namespace
 
 TEST_CASE("kiln-ops cases on cuda against the fake driver are all OK", "[cuda][e2e]") {
-  FakeCuda &fake = FakeCuda::get();
+  FakeCuda &fake = fake_cuda();
   const ops::SuiteReport report = ops::run_suite(cuda_options(1_MiB));
   REQUIRE_FALSE(report.setup_failure);
   CHECK(report.results.size() >= 40);
@@ -70,7 +47,7 @@ TEST_CASE("kiln-ops cases on cuda against the fake driver are all OK", "[cuda][e
 
 TEST_CASE("CUDA_ERROR_OUT_OF_MEMORY at any cuMemAlloc_v2 ends OK or DeviceOutOfMemoryError",
           "[cuda][e2e][fault]") {
-  FakeCuda &fake = FakeCuda::get();
+  FakeCuda &fake = fake_cuda();
   const ops::SuiteOptions options = cuda_options(64_KiB);
   const ops::SuiteReport clean = ops::run_suite(options);
   REQUIRE(clean.failed == 0);
@@ -102,7 +79,7 @@ TEST_CASE("CUDA_ERROR_OUT_OF_MEMORY at any cuMemAlloc_v2 ends OK or DeviceOutOfM
 
 TEST_CASE("an illegal address at a launch is DeviceLostError and later cases fail fast with it",
           "[cuda][e2e][lost]") {
-  FakeCuda &fake = FakeCuda::get();
+  FakeCuda &fake = fake_cuda();
   ops::SuiteOptions options = cuda_options(64_KiB);
   options.filter = "/f32/tiny";
   REQUIRE(fake.inject_fault("cuLaunchKernel", 3, 700) == 0);  // CUDA_ERROR_ILLEGAL_ADDRESS
@@ -125,7 +102,7 @@ TEST_CASE("an illegal address at a launch is DeviceLostError and later cases fai
 }
 
 TEST_CASE("the stub driver is NotSupported naming the library and its answer", "[cuda][e2e]") {
-  FakeCuda &fake = FakeCuda::get();
+  FakeCuda &fake = fake_cuda();
   REQUIRE(fake.set_mode("stub") == 0);
   ExecutorConfig config;
   config.backend = Backend::cuda;
@@ -138,7 +115,7 @@ TEST_CASE("the stub driver is NotSupported naming the library and its answer", "
 }
 
 TEST_CASE("after a sticky fault kiln fails fast without calling the driver again", "[cuda][e2e][lost]") {
-  FakeCuda &fake = FakeCuda::get();
+  FakeCuda &fake = fake_cuda();
   ExecutorConfig config;
   config.backend = Backend::cuda;
   config.device_heap_bytes = 1_MiB;

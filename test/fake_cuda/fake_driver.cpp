@@ -1,87 +1,121 @@
-// The CUDA driver entry points of rhi/cuda/cuda_driver.inc, over host memory. Each call counts
-// itself, then answers in this order: stub mode (CUDA_ERROR_STUB_LIBRARY), a sticky error (not
-// for cuGetErrorName and cuDevicePrimaryCtxRelease_v2), an injected fault, cuInit not called (CUDA_ERROR_NOT_INITIALIZED), no current context
-// (CUDA_ERROR_INVALID_CONTEXT), bad arguments; only then does it do its work.
+// The CUDA driver entry points of rhi/cuda/cuda_driver.inc over the shared fake core
+// (test/fake_gpu/fake_gpu.h): this file is the CUDA dialect — names, codes, the primary context —
+// and thin entry points. Each call counts itself, then answers in this order: stub mode
+// (CUDA_ERROR_STUB_LIBRARY), a sticky error (not for cuGetErrorName and
+// cuDevicePrimaryCtxRelease_v2), an injected fault, cuInit not called
+// (CUDA_ERROR_NOT_INITIALIZED), no current context (CUDA_ERROR_INVALID_CONTEXT), bad arguments;
+// only then does it do its work.
 #include <algorithm>
 #include <cctype>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <set>
 #include <string>
 #include <string_view>
 
-#include "fake_state.h"
+#include "cuda_types.h"
+#include "fake_cuda_control.h"
+#include "fake_gpu.h"
 
-#define KILN_FAKE_CUDA_EXPORT extern "C" __attribute__((visibility("default")))
+// The primary context handle; CUmodule and CUfunction are the core's Module and Function.
+struct CUctx_st {};
 
-namespace kiln::fake_cuda {
-
-/// Runs the kernel behind `function` (fake_kernels.cpp); returns the launch's CUresult.
-CUresult run_launch(State &state, const CUfunc_st &function, unsigned grid_x, unsigned block_x,
-                    void **params);
-
+namespace kiln::fake_gpu {
 namespace {
 
 constexpr CUresult kSuccess = 0;
 constexpr CUresult kInvalidValue = 1;
-constexpr CUresult kOutOfMemory = 2;
-constexpr CUresult kNotInitialized = 3;
-constexpr CUresult kStubLibrary = 34;
 constexpr CUresult kNoDevice = 100;
 constexpr CUresult kInvalidDevice = 101;
 constexpr CUresult kInvalidImage = 200;
 constexpr CUresult kInvalidContext = 201;
 constexpr CUresult kInvalidPtx = 218;
-constexpr CUresult kInvalidHandle = 400;
-constexpr CUresult kNotFound = 500;
-constexpr CUresult kNotSupported = 801;
+constexpr CUresult kStubLibrary = 34;
 
 constexpr int kDriverVersion = 13000;
-constexpr std::size_t kAllocationAlignment = 256;  // what cuMemAlloc guarantees
 constexpr std::size_t kMaxImageBytes = std::size_t{1} << 30;
 
-enum class Needs {
-  nothing,   ///< works before cuInit
-  init,      ///< needs cuInit
-  context,   ///< needs cuInit and a current context
-  teardown,  ///< needs cuInit; answers even after a sticky error (it destroys the bad context)
+constexpr std::string_view kEntryPoints[] = {
+#define KILN_CUDA_ENTRY(name, params) #name,
+#include "cuda_driver.inc"
+#undef KILN_CUDA_ENTRY
 };
 
-/// What every entry point does first. `answer` is set when the call must return at once.
-struct Call {
-  LockedState state;
-  CUresult answer = kSuccess;
-  bool done = false;
-
-  Call(const char *entry, Needs needs) : state(lock_state()) {
-    ++state->call_counts[entry];
-    answer = first_answer(entry, needs);
-    done = answer != kSuccess;
-  }
-
-  CUresult first_answer(const char *entry, Needs needs) {
-    if (state->mode == Mode::stub) return kStubLibrary;
-    if (state->sticky_error != kSuccess && needs != Needs::teardown) return state->sticky_error;
-    if (const CUresult fault = state->planned_fault(entry); fault != kSuccess) return fault;
-    if (needs != Needs::nothing && !state->initialized) return kNotInitialized;
-    if (needs == Needs::context && (current_context() != &state->primary_context ||
-                                    state->primary_context.retain_count == 0)) {
-      return kInvalidContext;
-    }
-    return kSuccess;
-  }
-
-  /// Returns `result`, making it the sticky error if it is one.
-  CUresult result(CUresult result) {
-    if (is_sticky(result)) state->sticky_error = result;
-    return result;
-  }
+// The CUresult values of rhi/cuda/cuda_types.h, by their cuda.h enumerator names.
+constexpr NamedCode kCodes[] = {
+    {0, "CUDA_SUCCESS"},
+    {1, "CUDA_ERROR_INVALID_VALUE"},
+    {2, "CUDA_ERROR_OUT_OF_MEMORY"},
+    {3, "CUDA_ERROR_NOT_INITIALIZED"},
+    {4, "CUDA_ERROR_DEINITIALIZED"},
+    {34, "CUDA_ERROR_STUB_LIBRARY"},
+    {35, "CUDA_ERROR_INSUFFICIENT_DRIVER"},
+    {36, "CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER"},
+    {46, "CUDA_ERROR_DEVICE_UNAVAILABLE"},
+    {100, "CUDA_ERROR_NO_DEVICE"},
+    {101, "CUDA_ERROR_INVALID_DEVICE"},
+    {200, "CUDA_ERROR_INVALID_IMAGE"},
+    {201, "CUDA_ERROR_INVALID_CONTEXT"},
+    {209, "CUDA_ERROR_NO_BINARY_FOR_GPU"},
+    {214, "CUDA_ERROR_ECC_UNCORRECTABLE"},
+    {218, "CUDA_ERROR_INVALID_PTX"},
+    {222, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"},
+    {400, "CUDA_ERROR_INVALID_HANDLE"},
+    {500, "CUDA_ERROR_NOT_FOUND"},
+    {700, "CUDA_ERROR_ILLEGAL_ADDRESS"},
+    {701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"},
+    {702, "CUDA_ERROR_LAUNCH_TIMEOUT"},
+    {709, "CUDA_ERROR_CONTEXT_IS_DESTROYED"},
+    {714, "CUDA_ERROR_HARDWARE_STACK_ERROR"},
+    {715, "CUDA_ERROR_ILLEGAL_INSTRUCTION"},
+    {716, "CUDA_ERROR_MISALIGNED_ADDRESS"},
+    {717, "CUDA_ERROR_INVALID_ADDRESS_SPACE"},
+    {718, "CUDA_ERROR_INVALID_PC"},
+    {719, "CUDA_ERROR_LAUNCH_FAILED"},
+    {800, "CUDA_ERROR_NOT_PERMITTED"},
+    {801, "CUDA_ERROR_NOT_SUPPORTED"},
+    {802, "CUDA_ERROR_SYSTEM_NOT_READY"},
+    {803, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"},
+    {804, "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE"},
+    {999, "CUDA_ERROR_UNKNOWN"},
 };
 
-#define KILN_FAKE_BEGIN(entry, needs)       \
-  Call call(entry, needs);                  \
-  if (call.done) return call.result(call.answer)
+CUctx_st primary_context;  // the one device's primary context; live while retained
+
+/// The context current on this thread (cuCtxSetCurrent), or nullptr.
+CUcontext &current_context() {
+  thread_local CUcontext context = nullptr;
+  return context;
+}
+
+bool is_sticky(int result) { return result == 214 || result == 700 || (result >= 714 && result <= 719); }
+
+bool has_current(const State &state) {
+  return current_context() == &primary_context && state.context_retain_count > 0;
+}
+
+void on_reset() { current_context() = nullptr; }
+
+constexpr Dialect kDialect{
+    .title = "kiln fake CUDA driver",
+    .env_prefix = "KILN_FAKE_CUDA_",
+    .init_entry = "cuInit",
+    .alloc_entry = "cuMemAlloc_v2",
+    .entry_points = kEntryPoints,
+    .codes = kCodes,
+    .success = kSuccess,
+    .invalid_value = kInvalidValue,
+    .out_of_memory = 2,
+    .not_initialized = 3,
+    .invalid_context = kInvalidContext,
+    .stub = kStubLibrary,
+    .invalid_handle = 400,
+    .not_found = 500,
+    .not_supported = 801,
+    .illegal_address = 700,
+    .is_sticky = is_sticky,
+    .has_current = has_current,
+    .on_reset = on_reset,
+};
 
 /// Collects the .entry names of NUL-terminated PTX text `image` and its size with the NUL.
 /// CUDA_ERROR_INVALID_IMAGE if it is not NUL-terminated text (or is a cubin), CUDA_ERROR_INVALID_PTX
@@ -113,13 +147,26 @@ CUresult parse_ptx(const char *image, std::set<std::string, std::less<>> *entrie
 }
 
 }  // namespace
-}  // namespace kiln::fake_cuda
 
-using namespace kiln::fake_cuda;  // NOLINT: this file only defines the C entry points
+const Dialect &dialect() { return kDialect; }
+
+}  // namespace kiln::fake_gpu
+
+using namespace kiln::fake_gpu;  // NOLINT: this file only defines the C entry points
+
+#define KILN_FAKE_CONTROL(name) kiln_fake_cuda_##name
+#include "fake_control.inc"
+#undef KILN_FAKE_CONTROL
+
+namespace {
+uint64_t address(CUdeviceptr ptr) { return static_cast<uint64_t>(ptr); }
+Module *core(CUmodule module) { return reinterpret_cast<Module *>(module); }
+const Function *core(CUfunction function) { return reinterpret_cast<const Function *>(function); }
+}  // namespace
 
 // --- initialization, version, errors, devices ---------------------------------------------------
 
-KILN_FAKE_CUDA_EXPORT CUresult cuInit(unsigned int flags) {
+KILN_FAKE_GPU_EXPORT CUresult cuInit(unsigned int flags) {
   KILN_FAKE_BEGIN("cuInit", Needs::nothing);
   if (!call.state->config_error.empty()) return kInvalidValue;
   if (flags != 0) return kInvalidValue;
@@ -127,14 +174,14 @@ KILN_FAKE_CUDA_EXPORT CUresult cuInit(unsigned int flags) {
   return kSuccess;
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuDriverGetVersion(int *version) {
+KILN_FAKE_GPU_EXPORT CUresult cuDriverGetVersion(int *version) {
   KILN_FAKE_BEGIN("cuDriverGetVersion", Needs::nothing);
   if (version == nullptr) return kInvalidValue;
   *version = kDriverVersion;
   return kSuccess;
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuGetErrorName(CUresult error, const char **name) {
+KILN_FAKE_GPU_EXPORT CUresult cuGetErrorName(CUresult error, const char **name) {
   // Like the real driver, a pure lookup: neither initialization nor a sticky error matters.
   auto state = lock_state();
   ++state->call_counts["cuGetErrorName"];
@@ -147,14 +194,14 @@ KILN_FAKE_CUDA_EXPORT CUresult cuGetErrorName(CUresult error, const char **name)
   return *name != nullptr ? kSuccess : kInvalidValue;
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuDeviceGetCount(int *count) {
+KILN_FAKE_GPU_EXPORT CUresult cuDeviceGetCount(int *count) {
   KILN_FAKE_BEGIN("cuDeviceGetCount", Needs::init);
   if (count == nullptr) return kInvalidValue;
   *count = call.state->mode == Mode::nodevice ? 0 : 1;
   return kSuccess;
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+KILN_FAKE_GPU_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
   KILN_FAKE_BEGIN("cuDeviceGet", Needs::init);
   if (device == nullptr) return kInvalidValue;
   if (call.state->mode == Mode::nodevice) return kNoDevice;
@@ -163,7 +210,7 @@ KILN_FAKE_CUDA_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
   return kSuccess;
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
+KILN_FAKE_GPU_EXPORT CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
   KILN_FAKE_BEGIN("cuDeviceGetName", Needs::init);
   if (name == nullptr || length <= 0) return kInvalidValue;
   if (device != 0 || call.state->mode == Mode::nodevice) return kInvalidDevice;
@@ -177,40 +224,38 @@ KILN_FAKE_CUDA_EXPORT CUresult cuDeviceGetName(char *name, int length, CUdevice 
 
 // --- contexts ------------------------------------------------------------------------------------
 
-KILN_FAKE_CUDA_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
+KILN_FAKE_GPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
   KILN_FAKE_BEGIN("cuDevicePrimaryCtxRetain", Needs::init);
   if (context == nullptr) return kInvalidValue;
   if (device != 0 || call.state->mode == Mode::nodevice) return kInvalidDevice;
-  ++call.state->primary_context.retain_count;
-  *context = &call.state->primary_context;
+  ++call.state->context_retain_count;
+  *context = &primary_context;
   return kSuccess;
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+KILN_FAKE_GPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
   KILN_FAKE_BEGIN("cuDevicePrimaryCtxRelease_v2", Needs::teardown);
   if (device != 0 || call.state->mode == Mode::nodevice) return kInvalidDevice;
-  CUctx_st &primary = call.state->primary_context;
-  if (primary.retain_count == 0) return kInvalidContext;
+  if (call.state->context_retain_count == 0) return kInvalidContext;
   // The last release destroys the primary context and everything allocated in it; a sticky
   // error belonged to that context, so the next retained context starts clean.
-  if (--primary.retain_count == 0) {
+  if (--call.state->context_retain_count == 0) {
     call.state->release_device_memory();
     call.state->sticky_error = kSuccess;
   }
   return kSuccess;
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuCtxSetCurrent(CUcontext context) {
+KILN_FAKE_GPU_EXPORT CUresult cuCtxSetCurrent(CUcontext context) {
   KILN_FAKE_BEGIN("cuCtxSetCurrent", Needs::init);
-  if (context != nullptr &&
-      (context != &call.state->primary_context || call.state->primary_context.retain_count == 0)) {
+  if (context != nullptr && (context != &primary_context || call.state->context_retain_count == 0)) {
     return kInvalidContext;
   }
   current_context() = context;
   return kSuccess;
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuCtxSynchronize() {
+KILN_FAKE_GPU_EXPORT CUresult cuCtxSynchronize() {
   // Launches run to completion inside cuLaunchKernel, so there is nothing left to wait for;
   // a sticky error from a launch is returned here too (by KILN_FAKE_BEGIN).
   KILN_FAKE_BEGIN("cuCtxSynchronize", Needs::context);
@@ -219,168 +264,83 @@ KILN_FAKE_CUDA_EXPORT CUresult cuCtxSynchronize() {
 
 // --- memory --------------------------------------------------------------------------------------
 
-KILN_FAKE_CUDA_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+KILN_FAKE_GPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
   KILN_FAKE_BEGIN("cuMemGetInfo_v2", Needs::context);
-  if (free_bytes == nullptr || total_bytes == nullptr) return kInvalidValue;
-  State &state = *call.state.state;
-  // Other processes' usage follows the script: one value per call, the last one stays.
-  state.other_bytes = state.other_script[std::min(state.other_index, state.other_script.size() - 1)];
-  if (state.other_index < state.other_script.size()) ++state.other_index;
-  *free_bytes = state.free_bytes();
-  *total_bytes = state.capacity_bytes;
-  return kSuccess;
+  return memory_info(*call.state.state, free_bytes, total_bytes);
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t size_bytes) {
+KILN_FAKE_GPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t size_bytes) {
   KILN_FAKE_BEGIN("cuMemAlloc_v2", Needs::context);
-  if (ptr == nullptr || size_bytes == 0) return kInvalidValue;
-  State &state = *call.state.state;
-  if (size_bytes > state.free_bytes()) {
-    ++state.oom_count;
-    return kOutOfMemory;
-  }
-  const std::size_t rounded = (size_bytes + kAllocationAlignment - 1) / kAllocationAlignment *
-                              kAllocationAlignment;
-  void *host = std::aligned_alloc(kAllocationAlignment, rounded);
-  if (host == nullptr) {
-    ++state.oom_count;
-    return kOutOfMemory;
-  }
-  const auto address = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(host));
-  state.allocations[address] = Allocation{host, size_bytes};
-  state.held_bytes += size_bytes;
-  state.high_water_bytes = std::max(state.high_water_bytes, state.held_bytes);
-  *ptr = address;
-  return kSuccess;
+  if (ptr == nullptr) return kInvalidValue;
+  uint64_t at = 0;
+  const int result = allocate(*call.state.state, size_bytes, &at);
+  if (result == kSuccess) *ptr = static_cast<CUdeviceptr>(at);
+  return result;
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr) {
+KILN_FAKE_GPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr) {
   KILN_FAKE_BEGIN("cuMemFree_v2", Needs::context);
-  State &state = *call.state.state;
-  const auto it = state.allocations.find(ptr);
-  if (it == state.allocations.end()) return kInvalidValue;  // not the start of a live allocation
-  std::free(it->second.host);
-  state.held_bytes -= it->second.size_bytes;
-  state.allocations.erase(it);
-  return kSuccess;
+  return free_allocation(*call.state.state, address(ptr));
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src,
-                                               size_t size_bytes) {
+KILN_FAKE_GPU_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t size_bytes) {
   KILN_FAKE_BEGIN("cuMemcpyHtoD_v2", Needs::context);
-  if (size_bytes == 0) return kSuccess;
-  if (src == nullptr || !call.state->device_range_ok(dst, size_bytes)) return kInvalidValue;
-  std::memcpy(reinterpret_cast<void *>(static_cast<uintptr_t>(dst)), src, size_bytes);
-  return kSuccess;
+  return copy_to_device(*call.state.state, address(dst), src, size_bytes);
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t size_bytes) {
+KILN_FAKE_GPU_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t size_bytes) {
   KILN_FAKE_BEGIN("cuMemcpyDtoH_v2", Needs::context);
-  if (size_bytes == 0) return kSuccess;
-  if (dst == nullptr || !call.state->device_range_ok(src, size_bytes)) return kInvalidValue;
-  std::memcpy(dst, reinterpret_cast<const void *>(static_cast<uintptr_t>(src)), size_bytes);
-  return kSuccess;
+  return copy_to_host(*call.state.state, dst, address(src), size_bytes);
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src,
-                                               size_t size_bytes) {
+KILN_FAKE_GPU_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t size_bytes) {
   KILN_FAKE_BEGIN("cuMemcpyDtoD_v2", Needs::context);
-  if (size_bytes == 0) return kSuccess;
-  if (!call.state->device_range_ok(dst, size_bytes) ||
-      !call.state->device_range_ok(src, size_bytes)) {
-    return kInvalidValue;
-  }
-  std::memmove(reinterpret_cast<void *>(static_cast<uintptr_t>(dst)),
-               reinterpret_cast<const void *>(static_cast<uintptr_t>(src)), size_bytes);
-  return kSuccess;
+  return copy_device(*call.state.state, address(dst), address(src), size_bytes);
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t count) {
+KILN_FAKE_GPU_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t count) {
   KILN_FAKE_BEGIN("cuMemsetD8_v2", Needs::context);
-  if (count == 0) return kSuccess;
-  if (!call.state->device_range_ok(dst, count)) return kInvalidValue;
-  std::memset(reinterpret_cast<void *>(static_cast<uintptr_t>(dst)), value, count);
-  return kSuccess;
+  return memset8(*call.state.state, address(dst), value, count);
 }
 
 // --- modules and launches ------------------------------------------------------------------------
 
-KILN_FAKE_CUDA_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+KILN_FAKE_GPU_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
   KILN_FAKE_BEGIN("cuModuleLoadData", Needs::context);
   if (module == nullptr || image == nullptr) return kInvalidValue;
-  auto loaded = std::make_unique<CUmod_st>();
+  auto loaded = std::make_unique<Module>();
   std::size_t size_bytes = 0;
-  if (const CUresult parsed = parse_ptx(static_cast<const char *>(image), &loaded->entries,
-                                        &size_bytes);
+  if (const CUresult parsed = parse_ptx(static_cast<const char *>(image), &loaded->entries, &size_bytes);
       parsed != kSuccess) {
     return parsed;
   }
-  State &state = *call.state.state;
-  if (size_bytes > state.free_bytes()) return kOutOfMemory;  // code lives in device memory too
-  loaded->charged_bytes = size_bytes;
-  state.module_bytes += size_bytes;
-  CUmodule handle = loaded.get();
-  state.modules.emplace(handle, std::move(loaded));
-  *module = handle;
-  return kSuccess;
+  Module *handle = nullptr;
+  const int result = add_module(*call.state.state, std::move(loaded), size_bytes, &handle);
+  if (result == kSuccess) *module = reinterpret_cast<CUmodule>(handle);
+  return result;
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuModuleUnload(CUmodule module) {
+KILN_FAKE_GPU_EXPORT CUresult cuModuleUnload(CUmodule module) {
   KILN_FAKE_BEGIN("cuModuleUnload", Needs::context);
-  State &state = *call.state.state;
-  const auto it = state.modules.find(module);
-  if (it == state.modules.end()) return kInvalidHandle;
-  state.module_bytes -= it->second->charged_bytes;
-  state.modules.erase(it);  // its functions go with it
-  return kSuccess;
+  return unload_module(*call.state.state, core(module));
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuModuleGetFunction(CUfunction *function, CUmodule module,
-                                                   const char *name) {
+KILN_FAKE_GPU_EXPORT CUresult cuModuleGetFunction(CUfunction *function, CUmodule module,
+                                                  const char *name) {
   KILN_FAKE_BEGIN("cuModuleGetFunction", Needs::context);
-  if (function == nullptr || name == nullptr) return kInvalidValue;
-  const auto it = call.state->modules.find(module);
-  if (it == call.state->modules.end()) return kInvalidHandle;
-  CUmod_st &loaded = *it->second;
-  if (const auto known = loaded.functions.find(std::string_view(name));
-      known != loaded.functions.end()) {
-    *function = known->second.get();
-    return kSuccess;
-  }
-  const HostKernel *kernel = find_host_kernel(name);
-  if (!loaded.entries.contains(std::string_view(name)) || kernel == nullptr) return kNotFound;
-  auto created = std::make_unique<CUfunc_st>();
-  created->module = module;
-  created->kernel = kernel;
-  *function = created.get();
-  loaded.functions.emplace(name, std::move(created));
-  return kSuccess;
+  if (function == nullptr) return kInvalidValue;
+  Function *found = nullptr;
+  const int result = get_function(*call.state.state, core(module), name, &found);
+  if (result == kSuccess) *function = reinterpret_cast<CUfunction>(found);
+  return result;
 }
 
-KILN_FAKE_CUDA_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int grid_x,
-                                              unsigned int grid_y, unsigned int grid_z,
-                                              unsigned int block_x, unsigned int block_y,
-                                              unsigned int block_z, unsigned int shared_bytes,
-                                              CUstream stream, void **params, void **extra) {
+KILN_FAKE_GPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int grid_x, unsigned int grid_y,
+                                             unsigned int grid_z, unsigned int block_x,
+                                             unsigned int block_y, unsigned int block_z,
+                                             unsigned int shared_bytes, CUstream stream,
+                                             void **params, void **extra) {
   KILN_FAKE_BEGIN("cuLaunchKernel", Needs::context);
-  State &state = *call.state.state;
-  const CUfunc_st *function = nullptr;
-  for (const auto &[handle, loaded] : state.modules) {
-    for (const auto &[name, candidate] : loaded->functions) {
-      if (candidate.get() == f) function = candidate.get();
-    }
-  }
-  if (function == nullptr) return kInvalidHandle;
-  if (stream != nullptr) return kInvalidHandle;  // the fake has only the default stream
-  if (grid_x == 0 || grid_y == 0 || grid_z == 0 || block_x == 0 || block_y == 0 ||
-      block_z == 0 || uint64_t{block_x} * block_y * block_z > 1024 || block_z > 64 ||
-      shared_bytes > 48 * 1024 || params == nullptr || params[0] == nullptr ||
-      params[1] == nullptr) {
-    return kInvalidValue;
-  }
-  // kiln's entry points index tasks by x only; the fake runs exactly what kiln launches.
-  if (grid_y != 1 || grid_z != 1 || block_y != 1 || block_z != 1 || extra != nullptr) {
-    return kNotSupported;
-  }
-  return call.result(run_launch(state, *function, grid_x, block_x, params));
+  return call.result(launch(*call.state.state, core(f), grid_x, grid_y, grid_z, block_x, block_y, block_z,
+                            shared_bytes, stream, params, extra));
 }

@@ -16,8 +16,9 @@
 namespace {
 
 constexpr const char *kUsage = R"(usage: kiln-ops [options]
-  --backend cpu|mock|cuda  device to run on (default cpu; cuda loads KILN_CUDA_DRIVER or
-                         libcuda.so.1)
+  --backend cpu|mock|cuda|amdgpu
+                         device to run on (default cpu; cuda loads KILN_CUDA_DRIVER or
+                         libcuda.so.1; amdgpu loads KILN_HIP_RUNTIME or libamdhip64.so)
   --budget-mb N          fixed memory budget for this run, in MiB (else KILN_POOL_LIMIT_MB, else
                          device total minus reserve)
   --heap-mb N            device heap chunk for kernels that allocate while running (default 16)

@@ -41,6 +41,9 @@ struct DeviceContext {
 /// Makes the device a config names. Errors: invalid_usage (unknown backend), not_supported
 /// (backend without a driver on this machine or in this build).
 [[nodiscard]] RhiExpected<std::unique_ptr<LlvmDevice>> create_device(const ExecutorConfig &config);
+/// The code-generation arch a device's backend runs: host for cpu and mock, nvptx64 for cuda,
+/// amdgcn for amdgpu.
+[[nodiscard]] CodegenArch codegen_arch(const LlvmDevice &device);
 
 class KernelLauncher;
 

@@ -1,7 +1,7 @@
 // Kernel launchers: compute and reserve everything a launch needs in one step, then either launch
 // or return the error with nothing launched and nothing held. KernelLauncher holds the shared
 // logic; CpuKernelLauncher runs host code on a worker pool, GpuKernelLauncher launches a loaded
-// module on a GpuDevice (CUDA now, HIP later).
+// module on a GpuDevice (CUDA and HIP alike).
 #ifndef KILN_EXECUTOR_LAUNCHER_H_
 #define KILN_EXECUTOR_LAUNCHER_H_
 

@@ -22,17 +22,22 @@ class CpuJit;
 /// Where a Program's code runs.
 enum class CodegenArch : uint8_t { host, nvptx64, amdgcn };
 
-/// The kernels for one arch: JIT-compiled host code, or a code image (PTX) that a GPU device
-/// loads. Device-independent: executors share it, and each charges code_size_bytes() to its own
+/// The kernels for one arch: JIT-compiled host code, or a code image (PTX text, HSACO ELF) that a
+/// GPU device loads. Device-independent: executors share it, and each charges code_size_bytes() to its own
 /// ledger as code_object. Thread-safe.
 class Program {
  public:
   /// Compiles the runtime module for `arch` (host: LLJIT; nvptx64: PTX for sm_80, which newer
-  /// GPUs JIT-compile). Errors: not_supported (arch without a code path in this build), error
-  /// (LLVM failed; the detail says how).
-  [[nodiscard]] static RhiExpected<std::shared_ptr<Program>> create(CodegenArch arch);
-  /// The process-wide Program for `arch`, compiled on first use. Errors: as create.
-  [[nodiscard]] static RhiExpected<std::shared_ptr<Program>> shared(CodegenArch arch);
+  /// GPUs JIT-compile) or picks its prebuilt code object (amdgcn: the HSACO built for `target`,
+  /// a gfx processor such as "gfx1030"; empty: the first of KILN_AMDGPU_TARGETS built, gfx90a
+  /// with LLVM 14). `target` must be empty for host and nvptx64. Errors: not_supported (arch or
+  /// target without a code path in this build; the detail lists the targets built),
+  /// invalid_usage (a target for host or nvptx64), error (LLVM failed; the detail says how).
+  [[nodiscard]] static RhiExpected<std::shared_ptr<Program>> create(CodegenArch arch,
+                                                                    std::string_view target = {});
+  /// The process-wide Program for `arch` and `target`, made on first use. Errors: as create.
+  [[nodiscard]] static RhiExpected<std::shared_ptr<Program>> shared(CodegenArch arch,
+                                                                    std::string_view target = {});
   [[nodiscard]] static RhiExpected<std::shared_ptr<Program>> shared_host() { return shared(CodegenArch::host); }
   ~Program();
 
@@ -42,16 +47,18 @@ class Program {
   [[nodiscard]] RhiExpected<KilnKernelFn> kernel(std::string_view name);
   /// Whether "kiln_<op>_<dtype>" exists in this program.
   [[nodiscard]] bool has_kernel(std::string_view name);
-  /// GPU programs: the code image a device loads (PTX text, NUL-terminated). Empty for host.
+  /// GPU programs: the code image a device loads (PTX text, NUL-terminated; or an HSACO ELF
+  /// image). Empty for host.
   [[nodiscard]] std::span<const std::byte> code_image() const;
   /// Bytes of compiled code (charged to each executor's ledger as code_object).
   [[nodiscard]] uint64_t code_size_bytes() const;
 
  private:
-  Program(CodegenArch arch, std::unique_ptr<runtime::CpuJit> jit, std::string image);
+  Program(CodegenArch arch, std::unique_ptr<runtime::CpuJit> jit, std::string image,
+          std::set<std::string, std::less<>> gpu_kernels);
   CodegenArch arch_;
   std::unique_ptr<runtime::CpuJit> jit_;
-  std::string image_;                  // GPU code image, NUL included
+  std::string image_;                  // GPU code image (PTX: NUL included)
   std::set<std::string, std::less<>> gpu_kernels_;  // "kiln_axpy_f32" for each "_gpu" entry
   std::mutex mutex_;
   std::unordered_map<std::string, KilnKernelFn> kernels_;

@@ -1,13 +1,13 @@
-// Kernel launches of the fake CUDA driver: each GPU entry point name maps to the range kernel of
+// Kernel launches of the fake GPU drivers: each GPU entry point name maps to the range kernel of
 // runtime/device/kiln_runtime.cpp compiled for the host into this library (hidden symbols, so
 // they never clash with kiln's JIT-compiled copies). A launch of grid_x * block_x threads runs
 // tasks 0 .. min(threads, num_tasks) - 1 on the ranges kiln_task_split_point() gives, exactly as
-// the nvptx entry points do, on a few host threads.
+// the nvptx and amdgcn entry points do, on a few host threads.
 //
 // Before running, the launch checks what a GPU would fault on: the runtime and argument blocks
-// and every array the kernel will touch must lie in live cuMemAlloc_v2 allocations. A host
-// pointer or a freed block ends the launch with CUDA_ERROR_ILLEGAL_ADDRESS, which is sticky, and
-// one line on stderr saying which operand was bad.
+// and every array the kernel will touch must lie in live allocations. A host pointer or a freed
+// block ends the launch with the dialect's illegal address (CUDA_ERROR_ILLEGAL_ADDRESS,
+// hipErrorIllegalAddress), which is sticky, and one line on stderr saying which operand was bad.
 #include <algorithm>
 #include <cstdio>
 #include <string_view>
@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "fake_state.h"
+#include "fake_gpu.h"
 
 // The range kernels, compiled from runtime/device/kiln_runtime.cpp into this library.
 #define KILN_DECLARE_RANGE_KERNEL(op, dtype)                                                  \
@@ -24,14 +24,13 @@
 KILN_FOR_EACH_KERNEL(KILN_DECLARE_RANGE_KERNEL)
 #undef KILN_DECLARE_RANGE_KERNEL
 
-namespace kiln::fake_cuda {
+namespace kiln::fake_gpu {
 namespace {
 
 constexpr std::size_t kBytes_f32 = 4;
 constexpr std::size_t kBytes_f64 = 8;
 constexpr std::size_t kBytes_i32 = 4;
 constexpr std::size_t kBytes_i64 = 8;
-constexpr CUresult kIllegalAddress = 700;
 constexpr unsigned kMaxHostThreads = 4;
 
 constexpr HostKernel kHostKernels[] = {
@@ -81,12 +80,13 @@ const char *bad_operand(const State &state, const HostKernel &kernel, const Kiln
   return nullptr;
 }
 
-CUresult illegal_address(const HostKernel &kernel, const char *what) {
+int illegal_address(const HostKernel &kernel, const char *what) {
+  const Dialect &d = dialect();
   std::fprintf(stderr,
-               "kiln fake CUDA driver: %s would fault on the GPU: %s is not inside a live "
-               "cuMemAlloc_v2 allocation; returning CUDA_ERROR_ILLEGAL_ADDRESS (sticky)\n",
-               kernel.gpu_name, what);
-  return kIllegalAddress;
+               "%s: %s would fault on the GPU: %s is not inside a live %s allocation; returning "
+               "%s (sticky)\n",
+               d.title, kernel.gpu_name, what, d.alloc_entry, error_name(d.illegal_address));
+  return d.illegal_address;
 }
 
 }  // namespace
@@ -98,12 +98,14 @@ const HostKernel *find_host_kernel(std::string_view gpu_name) {
   return nullptr;
 }
 
-CUresult run_launch(State &state, const CUfunc_st &function, unsigned grid_x, unsigned block_x,
-                    void **params) {
+namespace {
+
+int run_launch(State &state, const Function &function, unsigned grid_x, unsigned block_x,
+               void **params) {
   const HostKernel &kernel = *function.kernel;
   // params[i] points at the value of kernel parameter i: here two device pointers.
-  const CUdeviceptr runtime_address = *static_cast<const CUdeviceptr *>(params[0]);
-  const CUdeviceptr args_address = *static_cast<const CUdeviceptr *>(params[1]);
+  const uint64_t runtime_address = *static_cast<const uint64_t *>(params[0]);
+  const uint64_t args_address = *static_cast<const uint64_t *>(params[1]);
   if (!state.device_range_ok(runtime_address, sizeof(KilnRuntime))) {
     return illegal_address(kernel, "the KilnRuntime pointer (parameter 0)");
   }
@@ -133,7 +135,7 @@ CUresult run_launch(State &state, const CUfunc_st &function, unsigned grid_x, un
       std::min<unsigned>(kMaxHostThreads, std::max(1u, std::thread::hardware_concurrency())));
   if (tasks < 2 || workers < 2) {
     run_tasks(0, tasks);
-    return 0;
+    return dialect().success;
   }
   // Task chunks on `used` threads; a chunk whose thread cannot start runs here instead.
   const int64_t used = std::min(workers, tasks);
@@ -149,7 +151,34 @@ CUresult run_launch(State &state, const CUfunc_st &function, unsigned grid_x, un
   }
   run_tasks(0, tasks / used);
   for (std::thread &thread : pool) thread.join();
-  return 0;
+  return dialect().success;
 }
 
-}  // namespace kiln::fake_cuda
+}  // namespace
+
+int launch(State &state, const Function *f, unsigned grid_x, unsigned grid_y, unsigned grid_z,
+           unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,
+           const void *stream, void **params, void **extra) {
+  const Dialect &d = dialect();
+  const Function *function = nullptr;
+  for (const auto &[handle, loaded] : state.modules) {
+    for (const auto &[name, candidate] : loaded->functions) {
+      if (candidate.get() == f) function = candidate.get();
+    }
+  }
+  if (function == nullptr) return d.invalid_handle;
+  if (stream != nullptr) return d.invalid_handle;  // the fake has only the default stream
+  if (grid_x == 0 || grid_y == 0 || grid_z == 0 || block_x == 0 || block_y == 0 ||
+      block_z == 0 || uint64_t{block_x} * block_y * block_z > 1024 || block_z > 64 ||
+      shared_bytes > 48 * 1024 || params == nullptr || params[0] == nullptr ||
+      params[1] == nullptr) {
+    return d.invalid_value;
+  }
+  // kiln's entry points index tasks by x only; the fake runs exactly what kiln launches.
+  if (grid_y != 1 || grid_z != 1 || block_y != 1 || block_z != 1 || extra != nullptr) {
+    return d.not_supported;
+  }
+  return run_launch(state, *function, grid_x, block_x, params);
+}
+
+}  // namespace kiln::fake_gpu

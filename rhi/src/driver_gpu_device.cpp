@@ -1,0 +1,93 @@
+#include "driver_gpu_device.h"
+
+#include <fmt/format.h>
+
+namespace kiln {
+
+RhiStatus DriverGpuDevice::check(int code, const char *site) {
+  auto status = to_status(code, site);
+  if (!status && status.error().result == RhiResult::device_lost) mark_lost(status.error());
+  return status;
+}
+
+RhiStatus DriverGpuDevice::enter(const char *site) {
+  KILN_RETURN_IF_ERROR(check_alive(site));
+  return make_current();
+}
+
+RhiExpected<uint64_t> DriverGpuDevice::allocated(int code, const char *site, uint64_t address,
+                                                 const LlvmRuntimeAllocParams &params) {
+  auto status = check(code, site);
+  if (!status) {
+    status.error().category = params.category;
+    status.error().requested_bytes = params.size_bytes;
+    return std::unexpected(std::move(status).error());
+  }
+  return address;
+}
+
+void DriverGpuDevice::unload_all_modules(const char *site) {
+  if (is_lost() || !enter(site)) return;
+  std::lock_guard lock(modules_mutex_);
+  for (auto &[id, module] : modules_) (void)module_unload(module.handle);
+  modules_.clear();
+}
+
+RhiStatus DriverGpuDevice::synchronize() {
+  KILN_RETURN_IF_ERROR(enter(names_.synchronize));
+  return check(device_synchronize(), names_.synchronize);
+}
+
+RhiExpected<uint64_t> DriverGpuDevice::load_module(std::span<const std::byte> image) {
+  KILN_RETURN_IF_ERROR(enter(names_.module_load));
+  KILN_RETURN_IF_ERROR(validate_image(image));
+  Handle handle = nullptr;
+  KILN_RETURN_IF_ERROR(check(module_load(&handle, image.data()), names_.module_load));
+  std::lock_guard lock(modules_mutex_);
+  modules_.emplace(next_module_, Module{handle, {}});
+  return next_module_++;
+}
+
+RhiStatus DriverGpuDevice::unload_module(uint64_t module) {
+  Handle handle = nullptr;
+  {
+    std::lock_guard lock(modules_mutex_);
+    auto it = modules_.find(module);
+    if (it == modules_.end())
+      return std::unexpected(failure(RhiResult::invalid_usage, names_.module_unload,
+                                     fmt::format("module {} is not loaded", module)));
+    handle = it->second.handle;
+    modules_.erase(it);
+  }
+  if (is_lost()) return {};  // the module went with the device
+  KILN_RETURN_IF_ERROR(enter(names_.module_unload));
+  return check(module_unload(handle), names_.module_unload);
+}
+
+RhiExpected<DriverGpuDevice::Handle> DriverGpuDevice::function(uint64_t module, const std::string &kernel) {
+  std::lock_guard lock(modules_mutex_);
+  auto it = modules_.find(module);
+  if (it == modules_.end())
+    return std::unexpected(failure(RhiResult::invalid_usage, names_.launch,
+                                   fmt::format("module {} is not loaded", module)));
+  auto &functions = it->second.functions;
+  if (auto f = functions.find(kernel); f != functions.end()) return f->second;
+  Handle handle = nullptr;
+  auto status = check(module_get_function(&handle, it->second.handle, kernel.c_str()), names_.get_function);
+  if (!status) {
+    status.error().detail += fmt::format(" for kernel {}", kernel);
+    return std::unexpected(std::move(status).error());
+  }
+  functions.emplace(kernel, handle);
+  return handle;
+}
+
+RhiStatus DriverGpuDevice::launch_kernel(uint64_t module, const std::string &kernel, unsigned grid_x,
+                                         unsigned block_x, std::span<void *> params) {
+  KILN_RETURN_IF_ERROR(enter(names_.launch));
+  KILN_ASSIGN_OR_RETURN(const Handle handle, function(module, kernel));
+  KILN_RETURN_IF_ERROR(check(launch(handle, grid_x, block_x, params.data()), names_.launch));
+  return check(device_synchronize(), names_.synchronize);
+}
+
+}  // namespace kiln

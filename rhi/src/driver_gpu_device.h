@@ -1,0 +1,83 @@
+// DriverGpuDevice: what CudaDevice and AmdgpuDevice share. Both drive a dlopen'ed driver whose
+// calls answer an int code (CUresult, hipError_t), load code objects as modules, look kernels up
+// by name and launch them 1-D. This class owns the module table and the per-module function
+// cache, the check()/enter() shape (map a code with the backend's one status function; a
+// device_lost answer marks the device lost; every call fails fast once it is) and the module /
+// launch / synchronize sequences. A backend supplies the driver calls. Private to kiln_rhi.
+#ifndef KILN_RHI_SRC_DRIVER_GPU_DEVICE_H_
+#define KILN_RHI_SRC_DRIVER_GPU_DEVICE_H_
+
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+
+#include "kiln/rhi/gpu_device.h"
+
+namespace kiln {
+
+class DriverGpuDevice : public GpuDevice {
+ public:
+  /// The driver's names for the entry points behind the shared sequences (used as Failure sites).
+  struct EntryNames {
+    const char *module_load;    ///< "cuModuleLoadData", "hipModuleLoadData"
+    const char *module_unload;
+    const char *get_function;
+    const char *launch;
+    const char *synchronize;
+  };
+
+  RhiExpected<uint64_t> load_module(std::span<const std::byte> image) final;
+  RhiStatus unload_module(uint64_t module) final;
+  RhiStatus launch_kernel(uint64_t module, const std::string &kernel, unsigned grid_x,
+                          unsigned block_x, std::span<void *> params) final;
+  RhiStatus synchronize() final;
+
+ protected:
+  using Handle = void *;  ///< CUmodule / hipModule_t, CUfunction / hipFunction_t: all pointers
+
+  DriverGpuDevice(std::string name, EntryNames names) : GpuDevice(std::move(name)), names_(names) {}
+
+  /// Maps a driver answer with the backend's status function; device_lost marks the device lost.
+  [[nodiscard]] RhiStatus check(int code, const char *site);
+  /// Fails fast on a lost device, then makes the device current on the calling thread.
+  [[nodiscard]] RhiStatus enter(const char *site);
+  /// The result of an allocation call that answered `code` with `address`: the address, or the
+  /// failure with the request's category and size.
+  [[nodiscard]] RhiExpected<uint64_t> allocated(int code, const char *site, uint64_t address,
+                                                const LlvmRuntimeAllocParams &params);
+  /// Unloads every module still loaded, unless the device is lost or cannot be entered. For the
+  /// derived destructor (virtual calls do not reach it from ours).
+  void unload_all_modules(const char *site);
+
+  // --- the backend's driver ---------------------------------------------------------------------
+  /// The backend's ONE mapping of a driver code to an RhiResult (cuda::to_rhi, hip::to_rhi).
+  [[nodiscard]] virtual RhiStatus to_status(int code, const char *site) = 0;
+  /// Makes this device current on the calling thread (cuCtxSetCurrent, hipSetDevice), via check().
+  [[nodiscard]] virtual RhiStatus make_current() = 0;
+  /// invalid_usage when `image` cannot be this backend's code object (checked before the driver).
+  [[nodiscard]] virtual RhiStatus validate_image(std::span<const std::byte> image) = 0;
+  [[nodiscard]] virtual int module_load(Handle *module, const void *image) = 0;
+  [[nodiscard]] virtual int module_unload(Handle module) = 0;
+  [[nodiscard]] virtual int module_get_function(Handle *function, Handle module, const char *name) = 0;
+  /// A 1-D launch on the default stream, no shared memory; params as the driver takes them.
+  [[nodiscard]] virtual int launch(Handle function, unsigned grid_x, unsigned block_x, void **params) = 0;
+  [[nodiscard]] virtual int device_synchronize() = 0;
+
+ private:
+  struct Module {
+    Handle handle;
+    std::unordered_map<std::string, Handle> functions;
+  };
+  [[nodiscard]] RhiExpected<Handle> function(uint64_t module, const std::string &kernel);
+
+  EntryNames names_;
+  std::mutex modules_mutex_;
+  uint64_t next_module_ = 1;
+  std::unordered_map<uint64_t, Module> modules_;
+};
+
+}  // namespace kiln
+
+#endif  // KILN_RHI_SRC_DRIVER_GPU_DEVICE_H_

@@ -1,0 +1,106 @@
+// kiln-amdgcn-codegen: the build-time half of the AMDGPU backend. Turns the generic amdgcn
+// device-runtime bitcode (cmake/KilnDeviceBitcode.cmake, --target=amdgcn-amd-amdhsa -nogpulib)
+// into a relocatable code object for one gfx processor; ld.lld then links it into the HSACO
+// that kiln embeds (runtime/CMakeLists.txt) and hipModuleLoadData loads.
+//
+//   kiln-amdgcn-codegen <input.bc> <gfx processor> <output.o>
+//
+// The pipeline is ptx_codegen's (gpu_pipeline.h): every kiln_*_gpu function becomes an entry
+// point, every other definition is internalized, O3, verify, emit. An entry point here gets the
+// amdgpu_kernel calling convention (clang-14 has no source attribute for it outside OpenCL and
+// HIP), protected visibility (so ld.lld exports it and the runtime finds it by name) and
+// "amdgpu-flat-work-group-size"="1,<kBlockThreads>": GpuKernelLauncher never launches more than
+// kBlockThreads = 256 threads per block, which lets the compiler budget registers for 256.
+// The code object version is LLVM 14's default (v4), which ROCm 4.1 and later load.
+//
+// Exit status 0 on success; 1 with the reason on stderr (unknown processor, bad bitcode, codegen
+// error); 2 on bad usage.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <llvm/ADT/SmallVector.h>
+#include <llvm/Bitcode/BitcodeReader.h>
+#include <llvm/Config/llvm-config.h>
+#include <llvm/IR/CallingConv.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+#include <llvm/MC/MCSubtargetInfo.h>
+#include <llvm/MC/TargetRegistry.h>
+#include <llvm/Support/FileSystem.h>
+#include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Support/raw_ostream.h>
+#include <llvm/Target/TargetMachine.h>
+#include <llvm/Target/TargetOptions.h>
+
+#include "gpu_pipeline.h"
+
+extern "C" void LLVMInitializeAMDGPUTargetInfo();
+extern "C" void LLVMInitializeAMDGPUTarget();
+extern "C" void LLVMInitializeAMDGPUTargetMC();
+extern "C" void LLVMInitializeAMDGPUAsmPrinter();
+
+namespace {
+
+constexpr const char *kTriple = "amdgcn-amd-amdhsa";
+constexpr const char *kFlatWorkGroupSize = "1,256";  // GpuKernelLauncher::kBlockThreads
+
+int fail(const std::string &what) {
+  std::fprintf(stderr, "kiln-amdgcn-codegen: %s\n", what.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: kiln-amdgcn-codegen <input.bc> <gfx processor> <output.o>\n");
+    return 2;
+  }
+  const std::string input = argv[1], gfx = argv[2], output = argv[3];
+  LLVMInitializeAMDGPUTargetInfo();
+  LLVMInitializeAMDGPUTarget();
+  LLVMInitializeAMDGPUTargetMC();
+  LLVMInitializeAMDGPUAsmPrinter();
+  std::string error;
+  const llvm::Target *target = llvm::TargetRegistry::lookupTarget(kTriple, error);
+  if (target == nullptr) return fail("this LLVM has no AMDGPU target: " + error);
+  std::unique_ptr<llvm::MCSubtargetInfo> info(target->createMCSubtargetInfo(kTriple, "", ""));
+  if (!info || !info->isCPUStringValid(gfx))
+    return fail("LLVM " LLVM_VERSION_STRING " does not know the processor " + gfx);
+  std::unique_ptr<llvm::TargetMachine> tm(target->createTargetMachine(
+      kTriple, gfx, "", llvm::TargetOptions(), llvm::Reloc::PIC_, llvm::None,
+      llvm::CodeGenOpt::Aggressive));
+  if (!tm) return fail("LLVM could not create an AMDGPU target machine for " + gfx);
+
+  llvm::LLVMContext context;
+  auto diagnostics = std::make_unique<kiln::runtime::gpu::DiagnosticCollector>();
+  const kiln::runtime::gpu::DiagnosticCollector *collected = diagnostics.get();
+  context.setDiagnosticHandler(std::move(diagnostics));
+  auto buffer = llvm::MemoryBuffer::getFile(input);
+  if (!buffer) return fail("cannot read " + input + ": " + buffer.getError().message());
+  auto parsed = llvm::parseBitcodeFile((*buffer)->getMemBufferRef(), context);
+  if (!parsed) return fail("cannot parse " + input + ": " + llvm::toString(parsed.takeError()));
+  std::unique_ptr<llvm::Module> module = std::move(*parsed);
+  module->setTargetTriple(kTriple);
+  module->setDataLayout(tm->createDataLayout());
+  const int kernels = kiln::runtime::gpu::prepare_entry_points(*module, [](llvm::Function &function) {
+    function.setCallingConv(llvm::CallingConv::AMDGPU_KERNEL);
+    function.setLinkage(llvm::GlobalValue::ExternalLinkage);
+    function.setVisibility(llvm::GlobalValue::ProtectedVisibility);
+    function.addFnAttr("amdgpu-flat-work-group-size", kFlatWorkGroupSize);
+  });
+  if (kernels == 0) return fail(input + " defines no kiln_*_gpu entry point");
+  kiln::runtime::gpu::optimize(*module, *tm);
+  llvm::SmallVector<char, 0> object;
+  if (llvm::Error e = kiln::runtime::gpu::verify_and_emit(*module, *tm, llvm::CGFT_ObjectFile,
+                                                          *collected, object))
+    return fail("code generation for " + gfx + " failed: " + llvm::toString(std::move(e)));
+  std::error_code ec;
+  llvm::raw_fd_ostream out(output, ec, llvm::sys::fs::OF_None);
+  if (ec) return fail("cannot write " + output + ": " + ec.message());
+  out.write(object.data(), object.size());
+  out.close();
+  if (out.has_error()) return fail("cannot write " + output + ": " + out.error().message());
+  return 0;
+}

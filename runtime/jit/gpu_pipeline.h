@@ -1,0 +1,47 @@
+// What the two GPU code generators share (ptx_codegen.cpp at run time, amdgcn_codegen_main.cpp
+// at build time): turning the generic device-runtime bitcode into a module whose kiln_*_gpu
+// functions are the only entry points, the O3 pipeline, verification, and emission with LLVM's
+// error diagnostics collected instead of printed. Private to runtime/; returns llvm::Error, so
+// the build-time tool needs nothing but LLVM.
+#ifndef KILN_RUNTIME_JIT_GPU_PIPELINE_H_
+#define KILN_RUNTIME_JIT_GPU_PIPELINE_H_
+
+#include <string>
+
+#include <llvm/ADT/STLFunctionalExtras.h>
+#include <llvm/ADT/SmallVector.h>
+#include <llvm/IR/DiagnosticInfo.h>
+#include <llvm/IR/Function.h>
+#include <llvm/IR/Module.h>
+#include <llvm/Support/CodeGen.h>
+#include <llvm/Support/Error.h>
+#include <llvm/Target/TargetMachine.h>
+
+namespace kiln::runtime::gpu {
+
+/// Collects error-severity diagnostics (codegen reports some of its errors this way) instead of
+/// letting LLVM print them or exit. Install with LLVMContext::setDiagnosticHandler.
+struct DiagnosticCollector final : llvm::DiagnosticHandler {
+  std::string errors;
+  bool handleDiagnostics(const llvm::DiagnosticInfo &info) override;
+};
+
+/// Strips the per-function target-cpu / target-features / tune-cpu clang wrote (they would
+/// override the target machine's), calls `mark_kernel` on every defined kiln_*_gpu function and
+/// internalizes every other definition, so O3 inlines the range kernels into the entry points
+/// and drops what no entry point uses. Returns the number of kernels.
+int prepare_entry_points(llvm::Module &module, llvm::function_ref<void(llvm::Function &)> mark_kernel);
+
+/// The O3 module pipeline for `tm`, loop and SLP vectorization on.
+void optimize(llvm::Module &module, llvm::TargetMachine &tm);
+
+/// Verifies `module` and emits it as `type` into `out`. Errors: verification failure, a target
+/// that cannot emit `type`, or error diagnostics collected by `diagnostics` (with their text).
+[[nodiscard]] llvm::Error verify_and_emit(llvm::Module &module, llvm::TargetMachine &tm,
+                                          llvm::CodeGenFileType type,
+                                          const DiagnosticCollector &diagnostics,
+                                          llvm::SmallVectorImpl<char> &out);
+
+}  // namespace kiln::runtime::gpu
+
+#endif  // KILN_RUNTIME_JIT_GPU_PIPELINE_H_

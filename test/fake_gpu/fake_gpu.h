@@ -1,0 +1,198 @@
+// The core the fake GPU drivers share (libkiln_fake_cuda.so, libkiln_fake_hip.so): configuration
+// from KILN_FAKE_<API>_* (or the control API), the fault plan per entry point, call counters,
+// sticky errors, device memory over host memory, modules and functions, and kernel launches
+// that run host-compiled builds of runtime/device/kiln_runtime.cpp. An API layer
+// (test/fake_cuda/fake_driver.cpp, test/fake_hip/fake_runtime.cpp) defines dialect() — its
+// entry points, its result codes and names — and the exported C entry points, each a few lines
+// over the operations below. One State per library, guarded by one mutex; an entry point holds
+// the lock for the whole call (a launch included), so a fake is one in-order stream.
+#ifndef KILN_TEST_FAKE_GPU_FAKE_GPU_H_
+#define KILN_TEST_FAKE_GPU_FAKE_GPU_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/runtime/kernel_abi.h"
+
+#define KILN_FAKE_GPU_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace kiln::fake_gpu {
+
+struct State;
+
+struct NamedCode {
+  int code;
+  const char *name;
+};
+
+/// What makes a fake CUDA driver or a fake HIP runtime of the shared core.
+struct Dialect {
+  const char *title;       ///< "kiln fake CUDA driver": the prefix of stderr lines
+  const char *env_prefix;  ///< "KILN_FAKE_CUDA_": CAPACITY_MB, OTHER_MB, FAULTS, MODE follow
+  const char *init_entry;  ///< "cuInit": fails when the configuration is malformed
+  const char *alloc_entry; ///< "cuMemAlloc_v2": named in launch-check messages
+  std::span<const std::string_view> entry_points;
+  std::span<const NamedCode> codes;  ///< every code the fake knows, success included
+  int success, invalid_value, out_of_memory, not_initialized, invalid_context, stub,
+      invalid_handle, not_found, not_supported, illegal_address;
+  bool (*is_sticky)(int code);
+  /// Whether the calling thread may use device memory now (CUDA: a current context).
+  bool (*has_current)(const State &state);
+  /// Called with the lock held by kiln_fake_<api>_reset, after the state was reset.
+  void (*on_reset)();
+};
+
+/// Defined by the API layer linked into the library.
+const Dialect &dialect();
+
+enum class Mode { normal, stub, nodevice };
+
+/// The ops of KILN_FOR_EACH_KERNEL, for the launch-time memory checks.
+enum class Op { fill, copy, axpy, reduce_sum, matmul, compact_positive };
+
+/// One host-compiled kernel that a GPU entry point name stands for.
+struct HostKernel {
+  const char *gpu_name;       ///< kiln_<op>_<dtype>_gpu
+  KilnKernelFn range_kernel;  ///< kiln_<op>_<dtype>, compiled for the host into this library
+  Op op;
+  std::size_t element_bytes;
+};
+
+/// The 24 kernels (fake_kernels.cpp); nullptr if `gpu_name` is none of them.
+const HostKernel *find_host_kernel(std::string_view gpu_name);
+
+struct Fault {
+  uint64_t at_call = 0;  ///< the entry point's call count that fails; 0 = every call
+  int result = 0;
+};
+
+struct Allocation {
+  void *host = nullptr;
+  std::size_t size_bytes = 0;
+};
+
+struct Module;
+struct Function {
+  Module *module = nullptr;
+  const HostKernel *kernel = nullptr;
+};
+struct Module {
+  std::size_t charged_bytes = 0;
+  std::set<std::string, std::less<>> entries;  ///< the entry point names of the code image
+  std::map<std::string, std::unique_ptr<Function>, std::less<>> functions;
+};
+
+/// Everything a fake knows. Access only through lock_state().
+struct State {
+  // configuration
+  Mode mode = Mode::normal;
+  std::size_t capacity_bytes = std::size_t{1024} << 20;
+  std::vector<std::size_t> other_script{0};  ///< other processes' usage, one per memory-info call
+  std::size_t other_index = 0;               ///< next script entry memory-info consumes
+  std::size_t other_bytes = 0;               ///< the value last reported (what allocation sees)
+  std::string config_error;  ///< a malformed variable: the init entry point fails
+
+  // driver state
+  bool initialized = false;
+  int sticky_error = 0;
+  int context_retain_count = 0;  ///< CUDA's primary context (the HIP layer has none)
+  std::map<std::string, uint64_t, std::less<>> call_counts;
+  std::map<std::string, std::vector<Fault>, std::less<>> faults;
+  std::map<uint64_t, Allocation> allocations;
+  std::size_t held_bytes = 0;
+  std::size_t high_water_bytes = 0;
+  std::size_t module_bytes = 0;
+  uint64_t oom_count = 0;
+  uint64_t launch_count = 0;
+  std::map<const Module *, std::unique_ptr<Module>> modules;
+
+  /// Frees every allocation and module (the context went away, or a reset).
+  void release_device_memory();
+  /// Re-reads the KILN_FAKE_<API>_* environment into the configuration.
+  void load_environment();
+  /// Free device memory now: capacity - held - modules - other processes, never below 0.
+  [[nodiscard]] std::size_t free_bytes() const;
+  /// True if [address, address + size_bytes) lies inside one live allocation.
+  [[nodiscard]] bool device_range_ok(uint64_t address, uint64_t size_bytes) const;
+  /// The fault planned for this call of `entry` (whose count was just incremented), or success.
+  [[nodiscard]] int planned_fault(std::string_view entry);
+  /// Adds a fault `nth_call` calls of `entry` from now; false if `entry` is unknown.
+  bool add_fault(std::string_view entry, uint64_t nth_call, int result);
+};
+
+/// The state, locked for the lifetime of the returned guard; created (and the environment read)
+/// on first use.
+struct LockedState {
+  std::unique_lock<std::mutex> lock;
+  State *state;
+  State *operator->() const { return state; }
+};
+LockedState lock_state();
+
+/// Resets the state to a freshly loaded library's (the caller holds the lock).
+void reset_state(State &state);
+bool is_entry_point(std::string_view name);
+/// The dialect's name of `code`, or nullptr.
+const char *error_name(int code);
+/// Parses a code given as a number or one of the dialect's names; false if neither.
+bool parse_result(std::string_view text, int *result);
+bool parse_mode(std::string_view text, Mode *mode);
+
+// --- what every entry point does first ---------------------------------------------------------
+
+enum class Needs {
+  nothing,   ///< works before initialization
+  init,      ///< needs initialization
+  context,   ///< needs initialization and dialect().has_current
+  teardown,  ///< needs initialization; answers even after a sticky error (it destroys the bad context)
+};
+
+/// Counts the call, then sets `answer` when the call must return at once: stub mode, a sticky
+/// error (not for teardown), an injected fault, not initialized, no current context.
+struct Call {
+  LockedState state;
+  int answer;
+  bool done;
+  Call(const char *entry, Needs needs);
+  /// Returns `code`, making it the sticky error if it is one.
+  int result(int code);
+};
+
+#define KILN_FAKE_BEGIN(entry, needs)          \
+  ::kiln::fake_gpu::Call call(entry, needs);   \
+  if (call.done) return call.result(call.answer)
+
+// --- the shared work of the entry points, answering dialect codes --------------------------------
+
+int memory_info(State &state, std::size_t *free_bytes, std::size_t *total_bytes);
+int allocate(State &state, std::size_t size_bytes, uint64_t *address);
+int free_allocation(State &state, uint64_t address);
+int copy_to_device(State &state, uint64_t dst, const void *src, std::size_t size_bytes);
+int copy_to_host(State &state, void *dst, uint64_t src, std::size_t size_bytes);
+int copy_device(State &state, uint64_t dst, uint64_t src, std::size_t size_bytes);
+int memset8(State &state, uint64_t dst, unsigned char value, std::size_t count);
+/// Adds a parsed module charging `size_bytes` of device memory; out_of_memory when it does not fit.
+int add_module(State &state, std::unique_ptr<Module> module, std::size_t size_bytes, Module **handle);
+int unload_module(State &state, Module *module);
+/// The function `name` of `module`: invalid_handle (unknown module), not_found (not an entry of
+/// the image, or not one of kiln's 24 kernels).
+int get_function(State &state, Module *module, const char *name, Function **function);
+/// Validates a launch as both drivers do and runs it to completion: invalid_handle (unknown
+/// function, a stream), invalid_value (0 or oversized dimensions, > 48 KiB shared memory, null
+/// params), not_supported (y/z > 1, extra); then the launch memory check (illegal_address) and
+/// the tasks.
+int launch(State &state, const Function *function, unsigned grid_x, unsigned grid_y, unsigned grid_z,
+           unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,
+           const void *stream, void **params, void **extra);
+
+}  // namespace kiln::fake_gpu
+
+#endif  // KILN_TEST_FAKE_GPU_FAKE_GPU_H_

@@ -1,0 +1,38 @@
+// Control API of the fake HIP runtime (libkiln_fake_hip.so), for tests that load the fake in
+// their own process. The same functions, with the same meaning, as the fake CUDA driver's
+// (test/fake_cuda/fake_cuda_control.h) — both are generated from the shared core
+// (test/fake_gpu/fake_control.inc) — named kiln_fake_hip_* and speaking hipError_t:
+//   entry points are those of rhi/amdgpu/hip_runtime.inc; results are hipError_t numbers;
+//   modes are "normal", "stub" (every call returns hipErrorInsufficientDriver, 35) and
+//   "nodevice" (hipInit succeeds, hipGetDeviceCount gives 0 and hipErrorNoDevice, hipSetDevice
+//   hipErrorInvalidDevice); sticky results are 700, 719, 710, 709, 702, 214, 53.
+// Resolve each with dlsym() on the handle kiln (or the test) dlopen()ed. See
+// test/fake_hip/README.md.
+#ifndef KILN_TEST_FAKE_HIP_CONTROL_H_
+#define KILN_TEST_FAKE_HIP_CONTROL_H_
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void kiln_fake_hip_reset(void);
+void kiln_fake_hip_set_capacity_bytes(size_t capacity_bytes);
+void kiln_fake_hip_set_other_process_bytes(size_t other_bytes);
+int kiln_fake_hip_inject_fault(const char *entry, unsigned long long nth_call, int result);
+int kiln_fake_hip_set_mode(const char *mode);
+unsigned long long kiln_fake_hip_call_count(const char *entry);
+size_t kiln_fake_hip_held_bytes(void);
+size_t kiln_fake_hip_high_water_bytes(void);
+size_t kiln_fake_hip_allocation_count(void);
+size_t kiln_fake_hip_module_bytes(void);
+unsigned long long kiln_fake_hip_oom_count(void);
+int kiln_fake_hip_sticky_error(void);
+unsigned long long kiln_fake_hip_launch_count(void);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif
+
+#endif  // KILN_TEST_FAKE_HIP_CONTROL_H_

@@ -1,0 +1,261 @@
+// The HIP runtime entry points of rhi/amdgpu/hip_runtime.inc over the shared fake core
+// (test/fake_gpu/fake_gpu.h): this file is the HIP dialect — names, codes, modes — and thin entry
+// points. Each call counts itself, then answers in this order: stub mode
+// (hipErrorInsufficientDriver), a sticky error (not for hipGetErrorName), an injected fault,
+// hipInit not called (hipErrorNotInitialized), bad arguments; only then does it do its work.
+// HIP has no contexts: the current device is per thread and starts as device 0.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "fake_gpu.h"
+#include "fake_hip_control.h"
+#include "hip_types.h"
+#include "kiln/runtime/elf_image.h"
+
+namespace kiln::fake_gpu {
+namespace {
+
+constexpr hipError_t kSuccess = 0;
+constexpr hipError_t kInvalidValue = 1;
+constexpr hipError_t kInsufficientDriver = 35;
+constexpr hipError_t kNoDevice = 100;
+constexpr hipError_t kInvalidDevice = 101;
+constexpr hipError_t kInvalidImage = 200;
+
+constexpr int kRuntimeVersion = 60000000;  // what hipRuntimeGetVersion reports (HIP 6.0)
+constexpr uint64_t kMaxImageBytes = uint64_t{1} << 30;
+
+constexpr std::string_view kEntryPoints[] = {
+#define KILN_HIP_ENTRY(ret, name, params) #name,
+#include "hip_runtime.inc"
+#undef KILN_HIP_ENTRY
+};
+
+// The hipError_t values of rhi/amdgpu/hip_types.h, by their hip_runtime_api.h enumerator names.
+constexpr NamedCode kCodes[] = {
+    {0, "hipSuccess"},
+    {1, "hipErrorInvalidValue"},
+    {2, "hipErrorOutOfMemory"},
+    {3, "hipErrorNotInitialized"},
+    {4, "hipErrorDeinitialized"},
+    {9, "hipErrorInvalidConfiguration"},
+    {13, "hipErrorInvalidSymbol"},
+    {17, "hipErrorInvalidDevicePointer"},
+    {35, "hipErrorInsufficientDriver"},
+    {53, "hipErrorPriorLaunchFailure"},
+    {98, "hipErrorInvalidDeviceFunction"},
+    {100, "hipErrorNoDevice"},
+    {101, "hipErrorInvalidDevice"},
+    {200, "hipErrorInvalidImage"},
+    {201, "hipErrorInvalidContext"},
+    {209, "hipErrorNoBinaryForGpu"},
+    {214, "hipErrorECCNotCorrectable"},
+    {218, "hipErrorInvalidKernelFile"},
+    {302, "hipErrorSharedObjectSymbolNotFound"},
+    {303, "hipErrorSharedObjectInitFailed"},
+    {400, "hipErrorInvalidHandle"},
+    {500, "hipErrorNotFound"},
+    {700, "hipErrorIllegalAddress"},
+    {701, "hipErrorLaunchOutOfResources"},
+    {702, "hipErrorLaunchTimeOut"},
+    {709, "hipErrorContextIsDestroyed"},
+    {710, "hipErrorAssert"},
+    {719, "hipErrorLaunchFailure"},
+    {801, "hipErrorNotSupported"},
+    {999, "hipErrorUnknown"},
+    {1052, "hipErrorRuntimeMemory"},
+    {1053, "hipErrorRuntimeOther"},
+};
+
+bool is_sticky(int result) {
+  return result == 53 || result == 214 || result == 700 || result == 702 || result == 709 ||
+         result == 710 || result == 719;
+}
+
+bool has_current(const State &) { return true; }  // device 0 is current until hipSetDevice
+void on_reset() {}
+
+constexpr Dialect kDialect{
+    .title = "kiln fake HIP runtime",
+    .env_prefix = "KILN_FAKE_HIP_",
+    .init_entry = "hipInit",
+    .alloc_entry = "hipMalloc",
+    .entry_points = kEntryPoints,
+    .codes = kCodes,
+    .success = kSuccess,
+    .invalid_value = kInvalidValue,
+    .out_of_memory = 2,
+    .not_initialized = 3,
+    .invalid_context = 201,
+    .stub = kInsufficientDriver,
+    .invalid_handle = 400,
+    .not_found = 500,
+    .not_supported = 801,
+    .illegal_address = 700,
+    .is_sticky = is_sticky,
+    .has_current = has_current,
+    .on_reset = on_reset,
+};
+
+/// Reads an HSACO: hipErrorInvalidImage unless it is an ELF64 image for EM_AMDGPU that exports
+/// at least one function. Fills the module's entry points and the image size.
+hipError_t parse_hsaco(const void *image, Module *module, std::size_t *size_bytes) {
+  const uint64_t size = runtime::elf_image_size(image);
+  if (size == 0 || size > kMaxImageBytes) return kInvalidImage;
+  runtime::ElfImageInfo info;
+  std::string error;
+  if (!runtime::read_elf_image({static_cast<const std::byte *>(image), size}, &info, &error) ||
+      info.machine != runtime::kElfMachineAmdgpu || info.functions.empty()) {
+    return kInvalidImage;
+  }
+  module->entries.insert(info.functions.begin(), info.functions.end());
+  *size_bytes = size;
+  return kSuccess;
+}
+
+}  // namespace
+
+const Dialect &dialect() { return kDialect; }
+
+}  // namespace kiln::fake_gpu
+
+using namespace kiln::fake_gpu;  // NOLINT: this file only defines the C entry points
+
+#define KILN_FAKE_CONTROL(name) kiln_fake_hip_##name
+#include "fake_control.inc"
+#undef KILN_FAKE_CONTROL
+
+namespace {
+uint64_t address(const void *ptr) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(ptr)); }
+Module *core(hipModule_t module) { return reinterpret_cast<Module *>(module); }
+const Function *core(hipFunction_t function) { return reinterpret_cast<const Function *>(function); }
+}  // namespace
+
+// --- initialization, version, errors, devices ---------------------------------------------------
+
+KILN_FAKE_GPU_EXPORT hipError_t hipInit(unsigned int flags) {
+  KILN_FAKE_BEGIN("hipInit", Needs::nothing);
+  if (!call.state->config_error.empty()) return kInvalidValue;
+  if (flags != 0) return kInvalidValue;
+  call.state->initialized = true;
+  return kSuccess;
+}
+
+KILN_FAKE_GPU_EXPORT hipError_t hipRuntimeGetVersion(int *version) {
+  KILN_FAKE_BEGIN("hipRuntimeGetVersion", Needs::nothing);
+  if (version == nullptr) return kInvalidValue;
+  *version = kRuntimeVersion;
+  return kSuccess;
+}
+
+KILN_FAKE_GPU_EXPORT const char *hipGetErrorName(hipError_t error) {
+  // A pure lookup in every mode, as in the real runtime, which names unknown codes this way.
+  auto state = lock_state();
+  ++state->call_counts["hipGetErrorName"];
+  const char *name = error_name(error);
+  return name != nullptr ? name : "hipErrorUnknown";
+}
+
+KILN_FAKE_GPU_EXPORT hipError_t hipGetDeviceCount(int *count) {
+  KILN_FAKE_BEGIN("hipGetDeviceCount", Needs::init);
+  if (count == nullptr) return kInvalidValue;
+  *count = call.state->mode == Mode::nodevice ? 0 : 1;
+  return call.state->mode == Mode::nodevice ? kNoDevice : kSuccess;
+}
+
+KILN_FAKE_GPU_EXPORT hipError_t hipSetDevice(int ordinal) {
+  KILN_FAKE_BEGIN("hipSetDevice", Needs::init);
+  if (call.state->mode == Mode::nodevice || ordinal != 0) return kInvalidDevice;
+  return kSuccess;
+}
+
+KILN_FAKE_GPU_EXPORT hipError_t hipDeviceSynchronize() {
+  // Launches run to completion inside hipModuleLaunchKernel; a sticky error is returned here too.
+  KILN_FAKE_BEGIN("hipDeviceSynchronize", Needs::context);
+  return kSuccess;
+}
+
+// --- memory --------------------------------------------------------------------------------------
+
+KILN_FAKE_GPU_EXPORT hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
+  KILN_FAKE_BEGIN("hipMemGetInfo", Needs::context);
+  return memory_info(*call.state.state, free_bytes, total_bytes);
+}
+
+KILN_FAKE_GPU_EXPORT hipError_t hipMalloc(void **ptr, size_t size_bytes) {
+  KILN_FAKE_BEGIN("hipMalloc", Needs::context);
+  if (ptr == nullptr) return kInvalidValue;
+  uint64_t at = 0;
+  const int result = allocate(*call.state.state, size_bytes, &at);
+  if (result == kSuccess) *ptr = reinterpret_cast<void *>(static_cast<uintptr_t>(at));
+  return result;
+}
+
+KILN_FAKE_GPU_EXPORT hipError_t hipFree(void *ptr) {
+  KILN_FAKE_BEGIN("hipFree", Needs::context);
+  if (ptr == nullptr) return kSuccess;  // as in the real runtime
+  return free_allocation(*call.state.state, address(ptr));
+}
+
+KILN_FAKE_GPU_EXPORT hipError_t hipMemcpyHtoD(hipDeviceptr_t dst, void *src, size_t size_bytes) {
+  KILN_FAKE_BEGIN("hipMemcpyHtoD", Needs::context);
+  return copy_to_device(*call.state.state, address(dst), src, size_bytes);
+}
+
+KILN_FAKE_GPU_EXPORT hipError_t hipMemcpyDtoH(void *dst, hipDeviceptr_t src, size_t size_bytes) {
+  KILN_FAKE_BEGIN("hipMemcpyDtoH", Needs::context);
+  return copy_to_host(*call.state.state, dst, address(src), size_bytes);
+}
+
+KILN_FAKE_GPU_EXPORT hipError_t hipMemcpyDtoD(hipDeviceptr_t dst, hipDeviceptr_t src, size_t size_bytes) {
+  KILN_FAKE_BEGIN("hipMemcpyDtoD", Needs::context);
+  return copy_device(*call.state.state, address(dst), address(src), size_bytes);
+}
+
+KILN_FAKE_GPU_EXPORT hipError_t hipMemsetD8(hipDeviceptr_t dst, unsigned char value, size_t count) {
+  KILN_FAKE_BEGIN("hipMemsetD8", Needs::context);
+  return memset8(*call.state.state, address(dst), value, count);
+}
+
+// --- modules and launches ------------------------------------------------------------------------
+
+KILN_FAKE_GPU_EXPORT hipError_t hipModuleLoadData(hipModule_t *module, const void *image) {
+  KILN_FAKE_BEGIN("hipModuleLoadData", Needs::context);
+  if (module == nullptr || image == nullptr) return kInvalidValue;
+  auto loaded = std::make_unique<Module>();
+  std::size_t size_bytes = 0;
+  if (const hipError_t parsed = parse_hsaco(image, loaded.get(), &size_bytes); parsed != kSuccess) {
+    return parsed;
+  }
+  Module *handle = nullptr;
+  const int result = add_module(*call.state.state, std::move(loaded), size_bytes, &handle);
+  if (result == kSuccess) *module = reinterpret_cast<hipModule_t>(handle);
+  return result;
+}
+
+KILN_FAKE_GPU_EXPORT hipError_t hipModuleUnload(hipModule_t module) {
+  KILN_FAKE_BEGIN("hipModuleUnload", Needs::context);
+  return unload_module(*call.state.state, core(module));
+}
+
+KILN_FAKE_GPU_EXPORT hipError_t hipModuleGetFunction(hipFunction_t *function, hipModule_t module,
+                                                     const char *name) {
+  KILN_FAKE_BEGIN("hipModuleGetFunction", Needs::context);
+  if (function == nullptr) return kInvalidValue;
+  Function *found = nullptr;
+  const int result = get_function(*call.state.state, core(module), name, &found);
+  if (result == kSuccess) *function = reinterpret_cast<hipFunction_t>(found);
+  return result;
+}
+
+KILN_FAKE_GPU_EXPORT hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned int grid_x,
+                                                      unsigned int grid_y, unsigned int grid_z,
+                                                      unsigned int block_x, unsigned int block_y,
+                                                      unsigned int block_z, unsigned int shared_bytes,
+                                                      hipStream_t stream, void **params, void **extra) {
+  KILN_FAKE_BEGIN("hipModuleLaunchKernel", Needs::context);
+  return call.result(launch(*call.state.state, core(f), grid_x, grid_y, grid_z, block_x, block_y,
+                            block_z, shared_bytes, stream, params, extra));
+}

@@ -1,0 +1,46 @@
+// The control API of a fake GPU driver (test/fake_cuda, test/fake_hip) for in-process tests,
+// resolved on the same handle kiln's loader opens (dlopen refcounts it, so there is one fake
+// state). Both fakes export the same functions, prefixed kiln_fake_cuda_ / kiln_fake_hip_.
+#ifndef KILN_TEST_FAKE_GPU_HANDLE_H_
+#define KILN_TEST_FAKE_GPU_HANDLE_H_
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+namespace kiln::test {
+
+struct FakeGpu {
+  void *handle = nullptr;
+  void (*reset)() = nullptr;
+  int (*inject_fault)(const char *, unsigned long long, int) = nullptr;
+  unsigned long long (*call_count)(const char *) = nullptr;
+  size_t (*held_bytes)() = nullptr;
+  int (*set_mode)(const char *) = nullptr;
+
+  /// Points kiln at `library` through `env_var` (KILN_CUDA_DRIVER, KILN_HIP_RUNTIME), opens it
+  /// and resolves <prefix>reset, ... ("kiln_fake_cuda_").
+  static FakeGpu open(const char *library, const char *env_var, const std::string &prefix) {
+    setenv(env_var, library, 1);
+    FakeGpu f;
+    f.handle = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+    REQUIRE(f.handle != nullptr);
+    const auto get = [&](auto &fn, const char *name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(f.handle, (prefix + name).c_str()));
+      REQUIRE(fn != nullptr);
+    };
+    get(f.reset, "reset");
+    get(f.inject_fault, "inject_fault");
+    get(f.call_count, "call_count");
+    get(f.held_bytes, "held_bytes");
+    get(f.set_mode, "set_mode");
+    return f;
+  }
+};
+
+}  // namespace kiln::test
+
+#endif  // KILN_TEST_FAKE_GPU_HANDLE_H_
