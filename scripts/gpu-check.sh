@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU checks of the CUDA backend, for a machine with an NVIDIA GPU and driver but without
+# LLVM 14 or a package registry. Two steps:
+#
+#   scripts/gpu-check.sh build            # here: builds gpu-bundle/ (static LLVM, stripped)
+#   scripts/gpu-check.sh run [OUT_DIR]    # there: runs the bundle, writes OUT_DIR/gpu-check.txt
+#
+# `build` makes gpu-bundle/{kiln-ops,kiln-gpu-check} with LLVM linked statically (x86 + NVPTX)
+# and checks the bundle is under 64 MiB and needs no libLLVM. Carry gpu-bundle/ to the GPU
+# machine (e.g. the device tool's carry list) with this script. `run` executes, within about
+# 8 minutes: kiln-ops --backend cuda (every case verdict), then kiln-gpu-check (the seed
+# scenario: a larger-than-device ndarray is DeviceOutOfMemoryError and a small one works after;
+# 1 GiB ndarrays until refused give a typed error and the ledger returns to its set-up after
+# freeing; a pool-hit alloc+free timed against cuMemAlloc_v2; axpy bandwidth). Everything goes
+# to one results file. KILN_CUDA_DRIVER can point `run` at another driver (e.g. the fake one).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bundle="$root/gpu-bundle"
+limit_bytes=$((64 * 1024 * 1024))
+
+build() {
+  bash "$root/scripts/install-deps.sh"
+  cmake -S "$root" -B "$root/build-gpu" -DCMAKE_BUILD_TYPE=Release -DKILN_LLVM_STATIC=ON \
+    -DKILN_BUILD_TESTS=OFF -DKILN_BUILD_BENCH=OFF -DKILN_BUILD_PYTHON=OFF || return 1
+  cmake --build "$root/build-gpu" -j "$(nproc)" --target kiln-ops kiln-gpu-check || return 1
+  rm -rf "$bundle" && mkdir -p "$bundle"
+  for exe in kiln-ops kiln-gpu-check; do
+    strip -o "$bundle/$exe" "$root/build-gpu/bin/$exe" || return 1
+  done
+  local size
+  size=$(du -cb "$bundle"/* | tail -1 | cut -f1)
+  echo "gpu-bundle: $size bytes"
+  if [ "$size" -gt "$limit_bytes" ]; then echo "gpu-bundle is over 64 MiB"; return 1; fi
+  if ldd "$bundle/kiln-ops" | grep -q libLLVM; then echo "gpu-bundle still needs libLLVM"; return 1; fi
+  ldd "$bundle/kiln-ops"
+}
+
+run() {
+  local out="${1:-${OUT:-$root/gpu-results}}"
+  mkdir -p "$out"
+  local results="$out/gpu-check.txt"
+  : > "$results"
+  { echo "# kiln gpu-check $(date -u +%FT%TZ) on $(hostname)"; nvidia-smi -L 2>&1 | head -4; } >> "$results"
+  echo "## kiln-ops --backend cuda" >> "$results"
+  timeout 300 "$bundle/kiln-ops" --backend cuda >> "$results" 2>&1
+  echo "kiln-ops exit status: $?" >> "$results"
+  echo "## kiln-gpu-check" >> "$results"
+  timeout 150 "$bundle/kiln-gpu-check" "$results" > /dev/null 2>> "$results"
+  local status=$?
+  echo "kiln-gpu-check exit status: $status" >> "$results"
+  cat "$results"
+  return "$status"
+}
+
+case "${1:-}" in
+  build) build ;;
+  run) shift; run "$@" ;;
+  *) sed -n '2,17p' "$0"; exit 2 ;;
+esac
