@@ -40,6 +40,7 @@ constexpr Code kCodes[] = {
     // Sticky faults: the context is unusable after them.
     {kErrorEccUncorrectable, "CUDA_ERROR_ECC_UNCORRECTABLE", RhiResult::device_lost},
     {kErrorIllegalAddress, "CUDA_ERROR_ILLEGAL_ADDRESS", RhiResult::device_lost},
+    {kErrorAssert, "CUDA_ERROR_ASSERT", RhiResult::device_lost},
     {kErrorLaunchTimeout, "CUDA_ERROR_LAUNCH_TIMEOUT", RhiResult::device_lost},
     {kErrorHardwareStackError, "CUDA_ERROR_HARDWARE_STACK_ERROR", RhiResult::device_lost},
     {kErrorIllegalInstruction, "CUDA_ERROR_ILLEGAL_INSTRUCTION", RhiResult::device_lost},

@@ -44,6 +44,7 @@ inline constexpr CUresult kErrorIllegalAddress = 700;
 inline constexpr CUresult kErrorLaunchOutOfResources = 701;
 inline constexpr CUresult kErrorLaunchTimeout = 702;
 inline constexpr CUresult kErrorContextIsDestroyed = 709;
+inline constexpr CUresult kErrorAssert = 710;
 inline constexpr CUresult kErrorHardwareStackError = 714;
 inline constexpr CUresult kErrorIllegalInstruction = 715;
 inline constexpr CUresult kErrorMisalignedAddress = 716;

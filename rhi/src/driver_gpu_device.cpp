@@ -34,6 +34,7 @@ void DriverGpuDevice::unload_all_modules(const char *site) {
 }
 
 RhiStatus DriverGpuDevice::synchronize() {
+  KILN_RETURN_IF_ERROR(take_deferred_failure());
   KILN_RETURN_IF_ERROR(enter(names_.synchronize));
   return check(device_synchronize(), names_.synchronize);
 }

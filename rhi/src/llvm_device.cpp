@@ -122,7 +122,12 @@ RhiStatus LlvmDevice::dealloc_memory(DeviceAllocation alloc) {
     live_bytes_ -= entry.size_bytes;
   }
   if (is_lost()) return {};  // the memory went with the device
-  return driver_free(entry.address, entry.size_bytes);
+  auto freed = driver_free(entry.address, entry.size_bytes);
+  if (!freed) {
+    std::lock_guard lock(mutex_);
+    if (!deferred_) deferred_ = freed.error();
+  }
+  return freed;
 }
 
 RhiStatus LlvmDevice::memcpy_host_to_device(DeviceAllocation dst, uint64_t offset_bytes,
@@ -163,6 +168,14 @@ RhiExpected<uint64_t> LlvmDevice::device_address(DeviceAllocation alloc) const {
 RhiExpected<uint64_t> LlvmDevice::allocation_size(DeviceAllocation alloc) const {
   KILN_ASSIGN_OR_RETURN(const Entry entry, find_live(alloc, "LlvmDevice::allocation_size"));
   return entry.size_bytes;
+}
+
+RhiStatus LlvmDevice::take_deferred_failure() {
+  std::lock_guard lock(mutex_);
+  if (!deferred_) return {};
+  Failure f = std::move(*deferred_);
+  deferred_.reset();
+  return std::unexpected(std::move(f));
 }
 
 uint64_t LlvmDevice::live_allocation_count() const {

@@ -124,7 +124,8 @@ uint64_t DeviceMemory::release_cached() {
   uint64_t released = 0;
   for (const CachingPool::Block &b : blocks) {
     // The device lets go first, then the ledger: the device never holds more than the ledger.
-    (void)device_.dealloc_memory(b.alloc);
+    // A block the device failed to free stays charged (the device's synchronize() reports it).
+    if (!device_.dealloc_memory(b.alloc)) continue;
     budget_.release(MemoryCategory::pool_cache, b.class_bytes);
     released += b.class_bytes;
   }
@@ -396,7 +397,7 @@ RhiStatus DeviceMemory::free(DeviceAllocation alloc) {
     live_.erase(it);
   }
   auto freed = device_.dealloc_memory(alloc);  // device first, then the ledger (see release_cached)
-  budget_.release(entry.category, entry.class_bytes);
+  if (freed) budget_.release(entry.category, entry.class_bytes);  // a failed free stays charged
   return freed;
 }
 

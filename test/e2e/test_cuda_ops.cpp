@@ -137,3 +137,23 @@ TEST_CASE("after a sticky fault kiln fails fast without calling the driver again
   CHECK_THAT(sum.error().message(), Catch::Contains("lost earlier"));
   CHECK(fake.call_count("cuCtxSetCurrent") == calls);  // no driver call after the loss
 }
+
+TEST_CASE("a free the driver refuses stays charged and synchronize reports it once",
+          "[cuda][e2e][free]") {
+  FakeCuda &fake = fake_cuda();
+  ExecutorConfig config;
+  config.backend = Backend::cuda;
+  config.device_heap_bytes = 1_MiB;
+  auto ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+  runtime::DeviceMemory &memory = ex->memory();
+  auto block = value_or_throw(memory.allocate(MemoryCategory::staging, 1_MiB));
+  value_or_throw(memory.free(block));  // into the pool
+  const uint64_t before = memory.budget().in_use_bytes();
+  REQUIRE(fake.inject_fault("cuMemFree_v2", 1, 1) == 0);  // CUDA_ERROR_INVALID_VALUE
+  CHECK(memory.release_cached() == 0);                    // the device did not let go
+  CHECK(memory.budget().in_use_bytes() == before);        // so the ledger keeps the bytes
+  auto reported = ex->device().synchronize();
+  REQUIRE_FALSE(reported);
+  CHECK(std::string(reported.error().driver_status) == "CUDA_ERROR_INVALID_VALUE");
+  CHECK(ex->device().synchronize());  // reported once
+}

@@ -28,7 +28,7 @@ TEST_CASE("CUDA_ERROR_OUT_OF_MEMORY is a driver out_of_memory", "[cuda][status]"
 }
 
 TEST_CASE("sticky CUDA faults are device_lost", "[cuda][status]") {
-  for (CUresult code : {kErrorIllegalAddress, kErrorLaunchFailed, kErrorIllegalInstruction,
+  for (CUresult code : {kErrorIllegalAddress, kErrorAssert, kErrorLaunchFailed, kErrorIllegalInstruction,
                         kErrorMisalignedAddress, kErrorHardwareStackError, kErrorEccUncorrectable,
                         kErrorInvalidPc, kErrorInvalidAddressSpace, kErrorLaunchTimeout}) {
     INFO("code " << code);

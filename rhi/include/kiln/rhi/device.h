@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -145,6 +146,10 @@ class LlvmDevice : public Device {
   /// Success, or the device_lost failure when the device is lost.
   [[nodiscard]] RhiStatus check_alive(const char *site) const;
 
+  /// The first failed free since the last call (a free in a destructor path cannot report it),
+  /// then cleared; success when there was none. Backends' synchronize() returns it first.
+  [[nodiscard]] RhiStatus take_deferred_failure();
+
   /// Number of live allocations and their total size in bytes (what the driver holds for kiln).
   [[nodiscard]] uint64_t live_allocation_count() const;
   [[nodiscard]] uint64_t live_allocation_bytes() const;
@@ -175,6 +180,7 @@ class LlvmDevice : public Device {
   FaultPlan fault_plan_;
   std::atomic<bool> lost_{false};
   std::string lost_cause_;  // written once, before lost_ is set
+  std::optional<Failure> deferred_;  // the first failed free not yet reported (guarded by mutex_)
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Entry> live_;
   uint64_t next_alloc_id_ = 1;

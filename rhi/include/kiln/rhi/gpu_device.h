@@ -16,8 +16,10 @@ class GpuDevice : public LlvmDevice {
  public:
   [[nodiscard]] bool host_addressable() const final { return false; }
 
-  /// Loads a code object; returns a module id. Errors: invalid_usage (the driver rejected the
-  /// image), out_of_memory, device_lost, not_supported.
+  /// Loads a code object; returns a module id. Errors: invalid_usage (not an image of this
+  /// backend's kind: PTX text for CUDA, an AMDGPU ELF for HIP), error (the driver rejected the
+  /// image, e.g. CUDA_ERROR_INVALID_PTX), not_supported (no binary for this GPU),
+  /// out_of_memory, device_lost.
   [[nodiscard]] virtual RhiExpected<uint64_t> load_module(std::span<const std::byte> image) = 0;
   /// Unloads a module. Errors: invalid_usage (unknown id).
   [[nodiscard]] virtual RhiStatus unload_module(uint64_t module) = 0;

@@ -11,7 +11,7 @@ namespace kiln {
 class HostMemoryDevice : public LlvmDevice {
  public:
   [[nodiscard]] bool host_addressable() const final { return true; }
-  RhiStatus synchronize() override { return {}; }
+  RhiStatus synchronize() override { return take_deferred_failure(); }
 
  protected:
   using LlvmDevice::LlvmDevice;
