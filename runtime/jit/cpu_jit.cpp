@@ -2,6 +2,8 @@
 // Every llvm::Error is consumed here and becomes a Failure; nothing in this file aborts.
 #include "kiln/runtime/cpu_jit.h"
 
+#include "gpu_pipeline.h"
+
 #include <atomic>
 #include <mutex>
 #include <set>
@@ -79,26 +81,6 @@ RhiStatus retarget_to_host(llvm::Module &module, const llvm::TargetMachine &tm) 
     function.removeFnAttr("tune-cpu");
   }
   return {};
-}
-
-/// Runs the default O3 module pipeline with the host target's cost model (vector widths).
-void optimize_for_host(llvm::Module &module, llvm::TargetMachine &tm) {
-  llvm::PipelineTuningOptions tuning;
-  tuning.LoopVectorization = true;
-  tuning.SLPVectorization = true;
-  llvm::PassBuilder builder(&tm, tuning);
-  llvm::LoopAnalysisManager loop_analyses;
-  llvm::FunctionAnalysisManager function_analyses;
-  llvm::CGSCCAnalysisManager cgscc_analyses;
-  llvm::ModuleAnalysisManager module_analyses;
-  builder.registerModuleAnalyses(module_analyses);
-  builder.registerCGSCCAnalyses(cgscc_analyses);
-  builder.registerFunctionAnalyses(function_analyses);
-  builder.registerLoopAnalyses(loop_analyses);
-  builder.crossRegisterProxies(loop_analyses, function_analyses, cgscc_analyses, module_analyses);
-  llvm::ModulePassManager passes =
-      builder.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
-  passes.run(module, module_analyses);
 }
 
 /// Names of the kernels the module defines: externally visible "kiln_*" function definitions.
@@ -180,7 +162,7 @@ RhiExpected<std::unique_ptr<llvm::Module>> prepare_module(llvm::LLVMContext &con
   }
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<llvm::Module> module, parse_host_bitcode(context));
   KILN_RETURN_IF_ERROR(retarget_to_host(*module, **tm));
-  optimize_for_host(*module, **tm);
+  gpu::optimize(*module, **tm);  // the same O3 pipeline as the GPU code generators
   if (llvm::verifyModule(*module, nullptr)) {
     return std::unexpected(make_failure(RhiResult::error, kDevice, "CpuJit::create",
                                         "the optimized host runtime module failed verification"));

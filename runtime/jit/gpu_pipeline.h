@@ -1,5 +1,5 @@
-// What the two GPU code generators share (ptx_codegen.cpp at run time, amdgcn_codegen_main.cpp
-// at build time): turning the generic device-runtime bitcode into a module whose kiln_*_gpu
+// What the LLVM code generators share (ptx_codegen.cpp at run time, amdgcn_codegen_main.cpp
+// at build time; cpu_jit.cpp uses the O3 pipeline too): turning the generic device-runtime bitcode into a module whose kiln_*_gpu
 // functions are the only entry points, the O3 pipeline, verification, and emission with LLVM's
 // error diagnostics collected instead of printed. Private to runtime/; returns llvm::Error, so
 // the build-time tool needs nothing but LLVM.
