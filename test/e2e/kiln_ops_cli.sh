@@ -65,6 +65,8 @@ check "the next case after heap exhaustion is OK" grep -q '^fill/i64/tiny: OK$' 
 "$ops" --filter '(' > /dev/null 2>&1; check "bad regex exits 2" test $? -eq 2
 "$ops" --filter 'no-such-case' > /dev/null 2>&1; check "a filter matching no case exits 2" test $? -eq 2
 "$ops" --bogus 1 2> "$tmp/bogus.txt"; check "an unknown option is named" grep -q 'unknown option --bogus' "$tmp/bogus.txt"
+"$ops" --bogus 2> "$tmp/bogus2.txt"; check "an unknown option without a value is named" grep -q 'unknown option --bogus' "$tmp/bogus2.txt"
+"$ops" --json /nonexistent/dir/x.json > /dev/null 2>&1; check "an unwritable --json path exits 2 before the run" test $? -eq 2
 check "--list honours --filter" test "$("$ops" --list --filter '^fill/f32/' | wc -l)" -eq 4
 check "--list prints case names" bash -c "'$ops' --list | grep -q '^matmul/f64/odd$'"
 "$ops" --filter 'reduce_sum/i32/tiny' --json "$tmp/out.json" > /dev/null 2>&1

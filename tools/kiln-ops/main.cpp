@@ -26,7 +26,8 @@ constexpr const char *kUsage = R"(usage: kiln-ops [options]
   --mock-capacity-mb N   capacity of the mock device (default 1024)
   --filter REGEX         run only cases whose name matches REGEX
   --repeat N             run the suite N times, each with a fresh executor
-  --fault-at N           the N-th allocation, counted from the first case, fails (out of memory)
+  --fault-at N           the N-th allocation, counted from the first case, fails (out of
+                         memory); 0 injects nothing
   --threads N            CPU worker threads (default: all cores)
   --json PATH            also write the results as JSON
   --list                 print the case names and exit
@@ -70,6 +71,8 @@ int parse_args(int argc, char **argv, Args &args) {
       args.list = true;
       continue;
     }
+    const bool takes_text = flag == "--backend" || flag == "--filter" || flag == "--json";
+    if (!takes_text && !is_numeric_flag(flag)) return usage_error(fmt::format("unknown option {}", flag));
     if (i + 1 >= argc) return usage_error(fmt::format("{} needs a value", flag));
     const std::string_view value = argv[++i];
     uint64_t n = 0;
@@ -89,9 +92,7 @@ int parse_args(int argc, char **argv, Args &args) {
     } else if (flag == "--json") {
       args.json_path = value;
     } else if (!numeric) {
-      const bool known = is_numeric_flag(flag);
-      return usage_error(known ? fmt::format("{} needs a non-negative integer, got '{}'", flag, value)
-                               : fmt::format("unknown option {}", flag));
+      return usage_error(fmt::format("{} needs a non-negative integer, got '{}'", flag, value));
     } else if (flag == "--budget-mb" && mb_ok) {
       config.budget.limit_bytes = n << 20;
     } else if (flag == "--heap-mb" && mb_ok) {
@@ -108,9 +109,7 @@ int parse_args(int argc, char **argv, Args &args) {
     } else if (flag == "--threads" && n <= 4096) {
       config.num_threads = static_cast<unsigned>(n);
     } else {
-      const bool known = is_numeric_flag(flag);
-      return usage_error(known ? fmt::format("{} {} is out of range", flag, value)
-                               : fmt::format("unknown option {}", flag));
+      return usage_error(fmt::format("{} {} is out of range", flag, value));
     }
   }
   if (!args.max_array_set && config.backend == kiln::Backend::mock)
@@ -129,11 +128,17 @@ int run(int argc, char **argv) {
     for (const auto &c : cases) fmt::print("{}\n", c.name);
     return 0;
   }
+  if (!args.json_path.empty()) {
+    // Find out now, not after a long run, that the results cannot be written.
+    std::FILE *probe = std::fopen(args.json_path.c_str(), "a");
+    if (probe == nullptr) return usage_error(fmt::format("--json {}: cannot write there", args.json_path));
+    std::fclose(probe);
+  }
   args.suite.progress = isatty(STDERR_FILENO) != 0;
   const kiln::ops::SuiteReport report = kiln::ops::run_suite(args.suite);
   if (!args.json_path.empty()) {
     if (auto written = kiln::ops::write_json(report, args.json_path); !written) {
-      fmt::print(stderr, "kiln-ops: {}\n", written.error().message());
+      fmt::print(stderr, "{}\n", written.error().message());
       return 1;
     }
   }
