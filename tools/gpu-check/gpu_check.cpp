@@ -1,6 +1,8 @@
 // kiln-gpu-check: the checks that need a real GPU, run by scripts/gpu-check.sh on a machine with
-// an NVIDIA driver. Writes "key: value" lines to stdout and to the results file argv[1].
+// an NVIDIA driver. Writes "key: value" lines to stdout and to the results file argv[1]. One
+// binary (LLVM is linked into it once) so the carried bundle stays under 64 MiB.
 //
+//  0. the kiln-ops suite on cuda, one verdict line per case and the summary;
 //  1. the seed scenario: one ndarray larger than the device's memory is DeviceOutOfMemoryError
 //     when the driver decides (budget above the device, live check off) and BudgetExceededError
 //     under the default budget; a small ndarray works right after either;
@@ -18,6 +20,7 @@
 
 #include "kiln/executor/errors.h"
 #include "kiln/executor/executor.h"
+#include "suite.h"
 
 namespace {
 
@@ -60,6 +63,17 @@ uint64_t held_bytes(LlvmRuntimeExecutor &ex) {
   for (std::size_t i = 0; i < in_use.size(); ++i)
     if (i != static_cast<std::size_t>(MemoryCategory::pool_cache)) held += in_use[i];
   return held;
+}
+
+void ops_suite(Report &r) {
+  ops::SuiteOptions options;
+  options.config = cuda_config();
+  options.out = r.file;
+  const ops::SuiteReport report = ops::run_suite(options);
+  if (report.setup_failure) r.line("kiln-ops suite: {}", describe(*report.setup_failure));
+  r.line("kiln-ops suite: {}/{} cases OK, {} refused, {} failed", report.ok, report.results.size(),
+         report.refused, report.failed);
+  r.expect(!report.setup_failure && report.failed == 0, "kiln-ops cases on cuda: none FAILed");
 }
 
 void seed_scenario(Report &r, uint64_t total_bytes) {
@@ -164,6 +178,7 @@ int main(int argc, char **argv) {
     r.line("device: {} total {} free {}", (*probe)->device().name(), format_bytes(info.total_bytes),
            format_bytes(info.free_bytes));
     probe->reset();
+    ops_suite(r);
     seed_scenario(r, info.total_bytes);
     fill_until_refused(r);
     timings(r);
