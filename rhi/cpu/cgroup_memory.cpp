@@ -31,8 +31,31 @@ std::optional<MemoryLimit> limit_at(const std::string &dir, const char *limit_fi
 
 }  // namespace
 
+namespace {
+
+// Where this process's cgroup limit lives: the directory and the two file names.
+struct LimitFiles {
+  std::string dir;
+  const char *limit_file = nullptr;
+  const char *usage_file = nullptr;
+};
+
+std::optional<LimitFiles> find_limit_files(const std::string &proc_self_cgroup,
+                                           const std::string &cgroup_root);
+
+}  // namespace
+
 std::optional<MemoryLimit> read_memory_limit(const std::string &proc_self_cgroup,
                                              const std::string &cgroup_root) {
+  auto files = find_limit_files(proc_self_cgroup, cgroup_root);
+  if (!files) return std::nullopt;
+  return limit_at(files->dir, files->limit_file, files->usage_file);
+}
+
+namespace {
+
+std::optional<LimitFiles> find_limit_files(const std::string &proc_self_cgroup,
+                                           const std::string &cgroup_root) {
   std::istringstream lines(proc_self_cgroup);
   std::string line;
   std::optional<std::string> v1_path, v2_path;
@@ -48,20 +71,26 @@ std::optional<MemoryLimit> read_memory_limit(const std::string &proc_self_cgroup
     for (std::string name; std::getline(names, name, ',');)
       if (name == "memory") v1_path = path;
   }
-  if (v2_path) {
-    if (auto limit = limit_at(cgroup_root + *v2_path, "memory.max", "memory.current")) return limit;
-  }
-  if (v1_path) return limit_at(cgroup_root + "/memory" + *v1_path, "memory.limit_in_bytes",
-                               "memory.usage_in_bytes");
+  // v2 when its files are there (a limit of "max" still means v2 answers: no limit), else v1.
+  if (v2_path && first_line(cgroup_root + *v2_path + "/memory.max"))
+    return LimitFiles{cgroup_root + *v2_path, "memory.max", "memory.current"};
+  if (v1_path)
+    return LimitFiles{cgroup_root + "/memory" + *v1_path, "memory.limit_in_bytes", "memory.usage_in_bytes"};
   return std::nullopt;
 }
 
+}  // namespace
+
 std::optional<MemoryLimit> own_memory_limit() {
-  std::ifstream file("/proc/self/cgroup");
-  if (!file) return std::nullopt;
-  std::stringstream text;
-  text << file.rdbuf();
-  return read_memory_limit(text.str(), "/sys/fs/cgroup");
+  // A process does not change cgroup on its own: find the files once, read them every time.
+  static const std::optional<LimitFiles> files = [] {
+    std::ifstream file("/proc/self/cgroup");
+    std::stringstream text;
+    if (file) text << file.rdbuf();
+    return find_limit_files(text.str(), "/sys/fs/cgroup");
+  }();
+  if (!files) return std::nullopt;
+  return limit_at(files->dir, files->limit_file, files->usage_file);
 }
 
 }  // namespace kiln::cgroup

@@ -45,6 +45,22 @@ Device::MemoryInfo apply_cgroup_limit(Device::MemoryInfo info) {
 }  // namespace
 
 RhiExpected<Device::MemoryInfo> CpuDevice::memory_info() {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(reading_mutex_);
+  const uint64_t live = live_allocation_bytes();
+  if (reading_time_ == std::chrono::steady_clock::time_point{} || now - reading_time_ >= kReadingReuse) {
+    KILN_ASSIGN_OR_RETURN(reading_, read_memory_info());
+    reading_time_ = now;
+    live_bytes_at_reading_ = live;
+    return reading_;
+  }
+  MemoryInfo info = reading_;
+  const uint64_t grown = live > live_bytes_at_reading_ ? live - live_bytes_at_reading_ : 0;
+  info.free_bytes = info.free_bytes > grown ? info.free_bytes - grown : 0;
+  return info;
+}
+
+RhiExpected<Device::MemoryInfo> CpuDevice::read_memory_info() {
   MemoryInfo info;
   if (read_meminfo(&info.total_bytes, &info.free_bytes)) return apply_cgroup_limit(info);
   struct sysinfo si {};

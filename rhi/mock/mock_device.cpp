@@ -16,10 +16,14 @@ void MockDevice::set_other_process_bytes(uint64_t bytes) {
   script_.clear();
   script_pos_ = 0;
   current_other_bytes_ = bytes;
+  script_done_.store(true, std::memory_order_release);
 }
 
 uint64_t MockDevice::other_process_bytes() {
+  // Once the script is used up (or when there is none) the value no longer moves: no lock.
+  if (script_done_.load(std::memory_order_acquire)) return current_other_bytes_.load();
   std::lock_guard lock(script_mutex_);
+  if (script_pos_ >= script_.size()) script_done_.store(true, std::memory_order_release);
   if (script_pos_ < script_.size()) current_other_bytes_ = script_[script_pos_++];
   return current_other_bytes_;
 }

@@ -214,6 +214,40 @@ RhiStatus DeviceMemory::check_fault_plan(std::span<const AllocRequest> requests)
   return {};
 }
 
+RhiStatus DeviceMemory::check_live_with_eviction(uint64_t growth_bytes, MemoryCategory category,
+                                                 uint64_t requested_bytes) {
+  auto live = check_live_free(growth_bytes, category);
+  if (!live && live.error().result == RhiResult::out_of_memory && release_cached() > 0) {
+    // Evicting gave cached blocks back to the device: ask the device once more.
+    retries_.fetch_add(1, std::memory_order_relaxed);
+    live = check_live_free(growth_bytes, category);
+  }
+  if (live) return {};
+  live_refusals_.fetch_add(live.error().result == RhiResult::out_of_memory, std::memory_order_relaxed);
+  live.error().requested_bytes = requested_bytes;
+  return live;
+}
+
+RhiExpected<DeviceAllocation> DeviceMemory::grow_one(const AllocRequest &request) {
+  // The single-request growth path: the group path's steps without its bookkeeping vectors.
+  const uint64_t class_bytes = class_of(request.size_bytes);
+  const CategoryRequest growth{request.category, class_bytes};
+  auto reservation = reserve_growth(std::span<const CategoryRequest>(&growth, 1));
+  if (!reservation) {
+    reservation.error().requested_bytes = request.size_bytes;
+    return std::unexpected(std::move(reservation).error());
+  }
+  KILN_RETURN_IF_ERROR(check_live_with_eviction(class_bytes, request.category, request.size_bytes));
+  KILN_ASSIGN_OR_RETURN(const DeviceAllocation block, allocate_block(request, class_bytes));
+  reservation->commit();
+  {
+    std::lock_guard lock(mutex_);
+    live_.emplace(block.alloc_id, LiveEntry{request.category, class_bytes});
+  }
+  allocations_.fetch_add(1, std::memory_order_relaxed);
+  return block;
+}
+
 RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
     std::span<const AllocRequest> requests) {
   const std::size_t n = requests.size();
@@ -267,17 +301,8 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
       f.requested_bytes = requested_bytes;
       return fail(std::move(f));
     }
-    auto live = check_live_free(growth_bytes, growth.front().category);
-    if (!live && live.error().result == RhiResult::out_of_memory && release_cached() > 0) {
-      // Evicting gave cached blocks back to the device: ask the device once more.
-      retries_.fetch_add(1, std::memory_order_relaxed);
-      live = check_live_free(growth_bytes, growth.front().category);
-    }
-    if (!live) {
-      live_refusals_.fetch_add(live.error().result == RhiResult::out_of_memory, std::memory_order_relaxed);
-      live.error().requested_bytes = requested_bytes;
+    if (auto live = check_live_with_eviction(growth_bytes, growth.front().category, requested_bytes); !live)
       return fail(std::move(live).error());
-    }
     for (std::size_t i = 0; i < n; ++i) {
       if (hit[i]) continue;
       auto block = allocate_block(requests[i], classes[i]);
@@ -372,8 +397,14 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate(MemoryCategory category, ui
       return *block;
     }
   }
-  KILN_ASSIGN_OR_RETURN(auto group, allocate_admitted(one));
-  return group.front();
+  auto block = grow_one(request);
+  if (block) return block;
+  annotate(block.error());
+  if (block.error().result != RhiResult::out_of_memory || !notify_observers(block.error())) return block;
+  retries_.fetch_add(1, std::memory_order_relaxed);
+  block = grow_one(request);
+  if (!block) annotate(block.error());
+  return block;
 }
 
 RhiStatus DeviceMemory::free(DeviceAllocation alloc) {

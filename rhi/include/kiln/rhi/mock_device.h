@@ -54,6 +54,7 @@ class MockDevice final : public HostMemoryDevice {
   std::atomic<uint64_t> driver_allocation_count_{0};
   std::atomic<uint64_t> memory_info_count_{0};
   std::atomic<uint64_t> current_other_bytes_{0};
+  std::atomic<bool> script_done_{false};  // the script has no value left to hand out
 };
 
 }  // namespace kiln

@@ -126,6 +126,9 @@ class DeviceMemory {
   [[nodiscard]] RhiStatus admit(std::span<const AllocRequest> requests);
   [[nodiscard]] RhiExpected<std::vector<DeviceAllocation>> allocate_admitted(
       std::span<const AllocRequest> requests);
+  [[nodiscard]] RhiStatus check_live_with_eviction(uint64_t growth_bytes, MemoryCategory category,
+                                                   uint64_t requested_bytes);
+  [[nodiscard]] RhiExpected<DeviceAllocation> grow_one(const AllocRequest &request);
   [[nodiscard]] RhiExpected<std::vector<DeviceAllocation>> try_allocate_group(
       std::span<const AllocRequest> requests);
   [[nodiscard]] RhiStatus check_fault_plan(std::span<const AllocRequest> requests);
