@@ -4,6 +4,13 @@
 // that kiln embeds (runtime/CMakeLists.txt) and hipModuleLoadData loads.
 //
 //   kiln-amdgcn-codegen <input.bc> <gfx processor> <output.o>
+//   kiln-amdgcn-codegen --emit-llvm <input.bc> <output.bc>
+//
+// --emit-llvm stops before code generation: it writes the prepared, optimized module (the same
+// entry points, calling convention, visibility and attributes, no target-cpu) as LLVM bitcode,
+// optimized for the generic amdgcn processor. A newer LLVM reads LLVM 14 bitcode, so its llc
+// turns that module into the object for a processor LLVM 14 predates (gfx1100 with LLVM 16's
+// llc-16, runtime/CMakeLists.txt), and ld.lld links it exactly like this tool's objects.
 //
 // The pipeline is ptx_codegen's (gpu_pipeline.h): every kiln_*_gpu function becomes an entry
 // point, every other definition is internalized, O3, verify, emit. An entry point here gets the
@@ -18,13 +25,16 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <llvm/ADT/SmallVector.h>
 #include <llvm/Bitcode/BitcodeReader.h>
+#include <llvm/Bitcode/BitcodeWriter.h>
 #include <llvm/Config/llvm-config.h>
 #include <llvm/IR/CallingConv.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
+#include <llvm/IR/Verifier.h>
 #include <llvm/MC/MCSubtargetInfo.h>
 #include <llvm/MC/TargetRegistry.h>
 #include <llvm/Support/FileSystem.h>
@@ -53,11 +63,17 @@ int fail(const std::string &what) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: kiln-amdgcn-codegen <input.bc> <gfx processor> <output.o>\n");
+  const bool emit_llvm = argc == 4 && std::string_view(argv[1]) == "--emit-llvm";
+  if (argc != 4 || (!emit_llvm && std::string_view(argv[1]).starts_with("-"))) {
+    std::fprintf(stderr,
+                 "usage: kiln-amdgcn-codegen <input.bc> <gfx processor> <output.o>\n"
+                 "       kiln-amdgcn-codegen --emit-llvm <input.bc> <output.bc>\n");
     return 2;
   }
-  const std::string input = argv[1], gfx = argv[2], output = argv[3];
+  // --emit-llvm: no processor; the generic one ("") only supplies the data layout and the
+  // cost model for the optimizer, and the bitcode names no target-cpu.
+  const std::string input = argv[emit_llvm ? 2 : 1], output = argv[3];
+  const std::string gfx = emit_llvm ? "" : argv[2];
   LLVMInitializeAMDGPUTargetInfo();
   LLVMInitializeAMDGPUTarget();
   LLVMInitializeAMDGPUTargetMC();
@@ -66,12 +82,14 @@ int main(int argc, char **argv) {
   const llvm::Target *target = llvm::TargetRegistry::lookupTarget(kTriple, error);
   if (target == nullptr) return fail("this LLVM has no AMDGPU target: " + error);
   std::unique_ptr<llvm::MCSubtargetInfo> info(target->createMCSubtargetInfo(kTriple, "", ""));
-  if (!info || !info->isCPUStringValid(gfx))
+  if (!info || (!emit_llvm && !info->isCPUStringValid(gfx)))
     return fail("LLVM " LLVM_VERSION_STRING " does not know the processor " + gfx);
   std::unique_ptr<llvm::TargetMachine> tm(target->createTargetMachine(
       kTriple, gfx, "", llvm::TargetOptions(), llvm::Reloc::PIC_, llvm::None,
       llvm::CodeGenOpt::Aggressive));
-  if (!tm) return fail("LLVM could not create an AMDGPU target machine for " + gfx);
+  if (!tm)
+    return fail("LLVM could not create an AMDGPU target machine for " +
+                (emit_llvm ? std::string("the generic processor") : gfx));
 
   llvm::LLVMContext context;
   auto diagnostics = std::make_unique<kiln::runtime::gpu::DiagnosticCollector>();
@@ -92,6 +110,20 @@ int main(int argc, char **argv) {
   });
   if (kernels == 0) return fail(input + " defines no kiln_*_gpu entry point");
   kiln::runtime::gpu::optimize(*module, *tm);
+  if (emit_llvm) {
+    std::string broken;
+    llvm::raw_string_ostream why(broken);
+    if (llvm::verifyModule(*module, &why))
+      return fail("the optimized module is broken: " + why.str());
+    if (!collected->errors.empty()) return fail("optimization failed: " + collected->errors);
+    std::error_code ec;
+    llvm::raw_fd_ostream out(output, ec, llvm::sys::fs::OF_None);
+    if (ec) return fail("cannot write " + output + ": " + ec.message());
+    llvm::WriteBitcodeToFile(*module, out);
+    out.close();
+    if (out.has_error()) return fail("cannot write " + output + ": " + out.error().message());
+    return 0;
+  }
   llvm::SmallVector<char, 0> object;
   if (llvm::Error e = kiln::runtime::gpu::verify_and_emit(*module, *tm, llvm::CGFT_ObjectFile,
                                                           *collected, object))

@@ -110,6 +110,7 @@ std::string_view amdgpu_processor(uint32_t e_flags) {
     case 0x030: return "gfx908";
     case 0x036: return "gfx1030";
     case 0x03f: return "gfx90a";
+    case 0x041: return "gfx1100";  // EF_AMDGPU_MACH_AMDGCN_GFX1100 (LLVM 16; reserved in LLVM 14)
     default: return {};
   }
 }

@@ -5,6 +5,7 @@
 
 #include "fake_gpu_handle.h"
 #include "kiln/rhi/amdgpu_device.h"
+#include "kiln/runtime/amdgcn_codegen.h"
 #include "suite.h"
 #include "test_support.h"
 
@@ -48,6 +49,28 @@ TEST_CASE("kiln-ops cases on amdgpu against the fake HIP runtime are all OK", "[
   }
   CHECK(fake.call_count("hipModuleLaunchKernel") > 0);
   CHECK(fake.held_bytes() == 0);  // teardown gave everything back to the runtime
+}
+
+TEST_CASE("every built code object (gfx1100 from llc-16 too) loads and runs the kiln-ops cases",
+          "[amdgpu][e2e]") {
+  REQUIRE_FALSE(runtime::amdgcn_code_objects().empty());
+  for (const runtime::AmdgcnCodeObject &object : runtime::amdgcn_code_objects()) {
+    INFO(object.target);
+    FakeGpu &fake = fake_hip();
+    auto device = value_or_throw(create_amdgpu_device(0));
+    const uint64_t module = value_or_throw(device->load_module(std::as_bytes(object.image)));
+    CHECK(device->unload_module(module));
+    ops::SuiteOptions options = amdgpu_options(64_KiB);
+    options.program = value_or_throw(Program::create(CodegenArch::amdgcn, object.target));
+    const ops::SuiteReport report = ops::run_suite(options);
+    REQUIRE_FALSE(report.setup_failure);
+    CHECK(report.results.size() >= 20);
+    CHECK(report.failed == 0);
+    CHECK(report.refused == 0);
+    CHECK(fake.call_count("hipModuleLoadData") >= 2);
+    CHECK(fake.call_count("hipModuleLaunchKernel") > 0);
+    CHECK(fake.held_bytes() == 0);
+  }
 }
 
 TEST_CASE("the executor loads the HSACO and charges it to the ledger as code_object", "[amdgpu][e2e]") {

@@ -4,10 +4,10 @@
 // and ld.lld links it into an HSACO (an ELF shared object, e_machine EM_AMDGPU), embedded in
 // kiln_codegen. hipModuleLoadData loads it; nothing is compiled at run time.
 //
-// Built with LLVM 14: gfx90a (the issue's), gfx908, gfx1030. Not built: gfx942 and gfx1100,
-// which LLVM 14 predates (it reserves their ELF machine numbers but cannot generate code for
-// them; gfx940/942 arrived in LLVM 15/17, gfx1100 in LLVM 15/16). A newer LLVM builds them from
-// the same KILN_AMDGPU_TARGETS list.
+// Built with LLVM 14: gfx90a (the issue's), gfx908, gfx1030. Built with LLVM 16's llc-16 and
+// ld.lld-16 where they are installed: gfx1100, which LLVM 14 predates (kiln-amdgcn-codegen
+// --emit-llvm writes the prepared module as bitcode, llc-16 emits the object). Not built: gfx942,
+// which needs LLVM 17 (LLVM 14 only reserves its ELF machine number; Debian 12 has no LLVM 17).
 #ifndef KILN_RUNTIME_AMDGCN_CODEGEN_H_
 #define KILN_RUNTIME_AMDGCN_CODEGEN_H_
 

@@ -42,7 +42,8 @@ struct ElfImageInfo {
 [[nodiscard]] uint64_t elf_image_size(const void *image);
 
 /// The gfx processor an AMDGPU e_flags names, for the processors kiln builds code objects for
-/// (gfx908, gfx90a, gfx1030; values from LLVM 14's BinaryFormat/ELF.h); empty otherwise.
+/// (gfx908, gfx90a, gfx1030 from LLVM 14's BinaryFormat/ELF.h; gfx1100 = 0x041 from LLVM 16's);
+/// empty otherwise.
 [[nodiscard]] std::string_view amdgpu_processor(uint32_t e_flags);
 
 }  // namespace kiln::runtime
