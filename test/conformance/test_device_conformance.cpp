@@ -14,7 +14,10 @@
 #include <string_view>
 #include <vector>
 
+#include "fake_gpu_handle.h"
+#include "kiln/rhi/amdgpu_device.h"
 #include "kiln/rhi/cpu_device.h"
+#include "kiln/rhi/cuda_device.h"
 #include "kiln/rhi/device.h"
 #include "kiln/rhi/fault_plan.h"
 #include "kiln/rhi/mock_device.h"
@@ -51,6 +54,41 @@ struct MockFactory {
   }
 };
 
+// The GPU backends over the fake drivers CI builds (test/fake_cuda, test/fake_hip), reset before
+// each device so one test's faults and memory never reach the next.
+template <class Traits>
+struct FakeGpuFactory {
+  static constexpr const char *kName = Traits::kName;
+  static const char *skip_reason() { return nullptr; }
+  static std::unique_ptr<LlvmDevice> make() {
+    static kiln::test::FakeGpu fake =
+        kiln::test::FakeGpu::open(Traits::kLibrary, Traits::kEnvVar, Traits::kPrefix);
+    fake.reset();
+    auto device = Traits::create();
+    REQUIRE(device);
+    return std::move(*device);
+  }
+};
+
+struct FakeCudaTraits {
+  static constexpr const char *kName = "cuda:0";  // the device name the fake driver gives
+  static constexpr const char *kLibrary = KILN_FAKE_CUDA_LIBRARY;
+  static constexpr const char *kEnvVar = "KILN_CUDA_DRIVER";
+  static constexpr const char *kPrefix = "kiln_fake_cuda_";
+  static auto create() { return kiln::create_cuda_device(0); }
+};
+
+struct FakeHipTraits {
+  static constexpr const char *kName = "amdgpu:0";
+  static constexpr const char *kLibrary = KILN_FAKE_HIP_LIBRARY;
+  static constexpr const char *kEnvVar = "KILN_HIP_RUNTIME";
+  static constexpr const char *kPrefix = "kiln_fake_hip_";
+  static auto create() { return kiln::create_amdgpu_device(0); }
+};
+
+using FakeCudaFactory = FakeGpuFactory<FakeCudaTraits>;
+using FakeHipFactory = FakeGpuFactory<FakeHipTraits>;
+
 // Skips the rest of a test, saying why; Catch2 v2 has no SKIP(), so the reason is a warning.
 #define KILN_SKIP_UNLESS_AVAILABLE(Factory)                                          \
   do {                                                                                \
@@ -84,7 +122,7 @@ std::vector<uint8_t> pattern(std::size_t n, uint8_t seed) {
 
 }  // namespace
 
-#define KILN_CONFORMANCE_BACKENDS CpuFactory, MockFactory
+#define KILN_CONFORMANCE_BACKENDS CpuFactory, MockFactory, FakeCudaFactory, FakeHipFactory
 
 TEMPLATE_TEST_CASE("allocate_memory_runtime writes *out on success and the handle is live",
                    "[conformance]", KILN_CONFORMANCE_BACKENDS) {
