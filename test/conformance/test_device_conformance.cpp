@@ -63,6 +63,7 @@ struct FakeGpuFactory {
   static std::unique_ptr<LlvmDevice> make() {
     static kiln::test::FakeGpu fake =
         kiln::test::FakeGpu::open(Traits::kLibrary, Traits::kEnvVar, Traits::kPrefix);
+    setenv(Traits::kEnvVar, Traits::kLibrary, 1);  // other tests may have pointed it elsewhere
     fake.reset();
     auto device = Traits::create();
     REQUIRE(device);

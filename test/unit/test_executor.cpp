@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <thread>
 
@@ -154,12 +155,27 @@ TEST_CASE("an unknown kernel and an unknown backend are InvalidUsage", "[executo
   CHECK_THAT(backend.error().message(), Catch::Contains("tpu"));
 }
 
-TEST_CASE("backends not built yet are NotSupported", "[executor]") {
+TEST_CASE("a GPU backend without its driver library is NotSupported", "[executor]") {
+  const char *saved = std::getenv("KILN_CUDA_DRIVER");
+  const std::string restore = saved != nullptr ? saved : "";
+  setenv("KILN_CUDA_DRIVER", "/nonexistent/libcuda.so.1", 1);
   ExecutorConfig config;
   config.backend = Backend::cuda;
-  auto ex = LlvmRuntimeExecutor::create(config, host_program());
+  auto ex = LlvmRuntimeExecutor::create(config);
+  if (saved != nullptr) setenv("KILN_CUDA_DRIVER", restore.c_str(), 1); else unsetenv("KILN_CUDA_DRIVER");
   REQUIRE_FALSE(ex);
   CHECK(kind_of(ex.error()) == ErrorKind::not_supported);
+  CHECK_THAT(ex.error().message(), Catch::Contains("/nonexistent/libcuda.so.1"));
+}
+
+TEST_CASE("a program of another arch than the device's is InvalidUsage", "[executor][bad-input]") {
+  ExecutorConfig config;
+  config.backend = Backend::mock;
+  auto nvptx = Program::shared(CodegenArch::nvptx64);
+  REQUIRE(nvptx);
+  auto ex = LlvmRuntimeExecutor::create(config, *nvptx);
+  REQUIRE_FALSE(ex);
+  CHECK(kind_of(ex.error()) == ErrorKind::invalid_usage);
 }
 
 TEST_CASE("an ndarray of another executor is InvalidUsage", "[executor][bad-input]") {
