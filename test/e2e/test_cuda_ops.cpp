@@ -157,3 +157,18 @@ TEST_CASE("a free the driver refuses stays charged and synchronize reports it on
   CHECK(std::string(reported.error().driver_status) == "CUDA_ERROR_INVALID_VALUE");
   CHECK(ex->device().synchronize());  // reported once
 }
+
+TEST_CASE("a module load the driver refuses fails the executor with a named error and holds nothing",
+          "[cuda][e2e]") {
+  FakeCuda &fake = fake_cuda();
+  REQUIRE(fake.inject_fault("cuModuleLoadData", 1, 2) == 0);  // CUDA_ERROR_OUT_OF_MEMORY
+  ExecutorConfig config;
+  config.backend = Backend::cuda;
+  config.device_heap_bytes = 1_MiB;
+  auto ex = LlvmRuntimeExecutor::create(config);
+  REQUIRE_FALSE(ex);
+  CHECK(classify(ex.error()) == ErrorKind::device_out_of_memory);
+  CHECK_THAT(ex.error().message(), Catch::Contains("loading the kernels' code object"));
+  CHECK(fake.held_bytes() == 0);  // the runtime state and heap went back with the executor
+  CHECK(LlvmRuntimeExecutor::create(config));  // and the next one works
+}

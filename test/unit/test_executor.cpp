@@ -326,3 +326,15 @@ TEST_CASE("a float sum that does not fit int64 leaves i64 at 0 instead of undefi
   CHECK(Scalar::of(std::nan("")).i64 == 0);
   CHECK(Scalar::of(-3.7).i64 == -3);
 }
+
+TEST_CASE("an executor whose code object does not fit the budget is refused before any allocation",
+          "[executor][oom]") {
+  ExecutorConfig config;
+  config.backend = Backend::mock;
+  config.budget.limit_bytes = 4_KiB;  // the JIT's code object alone is larger
+  auto ex = LlvmRuntimeExecutor::create(config, host_program());
+  REQUIRE_FALSE(ex);
+  CHECK(kind_of(ex.error()) == ErrorKind::budget_exceeded);
+  CHECK(ex.error().category == MemoryCategory::code_object);
+  CHECK(ex.error().requested_bytes == host_program()->code_size_bytes());
+}
