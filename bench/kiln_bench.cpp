@@ -33,6 +33,8 @@
 // than console the table is printed in that format and the summary is left out.
 // Exit status: 0, 1 when the executor cannot be created, 2 on an unrecognized argument.
 #include <benchmark/benchmark.h>
+
+#include "bench_main.h"
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -340,22 +342,9 @@ void register_benchmarks() {
 }  // namespace
 
 int main(int argc, char **argv) {
-  // The default min time goes first so that one given on the command line (parsed later) wins.
-  std::vector<char *> args;
-  args.push_back(argv[0]);
-  args.push_back(const_cast<char *>(kDefaultMinTime));
-  bool console_format = true;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (arg.starts_with("--benchmark_format=") && arg != "--benchmark_format=console") {
-      console_format = false;
-    }
-    args.push_back(argv[i]);
-  }
-  int num_args = static_cast<int>(args.size());
-  args.push_back(nullptr);
-  benchmark::Initialize(&num_args, args.data());
-  if (benchmark::ReportUnrecognizedArguments(num_args, args.data())) return 2;
+  const std::optional<bool> initialized = kiln::bench::initialize(argc, argv, kDefaultMinTime);
+  if (!initialized) return 2;
+  const bool console_format = *initialized;
 
   // The same thread count as the baseline's team, given explicitly.
   kiln::ExecutorConfig config;
