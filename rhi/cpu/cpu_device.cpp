@@ -1,4 +1,5 @@
 #include <sys/sysinfo.h>
+#include <time.h>
 
 #include <cstdio>
 #include <cstring>
@@ -44,20 +45,56 @@ Device::MemoryInfo apply_cgroup_limit(Device::MemoryInfo info) {
 
 }  // namespace
 
-RhiExpected<Device::MemoryInfo> CpuDevice::memory_info() {
-  const auto now = std::chrono::steady_clock::now();
-  std::lock_guard lock(reading_mutex_);
+namespace {
+constexpr auto kRelaxed = std::memory_order_relaxed;
+int64_t coarse_now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+constexpr int64_t kReuseNs = std::chrono::nanoseconds(CpuDevice::kReadingReuse).count();
+}  // namespace
+
+bool CpuDevice::reuse_reading(int64_t now_ns, MemoryInfo *info) const {
+  // A sequence lock (the Linux kernel's seqlock_t, as in Boehm, "Can seqlocks get along with
+  // programming language memory models?", MSPC 2012): read, then check nobody wrote meanwhile.
+  const uint32_t seq = reading_seq_.load(std::memory_order_acquire);
+  if (seq % 2 != 0) return false;
+  const int64_t time_ns = reading_time_ns_.load(kRelaxed);
+  const uint64_t free_bytes = reading_free_bytes_.load(kRelaxed);
+  const uint64_t total_bytes = reading_total_bytes_.load(kRelaxed);
+  const uint64_t live_at_reading = live_bytes_at_reading_.load(kRelaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (reading_seq_.load(kRelaxed) != seq || time_ns < 0 || now_ns - time_ns >= kReuseNs) return false;
+  // Less what kiln itself allocated since the reading.
   const uint64_t live = live_allocation_bytes();
-  if (reading_time_ == std::chrono::steady_clock::time_point{} || now - reading_time_ >= kReadingReuse) {
-    KILN_ASSIGN_OR_RETURN(reading_, read_memory_info());
-    reading_time_ = now;
-    live_bytes_at_reading_ = live;
-    return reading_;
-  }
-  MemoryInfo info = reading_;
-  const uint64_t grown = live > live_bytes_at_reading_ ? live - live_bytes_at_reading_ : 0;
-  info.free_bytes = info.free_bytes > grown ? info.free_bytes - grown : 0;
+  const uint64_t grown = live > live_at_reading ? live - live_at_reading : 0;
+  *info = MemoryInfo{free_bytes > grown ? free_bytes - grown : 0, total_bytes};
+  return true;
+}
+
+RhiExpected<Device::MemoryInfo> CpuDevice::refresh_reading(int64_t now_ns) {
+  std::lock_guard lock(refresh_mutex_);
+  MemoryInfo info;
+  if (reuse_reading(now_ns, &info)) return info;  // another thread just refreshed it
+  const uint64_t live = live_allocation_bytes();
+  KILN_ASSIGN_OR_RETURN(info, read_memory_info());
+  const uint32_t seq = reading_seq_.load(kRelaxed);
+  reading_seq_.store(seq + 1, kRelaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  reading_time_ns_.store(now_ns, kRelaxed);
+  reading_free_bytes_.store(info.free_bytes, kRelaxed);
+  reading_total_bytes_.store(info.total_bytes, kRelaxed);
+  live_bytes_at_reading_.store(live, kRelaxed);
+  reading_seq_.store(seq + 2, std::memory_order_release);
   return info;
+}
+
+RhiExpected<Device::MemoryInfo> CpuDevice::memory_info() {
+  const int64_t now_ns = coarse_now_ns();
+  MemoryInfo info;
+  if (reuse_reading(now_ns, &info)) return info;
+  return refresh_reading(now_ns);
 }
 
 RhiExpected<Device::MemoryInfo> CpuDevice::read_memory_info() {

@@ -73,7 +73,8 @@ RhiExpected<DeviceAllocation> LlvmDevice::allocate_runtime(const LlvmRuntimeAllo
   std::lock_guard lock(mutex_);
   const uint64_t id = next_alloc_id_++;
   live_.emplace(id, Entry{address, params.size_bytes});
-  live_bytes_ += params.size_bytes;
+  live_bytes_.store(live_bytes_.load(std::memory_order_relaxed) + params.size_bytes,
+                    std::memory_order_relaxed);
   return DeviceAllocation{this, id};
 }
 
@@ -119,7 +120,8 @@ RhiStatus LlvmDevice::dealloc_memory(DeviceAllocation alloc) {
                       alloc.alloc_id)));
     entry = it->second;
     live_.erase(it);
-    live_bytes_ -= entry.size_bytes;
+    live_bytes_.store(live_bytes_.load(std::memory_order_relaxed) - entry.size_bytes,
+                      std::memory_order_relaxed);
   }
   if (is_lost()) return {};  // the memory went with the device
   auto freed = driver_free(entry.address, entry.size_bytes);
@@ -184,8 +186,7 @@ uint64_t LlvmDevice::live_allocation_count() const {
 }
 
 uint64_t LlvmDevice::live_allocation_bytes() const {
-  std::lock_guard lock(mutex_);
-  return live_bytes_;
+  return live_bytes_.load(std::memory_order_relaxed);
 }
 
 }  // namespace kiln

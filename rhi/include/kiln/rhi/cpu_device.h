@@ -1,7 +1,9 @@
 #ifndef KILN_RHI_CPU_DEVICE_H_
 #define KILN_RHI_CPU_DEVICE_H_
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <mutex>
 
 #include "kiln/rhi/host_device.h"
@@ -11,8 +13,12 @@ namespace kiln {
 /// The host CPU as a device. Memory info is the system's: total = MemTotal, free = MemAvailable
 /// from /proc/meminfo (sysinfo(2) where that cannot be read), both capped by the process's
 /// cgroup limit. Reading them costs about 10 us, so a reading younger than kReadingReuse is
-/// reused, less what kiln itself allocated since: only other processes' growth within that
-/// millisecond goes unseen. Thread-safe.
+/// reused, less what kiln itself allocated since: only other processes' growth within that time
+/// goes unseen. The age is measured on CLOCK_MONOTONIC_COARSE (a few ns to read, where
+/// steady_clock costs ~20 ns on a VM), which advances once per kernel tick: a reading lives until
+/// the tick after it is 1 ms old, so 1 to 4 ms depending on the kernel's HZ. A reused reading is
+/// read without a lock (a sequence lock around it); one thread at a time refreshes it.
+/// Thread-safe.
 class CpuDevice final : public HostMemoryDevice {
  public:
   static constexpr std::chrono::microseconds kReadingReuse{1000};
@@ -22,10 +28,12 @@ class CpuDevice final : public HostMemoryDevice {
 
  private:
   [[nodiscard]] RhiExpected<MemoryInfo> read_memory_info();
-  std::mutex reading_mutex_;
-  std::chrono::steady_clock::time_point reading_time_{};
-  MemoryInfo reading_{};
-  uint64_t live_bytes_at_reading_ = 0;
+  [[nodiscard]] bool reuse_reading(int64_t now_ns, MemoryInfo *info) const;
+  [[nodiscard]] RhiExpected<MemoryInfo> refresh_reading(int64_t now_ns);
+  std::mutex refresh_mutex_;            // one refresher at a time
+  std::atomic<uint32_t> reading_seq_{0};  // odd while the fields below are being written
+  std::atomic<int64_t> reading_time_ns_{-1};  // CLOCK_MONOTONIC_COARSE; -1: no reading yet
+  std::atomic<uint64_t> reading_free_bytes_{0}, reading_total_bytes_{0}, live_bytes_at_reading_{0};
 };
 
 }  // namespace kiln

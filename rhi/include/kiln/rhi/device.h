@@ -184,7 +184,7 @@ class LlvmDevice : public Device {
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Entry> live_;
   uint64_t next_alloc_id_ = 1;
-  uint64_t live_bytes_ = 0;
+  std::atomic<uint64_t> live_bytes_{0};  // written under mutex_, read without it
 };
 
 }  // namespace kiln
