@@ -628,6 +628,7 @@ py::dict memory_stats() {
   d["allocations"] = s.allocations;
   d["frees"] = s.frees;
   d["cache_hits"] = s.cache_hits;
+  d["lock_free_hits"] = s.lock_free_hits;
   d["evictions"] = s.evictions;
   d["budget_refusals"] = s.ledger.refusals;
   d["live_checks"] = s.live_checks;
@@ -799,7 +800,7 @@ PYBIND11_MODULE(_kiln, m) {
   m.def("memory_stats", &memory_stats);
   m.def("memory_summary", [] { return executor()->memory().summary(); });
   m.def("empty_cache", [] { return executor()->memory().release_cached(); });
-  m.def("reset_peak_memory_stats", [] { executor()->memory().budget().reset_peaks(); });
+  m.def("reset_peak_memory_stats", [] { executor()->memory().reset_peaks(); });
   m.def("add_oom_observer", &add_oom_observer, py::arg("callback"));
   m.def("remove_oom_observer", &remove_oom_observer, py::arg("observer_id"));
 

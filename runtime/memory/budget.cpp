@@ -45,7 +45,13 @@ uint64_t Reservation::total_bytes() const {
   return total;
 }
 
-Failure MemoryBudget::refusal(uint64_t requested_bytes, MemoryCategory category) const {
+namespace {
+std::size_t index(MemoryCategory category) { return static_cast<std::size_t>(category); }
+constexpr auto kRelaxed = std::memory_order_relaxed;
+}  // namespace
+
+Failure MemoryBudget::refusal(uint64_t requested_bytes, MemoryCategory category) {
+  refusals_.fetch_add(1, kRelaxed);
   Failure f;
   f.result = RhiResult::out_of_memory;
   f.oom_source = OomSource::budget;
@@ -53,9 +59,15 @@ Failure MemoryBudget::refusal(uint64_t requested_bytes, MemoryCategory category)
   f.requested_bytes = requested_bytes;
   f.site = "MemoryBudget::reserve";
   f.has_memory = true;
-  f.memory.limit_bytes = limit_bytes_;
-  f.memory.in_use_bytes = stats_.current_bytes;
+  f.memory.limit_bytes = limit_bytes_.load(kRelaxed);
+  for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
+    f.memory.in_use_bytes[i] = current_bytes_[i].load(kRelaxed);
   return f;
+}
+
+bool MemoryBudget::fits(uint64_t total_bytes) const {
+  const uint64_t limit = limit_bytes_.load(kRelaxed);
+  return total_bytes <= limit && in_use_total_.load(kRelaxed) <= limit - total_bytes;
 }
 
 RhiExpected<Reservation> MemoryBudget::reserve(MemoryCategory category, uint64_t size_bytes) {
@@ -68,22 +80,25 @@ RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> 
   uint64_t total = 0;
   bool overflow = false;
   for (const CategoryRequest &r : requests) {
-    bytes[static_cast<std::size_t>(r.category)] += r.size_bytes;
+    bytes[index(r.category)] += r.size_bytes;
     overflow |= total + r.size_bytes < total;
     total += r.size_bytes;
   }
   const MemoryCategory first = requests.empty() ? MemoryCategory::ndarray : requests[0].category;
+  // A refusal is decided without the lock: the total only changes under it, and a request that
+  // does not fit now did not fit at the moment of that load.
+  if (overflow || !fits(total)) return std::unexpected(refusal(overflow ? UINT64_MAX : total, first));
   std::lock_guard lock(mutex_);
-  if (overflow || total > limit_bytes_ || in_use_total_ > limit_bytes_ - total) {
-    ++stats_.refusals;
-    return std::unexpected(refusal(overflow ? UINT64_MAX : total, first));
-  }
-  in_use_total_ += total;
+  if (!fits(total)) return std::unexpected(refusal(total, first));
+  const uint64_t in_use = in_use_total_.load(kRelaxed) + total;
+  in_use_total_.store(in_use, kRelaxed);
   for (std::size_t i = 0; i < kNumMemoryCategories; ++i) {
-    stats_.current_bytes[i] += bytes[i];
-    stats_.peak_bytes[i] = std::max(stats_.peak_bytes[i], stats_.current_bytes[i]);
+    if (bytes[i] == 0) continue;
+    const uint64_t current = current_bytes_[i].load(kRelaxed) + bytes[i];
+    current_bytes_[i].store(current, kRelaxed);
+    peak_bytes_[i] = std::max(peak_bytes_[i], current);
   }
-  stats_.peak_total_bytes = std::max(stats_.peak_total_bytes, in_use_total_);
+  peak_total_bytes_ = std::max(peak_total_bytes_, in_use);
   return Reservation(this, bytes);
 }
 
@@ -94,54 +109,42 @@ void MemoryBudget::give_back(const CategoryBytes &bytes) {
 
 void MemoryBudget::release(MemoryCategory category, uint64_t size_bytes) {
   std::lock_guard lock(mutex_);
-  auto &current = stats_.current_bytes[static_cast<std::size_t>(category)];
-  const uint64_t n = std::min(current, size_bytes);  // never below zero, even on a caller's bug
-  current -= n;
-  in_use_total_ -= n;
+  auto &current = current_bytes_[index(category)];
+  const uint64_t n = std::min(current.load(kRelaxed), size_bytes);  // never below zero, even on a caller's bug
+  current.store(current.load(kRelaxed) - n, kRelaxed);
+  in_use_total_.store(in_use_total_.load(kRelaxed) - n, kRelaxed);
 }
 
-void MemoryBudget::transfer(MemoryCategory from, MemoryCategory to, uint64_t size_bytes) {
-  std::lock_guard lock(mutex_);
-  auto &src = stats_.current_bytes[static_cast<std::size_t>(from)];
-  auto &dst = stats_.current_bytes[static_cast<std::size_t>(to)];
-  const uint64_t n = std::min(src, size_bytes);
-  src -= n;
-  dst += n;
-  auto &peak = stats_.peak_bytes[static_cast<std::size_t>(to)];
-  peak = std::max(peak, dst);
-}
-
-uint64_t MemoryBudget::limit_bytes() const {
-  std::lock_guard lock(mutex_);
-  return limit_bytes_;
-}
+uint64_t MemoryBudget::limit_bytes() const { return limit_bytes_.load(kRelaxed); }
 
 void MemoryBudget::set_limit_bytes(uint64_t limit_bytes) {
   std::lock_guard lock(mutex_);
-  limit_bytes_ = limit_bytes;
+  limit_bytes_.store(limit_bytes, kRelaxed);
 }
 
-uint64_t MemoryBudget::in_use_bytes() const {
-  std::lock_guard lock(mutex_);
-  return in_use_total_;
-}
+uint64_t MemoryBudget::in_use_bytes() const { return in_use_total_.load(kRelaxed); }
 
 CategoryBytes MemoryBudget::in_use_by_category() const {
-  std::lock_guard lock(mutex_);
-  return stats_.current_bytes;
+  CategoryBytes out{};
+  for (std::size_t i = 0; i < kNumMemoryCategories; ++i) out[i] = current_bytes_[i].load(kRelaxed);
+  return out;
 }
 
 LedgerStats MemoryBudget::stats() const {
   std::lock_guard lock(mutex_);
-  LedgerStats s = stats_;
-  s.limit_bytes = limit_bytes_;
+  LedgerStats s;
+  s.current_bytes = in_use_by_category();
+  s.peak_bytes = peak_bytes_;
+  s.peak_total_bytes = peak_total_bytes_;
+  s.limit_bytes = limit_bytes_.load(kRelaxed);
+  s.refusals = refusals_.load(kRelaxed);
   return s;
 }
 
 void MemoryBudget::reset_peaks() {
   std::lock_guard lock(mutex_);
-  stats_.peak_bytes = stats_.current_bytes;
-  stats_.peak_total_bytes = in_use_total_;
+  peak_bytes_ = in_use_by_category();
+  peak_total_bytes_ = in_use_total_.load(kRelaxed);
 }
 
 }  // namespace kiln::runtime

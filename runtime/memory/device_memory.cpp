@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "thread_cache.h"
+
 namespace kiln::runtime {
 
 uint64_t default_reserve_bytes(uint64_t total_bytes) {
@@ -41,25 +43,6 @@ RhiExpected<std::unique_ptr<DeviceMemory>> DeviceMemory::create(LlvmDevice &devi
       new DeviceMemory(device, limit, reserve, config.live_check, config.caching));
 }
 
-DeviceMemory::DeviceMemory(LlvmDevice &device, uint64_t limit_bytes, uint64_t reserve_bytes,
-                           bool live_check, bool caching)
-    : device_(device),
-      budget_(limit_bytes),
-      reserve_bytes_(reserve_bytes),
-      live_check_(live_check),
-      caching_(caching) {}
-
-DeviceMemory::~DeviceMemory() {
-  // Whatever is still live or cached goes back to the device: nothing outlives its allocator.
-  std::unordered_map<uint64_t, LiveEntry> live;
-  {
-    std::lock_guard lock(mutex_);
-    live.swap(live_);
-    (void)pool_.drain();
-  }
-  for (const auto &[id, entry] : live) (void)device_.dealloc_memory(DeviceAllocation{&device_, id});
-}
-
 MemorySnapshot DeviceMemory::snapshot() {
   MemorySnapshot m;
   if (auto info = device_.memory_info()) {
@@ -67,7 +50,7 @@ MemorySnapshot DeviceMemory::snapshot() {
     m.total_bytes = info->total_bytes;
   }
   m.limit_bytes = budget_.limit_bytes();
-  m.in_use_bytes = budget_.in_use_by_category();
+  m.in_use_bytes = in_use_by_category();
   return m;
 }
 
@@ -82,13 +65,21 @@ void DeviceMemory::annotate(Failure &failure) {
     }
   }
   failure.memory.limit_bytes = budget_.limit_bytes();
-  failure.memory.in_use_bytes = budget_.in_use_by_category();
+  failure.memory.in_use_bytes = in_use_by_category();
   failure.has_memory = true;
+}
+
+// --- the locked path -------------------------------------------------------------------------
+
+RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_group(
+    std::span<const AllocRequest> requests) {
+  KILN_RETURN_IF_ERROR(admit(requests));
+  return allocate_admitted(requests);
 }
 
 RhiStatus DeviceMemory::check_live_free(uint64_t size_bytes, MemoryCategory category) {
   if (!live_check_) return {};
-  live_checks_.fetch_add(1, std::memory_order_relaxed);
+  count(kLiveChecks);
   KILN_ASSIGN_OR_RETURN(const Device::MemoryInfo info, device_.memory_info());
   const uint64_t usable = info.free_bytes > reserve_bytes_ ? info.free_bytes - reserve_bytes_ : 0;
   if (size_bytes <= usable) return {};
@@ -107,30 +98,12 @@ RhiStatus DeviceMemory::check_live_free(uint64_t size_bytes, MemoryCategory cate
 }
 
 bool DeviceMemory::evicting_would_fit(uint64_t size_bytes, uint64_t limit_bytes) const {
-  const CategoryBytes in_use = budget_.in_use_by_category();
+  if (size_bytes > limit_bytes) return false;  // not even an empty device would do
+  const CategoryBytes in_use = in_use_by_category();
   uint64_t held = 0;  // what eviction cannot give back
   for (std::size_t i = 0; i < in_use.size(); ++i)
     if (i != static_cast<std::size_t>(MemoryCategory::pool_cache)) held += in_use[i];
   return held <= limit_bytes && size_bytes <= limit_bytes - held;
-}
-
-uint64_t DeviceMemory::release_cached() {
-  std::vector<CachingPool::Block> blocks;
-  {
-    std::lock_guard lock(mutex_);
-    blocks = pool_.drain();
-    for (const CachingPool::Block &b : blocks) live_.erase(b.alloc.alloc_id);
-  }
-  uint64_t released = 0;
-  for (const CachingPool::Block &b : blocks) {
-    // The device lets go first, then the ledger: the device never holds more than the ledger.
-    // A block the device failed to free stays charged (the device's synchronize() reports it).
-    if (!device_.dealloc_memory(b.alloc)) continue;
-    budget_.release(MemoryCategory::pool_cache, b.class_bytes);
-    released += b.class_bytes;
-  }
-  evictions_.fetch_add(blocks.size(), std::memory_order_relaxed);
-  return released;
 }
 
 RhiExpected<Reservation> DeviceMemory::reserve_growth(std::span<const CategoryRequest> growth) {
@@ -169,24 +142,12 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate_block(const AllocRequest &r
   return alloc;
 }
 
-void DeviceMemory::give_back_unused(std::span<const DeviceAllocation> blocks,
-                                    std::span<const AllocRequest> requests) {
-  // Cache hits taken for a group that failed go back to the pool, charged as cache again.
-  std::lock_guard lock(mutex_);
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    auto it = live_.find(blocks[i].alloc_id);
-    if (it == live_.end()) continue;
-    budget_.transfer(requests[i].category, MemoryCategory::pool_cache, it->second.class_bytes);
-    it->second.category = MemoryCategory::pool_cache;
-    pool_.put(blocks[i], it->second.class_bytes);
-  }
-}
-
 RhiStatus DeviceMemory::validate(MemoryCategory category, uint64_t size_bytes) const {
   KILN_RETURN_IF_ERROR(device_.check_alive("DeviceMemory::allocate"));  // cached blocks too
   const char *why = nullptr;
   if (size_bytes == 0) why = "allocation of 0 bytes";
   if (category == MemoryCategory::pool_cache) why = "pool_cache is the pool's own category";
+  if (static_cast<std::size_t>(category) >= kNumMemoryCategories) why = "no such memory category";
   if (why == nullptr) return {};
   Failure f = invalid_usage(device_.name(), "DeviceMemory::allocate",
                             fmt::format("{} (category {})", why, to_string(category)));
@@ -201,8 +162,16 @@ uint64_t DeviceMemory::class_of(uint64_t size_bytes) const {
 }
 
 RhiStatus DeviceMemory::check_fault_plan(std::span<const AllocRequest> requests) {
+  if (!fault_plan_.armed()) {
+    // Disarmed: only count, in this thread's cache when it has one (no read-modify-write).
+    if (Cache *cache = my_cache(); cache != nullptr)
+      Cache::add(cache->requests, requests.size());
+    else
+      for (const AllocRequest &r : requests) (void)fault_plan_.plan_.should_fail(r.size_bytes);
+    return {};
+  }
   for (const AllocRequest &r : requests) {
-    if (!fault_plan_.should_fail(r.size_bytes)) continue;
+    if (!fault_plan_.plan_.should_fail(r.size_bytes)) continue;
     driver_ooms_.fetch_add(1, std::memory_order_relaxed);
     Failure f = make_failure(RhiResult::out_of_memory, device_.name(), "DeviceMemory::allocate", "");
     f.oom_source = OomSource::driver;
@@ -240,11 +209,48 @@ RhiExpected<DeviceAllocation> DeviceMemory::grow_one(const AllocRequest &request
   KILN_RETURN_IF_ERROR(check_live_with_eviction(class_bytes, request.category, request.size_bytes));
   KILN_ASSIGN_OR_RETURN(const DeviceAllocation block, allocate_block(request, class_bytes));
   reservation->commit();
-  {
-    std::lock_guard lock(mutex_);
-    live_.emplace(block.alloc_id, LiveEntry{request.category, class_bytes});
+  Cache *cache = bind_cache();
+  std::lock_guard lock(mutex_);
+  register_block_locked(cache, block, request.category, class_bytes);
+  count(kAllocations);
+  return block;
+}
+
+RhiExpected<DeviceAllocation> DeviceMemory::allocate_locked_path(MemoryCategory category,
+                                                                 uint64_t size_bytes,
+                                                                 bool zero_fill) {
+  const AllocRequest request{category, size_bytes, zero_fill};
+  const std::span<const AllocRequest> one(&request, 1);
+  KILN_RETURN_IF_ERROR(admit(one));
+  if (caching_) {
+    // A single request served from a cache: no group bookkeeping.
+    Cache *cache = bind_cache();
+    Record *record = nullptr;
+    const uint64_t class_bytes = class_of(request.size_bytes);
+    if (class_bytes <= budget_.in_use_bytes()) {  // else no cached block can be that large
+      std::lock_guard lock(mutex_);
+      record = take_cached_locked(cache, request.category, class_bytes);
+    }
+    if (record != nullptr) {
+      const DeviceAllocation block{&device_, record->alloc_id.load(std::memory_order_relaxed)};
+      if (request.zero_fill) {
+        if (auto cleared = device_.fill_zero(block); !cleared) {
+          (void)free_locked_path(block);
+          return std::unexpected(std::move(cleared).error());
+        }
+      }
+      count(kAllocations);
+      count(kCacheHits);
+      return block;
+    }
   }
-  allocations_.fetch_add(1, std::memory_order_relaxed);
+  auto block = grow_one(request);
+  if (block) return block;
+  annotate(block.error());
+  if (block.error().result != RhiResult::out_of_memory || !notify_observers(block.error())) return block;
+  retries_.fetch_add(1, std::memory_order_relaxed);
+  block = grow_one(request);
+  if (!block) annotate(block.error());
   return block;
 }
 
@@ -253,49 +259,45 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
   const std::size_t n = requests.size();
   std::vector<uint64_t> classes(n);
   for (std::size_t i = 0; i < n; ++i) classes[i] = class_of(requests[i].size_bytes);
+  Cache *cache = bind_cache();
   // 1. Reuse: cached blocks need no budget growth and no driver call.
   std::vector<DeviceAllocation> out(n);
-  std::vector<bool> hit(n, false);
-  std::vector<DeviceAllocation> hits;
-  std::vector<AllocRequest> hit_requests;
+  std::vector<Record *> hit(n, nullptr);
   if (caching_) {
     std::lock_guard lock(mutex_);
     for (std::size_t i = 0; i < n; ++i) {
-      auto block = pool_.take(classes[i]);
-      if (!block) continue;
-      hit[i] = true;
-      out[i] = *block;
-      live_[block->alloc_id].category = requests[i].category;
-      budget_.transfer(MemoryCategory::pool_cache, requests[i].category, classes[i]);
-      hits.push_back(*block);
-      hit_requests.push_back(requests[i]);
+      hit[i] = take_cached_locked(cache, requests[i].category, classes[i]);
+      if (hit[i] != nullptr) out[i] = DeviceAllocation{&device_, hit[i]->alloc_id.load(std::memory_order_relaxed)};
     }
   }
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!hit[i] || !requests[i].zero_fill) continue;
-    if (auto cleared = device_.fill_zero(out[i]); !cleared) {
-      give_back_unused(hits, hit_requests);
-      return std::unexpected(std::move(cleared).error());
+  std::vector<DeviceAllocation> grown;
+  auto fail = [&](Failure f) -> RhiExpected<std::vector<DeviceAllocation>> {
+    for (DeviceAllocation a : grown) (void)device_.dealloc_memory(a);
+    std::lock_guard lock(mutex_);  // the hits go back to the cache, charged as cache again
+    for (std::size_t i = 0; i < n; ++i) {
+      if (hit[i] == nullptr) continue;
+      move_locked(cache, requests[i].category, MemoryCategory::pool_cache, classes[i]);
+      keep_cached_locked(cache, hit[i]);
     }
+    return std::unexpected(std::move(f));
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    if (hit[i] == nullptr || !requests[i].zero_fill) continue;
+    if (auto cleared = device_.fill_zero(out[i]); !cleared) return fail(std::move(cleared).error());
   }
   // 2. Growth: the misses are reserved together, checked against live free memory, allocated.
   std::vector<CategoryRequest> growth;
   uint64_t growth_bytes = 0;     // what the device must give (size classes)
   uint64_t requested_bytes = 0;  // what the caller asked for, as failures report it
   for (std::size_t i = 0; i < n; ++i)
-    if (!hit[i]) {
+    if (hit[i] == nullptr) {
       growth.push_back({requests[i].category, classes[i]});
       growth_bytes += classes[i];
       requested_bytes += requests[i].size_bytes;
     }
-  std::vector<DeviceAllocation> grown;
+  std::size_t hits = n - growth.size();
   if (!growth.empty()) {
     auto reservation = reserve_growth(growth);
-    auto fail = [&](Failure f) -> RhiExpected<std::vector<DeviceAllocation>> {
-      for (DeviceAllocation a : grown) (void)device_.dealloc_memory(a);
-      give_back_unused(hits, hit_requests);
-      return std::unexpected(std::move(f));
-    };
     if (!reservation) {
       Failure f = std::move(reservation).error();
       f.requested_bytes = requested_bytes;
@@ -304,7 +306,7 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
     if (auto live = check_live_with_eviction(growth_bytes, growth.front().category, requested_bytes); !live)
       return fail(std::move(live).error());
     for (std::size_t i = 0; i < n; ++i) {
-      if (hit[i]) continue;
+      if (hit[i] != nullptr) continue;
       auto block = allocate_block(requests[i], classes[i]);
       if (!block) return fail(std::move(block).error());  // frees `grown`, then the reservation goes
       out[i] = *block;
@@ -313,14 +315,15 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
     reservation->commit();
     std::lock_guard lock(mutex_);
     for (std::size_t i = 0; i < n; ++i)
-      if (!hit[i]) live_.emplace(out[i].alloc_id, LiveEntry{requests[i].category, classes[i]});
+      if (hit[i] == nullptr) register_block_locked(cache, out[i], requests[i].category, classes[i]);
   }
-  allocations_.fetch_add(n, std::memory_order_relaxed);
-  cache_hits_.fetch_add(hits.size(), std::memory_order_relaxed);
+  count(kAllocations, n);
+  count(kCacheHits, hits);
   return out;
 }
 
 bool DeviceMemory::notify_observers(const Failure &failure) {
+  if (observer_count_.load(std::memory_order_acquire) == 0) return false;
   std::vector<OomObserver> observers;
   {
     std::lock_guard lock(observers_mutex_);
@@ -328,7 +331,7 @@ bool DeviceMemory::notify_observers(const Failure &failure) {
   }
   if (observers.empty()) return false;
   const auto held = [&] {
-    const CategoryBytes in_use = budget_.in_use_by_category();
+    const CategoryBytes in_use = in_use_by_category();
     uint64_t total = 0;
     for (std::size_t i = 0; i < in_use.size(); ++i)
       if (i != static_cast<std::size_t>(MemoryCategory::pool_cache)) total += in_use[i];
@@ -363,72 +366,37 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_admitted(
   return result;
 }
 
-RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_group(
-    std::span<const AllocRequest> requests) {
-  KILN_RETURN_IF_ERROR(admit(requests));
-  return allocate_admitted(requests);
-}
-
-std::optional<DeviceAllocation> DeviceMemory::take_cached(MemoryCategory category, uint64_t class_bytes) {
-  std::lock_guard lock(mutex_);
-  auto block = pool_.take(class_bytes);
-  if (!block) return std::nullopt;
-  live_[block->alloc_id].category = category;
-  budget_.transfer(MemoryCategory::pool_cache, category, class_bytes);
-  return block;
-}
-
-RhiExpected<DeviceAllocation> DeviceMemory::allocate(MemoryCategory category, uint64_t size_bytes,
-                                                     bool zero_fill) {
-  const AllocRequest request{category, size_bytes, zero_fill};
-  const std::span<const AllocRequest> one(&request, 1);
-  KILN_RETURN_IF_ERROR(admit(one));
-  if (caching_) {
-    // The common case, a single request served from the pool: no group bookkeeping.
-    if (auto block = take_cached(category, class_of(size_bytes))) {
-      if (zero_fill) {
-        if (auto cleared = device_.fill_zero(*block); !cleared) {
-          give_back_unused(std::span<const DeviceAllocation>(&*block, 1), one);
-          return std::unexpected(std::move(cleared).error());
-        }
-      }
-      allocations_.fetch_add(1, std::memory_order_relaxed);
-      cache_hits_.fetch_add(1, std::memory_order_relaxed);
-      return *block;
-    }
-  }
-  auto block = grow_one(request);
-  if (block) return block;
-  annotate(block.error());
-  if (block.error().result != RhiResult::out_of_memory || !notify_observers(block.error())) return block;
-  retries_.fetch_add(1, std::memory_order_relaxed);
-  block = grow_one(request);
-  if (!block) annotate(block.error());
-  return block;
-}
-
-RhiStatus DeviceMemory::free(DeviceAllocation alloc) {
-  LiveEntry entry{};
+RhiStatus DeviceMemory::free_locked_path(DeviceAllocation alloc) {
+  Cache *cache = caching_ ? bind_cache() : nullptr;
+  Record *record = nullptr;
+  MemoryCategory category{};
+  uint64_t class_bytes = 0;
   {
     std::lock_guard lock(mutex_);
-    auto it = alloc.device == &device_ ? live_.find(alloc.alloc_id) : live_.end();
-    if (it == live_.end() || it->second.category == MemoryCategory::pool_cache)
+    record = alloc.device == &device_ ? blocks_->find(alloc.alloc_id) : nullptr;
+    if (record == nullptr || record->category.load(std::memory_order_relaxed) == MemoryCategory::pool_cache)
       return std::unexpected(invalid_usage(
           device_.name(), "DeviceMemory::free",
           fmt::format("allocation {} is not live here (freed twice, or never allocated)",
                       alloc.alloc_id)));
-    entry = it->second;
-    frees_.fetch_add(1, std::memory_order_relaxed);
+    category = record->category.load(std::memory_order_relaxed);
+    class_bytes = record->class_bytes.load(std::memory_order_relaxed);
+    count(kFrees);
     if (caching_) {
-      budget_.transfer(entry.category, MemoryCategory::pool_cache, entry.class_bytes);
-      it->second.category = MemoryCategory::pool_cache;
-      pool_.put(alloc, entry.class_bytes);
+      move_locked(cache, category, MemoryCategory::pool_cache, class_bytes);
+      keep_cached_locked(cache, record);
       return {};
     }
-    live_.erase(it);
+    blocks_->remove(record);
   }
   auto freed = device_.dealloc_memory(alloc);  // device first, then the ledger (see release_cached)
-  if (freed) budget_.release(entry.category, entry.class_bytes);  // a failed free stays charged
+  std::lock_guard lock(mutex_);
+  if (freed) {  // a failed free stays charged
+    moves_[static_cast<std::size_t>(category)] -= static_cast<int64_t>(class_bytes);
+    moves_[static_cast<std::size_t>(record->charged)] += static_cast<int64_t>(class_bytes);
+    budget_.release(record->charged, class_bytes);
+  }
+  blocks_->recycle(record);
   return freed;
 }
 
@@ -441,6 +409,10 @@ RhiStatus DeviceMemory::charge(MemoryCategory category, uint64_t size_bytes) {
     return std::unexpected(std::move(reservation).error());
   }
   reservation->commit();
+  Cache *cache = caching_ ? my_cache() : nullptr;
+  std::lock_guard lock(mutex_);
+  reclaim_headroom_locked(cache, category);
+  raise_peak_locked(category);
   return {};
 }
 
@@ -451,52 +423,15 @@ void DeviceMemory::uncharge(MemoryCategory category, uint64_t size_bytes) {
 uint64_t DeviceMemory::add_oom_observer(OomObserver observer) {
   std::lock_guard lock(observers_mutex_);
   observers_.emplace_back(next_observer_id_, std::move(observer));
+  observer_count_.store(observers_.size(), std::memory_order_release);
   return next_observer_id_++;
 }
 
 bool DeviceMemory::remove_oom_observer(uint64_t id) {
   std::lock_guard lock(observers_mutex_);
-  return std::erase_if(observers_, [id](const auto &entry) { return entry.first == id; }) > 0;
-}
-
-MemoryStats DeviceMemory::stats() const {
-  MemoryStats s;
-  s.ledger = budget_.stats();
-  s.reserve_bytes = reserve_bytes_;
-  {
-    std::lock_guard lock(mutex_);
-    s.cached_bytes = pool_.cached_bytes();
-    s.cached_blocks = pool_.cached_blocks();
-  }
-  s.allocations = allocations_.load();
-  s.frees = frees_.load();
-  s.cache_hits = cache_hits_.load();
-  s.evictions = evictions_.load();
-  s.live_checks = live_checks_.load();
-  s.live_refusals = live_refusals_.load();
-  s.driver_ooms = driver_ooms_.load();
-  s.retries = retries_.load();
-  return s;
-}
-
-std::string DeviceMemory::summary() const {
-  const MemoryStats s = stats();
-  std::string out = fmt::format("kiln memory summary: {} (limit {}, reserve {})\n", device_.name(),
-                                format_bytes(s.ledger.limit_bytes), format_bytes(s.reserve_bytes));
-  out += fmt::format("  {:<16} {:>12} {:>12}\n", "category", "current", "peak");
-  for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
-    out += fmt::format("  {:<16} {:>12} {:>12}\n", to_string(static_cast<MemoryCategory>(i)),
-                       format_bytes(s.ledger.current_bytes[i]), format_bytes(s.ledger.peak_bytes[i]));
-  out += fmt::format("  {:<16} {:>12} {:>12}\n", "total", format_bytes(s.ledger.current_total_bytes()),
-                     format_bytes(s.ledger.peak_total_bytes));
-  out += fmt::format("  pool: {} cached in {} blocks; {} hits of {} allocations; {} evicted\n",
-                     format_bytes(s.cached_bytes), s.cached_blocks, s.cache_hits, s.allocations,
-                     s.evictions);
-  out += fmt::format("  refusals: {} by budget, {} by live free memory; driver out-of-memory: {}; "
-                     "retries: {}; frees: {}; live checks: {}\n",
-                     s.ledger.refusals, s.live_refusals, s.driver_ooms, s.retries, s.frees,
-                     s.live_checks);
-  return out;
+  const bool removed = std::erase_if(observers_, [id](const auto &entry) { return entry.first == id; }) > 0;
+  observer_count_.store(observers_.size(), std::memory_order_release);
+  return removed;
 }
 
 }  // namespace kiln::runtime

@@ -148,10 +148,10 @@ TEST_CASE("a free the driver refuses stays charged and synchronize reports it on
   runtime::DeviceMemory &memory = ex->memory();
   auto block = value_or_throw(memory.allocate(MemoryCategory::staging, 1_MiB));
   value_or_throw(memory.free(block));  // into the pool
-  const uint64_t before = memory.budget().in_use_bytes();
+  const uint64_t before = memory.in_use_bytes();
   REQUIRE(fake.inject_fault("cuMemFree_v2", 1, 1) == 0);  // CUDA_ERROR_INVALID_VALUE
   CHECK(memory.release_cached() == 0);                    // the device did not let go
-  CHECK(memory.budget().in_use_bytes() == before);        // so the ledger keeps the bytes
+  CHECK(memory.in_use_bytes() == before);        // so the ledger keeps the bytes
   auto reported = ex->device().synchronize();
   REQUIRE_FALSE(reported);
   CHECK(std::string(reported.error().driver_status) == "CUDA_ERROR_INVALID_VALUE");

@@ -58,8 +58,8 @@ TEST_CASE("after teardown the ledger and the device both hold nothing", "[e2e][l
   REQUIRE(ex->reduce_sum(a));
   CHECK(mock.held_bytes() > 0);
   a = Ndarray();  // last handle: frees
-  CHECK(ex->memory().budget().in_use_bytes() ==
-        ex->memory().budget().in_use_by_category()[static_cast<int>(MemoryCategory::code_object)] +
+  CHECK(ex->memory().in_use_bytes() ==
+        ex->memory().in_use_by_category()[static_cast<int>(MemoryCategory::code_object)] +
             ex->device().live_allocation_bytes());
   // A second executor's device is fresh: nothing carried across executors.
   auto ex2 = make_executor(config);

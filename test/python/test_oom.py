@@ -205,6 +205,20 @@ def test_empty_cache_gives_the_pool_back():
     assert kiln.memory_stats()["cached_bytes"] == 0
 
 
+def test_a_freed_array_is_reused_lock_free_by_the_same_thread():
+    for _ in range(2):  # the first is grown, the second reuses it
+        a = kiln.ndarray(kiln.f32, (1024,))
+        del a
+    before = kiln.memory_stats()
+    for _ in range(10):
+        a = kiln.ndarray(kiln.f32, (1024,))
+        del a
+    after = kiln.memory_stats()
+    assert after["cache_hits"] - before["cache_hits"] == 10
+    assert after["lock_free_hits"] - before["lock_free_hits"] == 10
+    assert after["allocated_bytes"] == before["allocated_bytes"]
+
+
 def test_oom_observer_gets_the_exception_and_may_free_memory_for_a_retry():
     kiln.init(arch="cpu", budget_bytes=64 * MiB, device_heap_bytes=1 * MiB, caching=False)
     victims = [kiln.ndarray(kiln.f32, (10 * MiB,))]  # 40 MiB

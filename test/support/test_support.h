@@ -56,8 +56,8 @@ std::vector<T> download(LlvmRuntimeExecutor &ex, const Ndarray &a) {
 
 /// Bytes the executor's ledger holds for use: every category but the pool's cache.
 inline uint64_t ledger_bytes(LlvmRuntimeExecutor &ex) {
-  const CategoryBytes in_use = ex.memory().budget().in_use_by_category();
-  return ex.memory().budget().in_use_bytes() - in_use[static_cast<std::size_t>(MemoryCategory::pool_cache)];
+  const CategoryBytes in_use = ex.memory().in_use_by_category();
+  return ex.memory().in_use_bytes() - in_use[static_cast<std::size_t>(MemoryCategory::pool_cache)];
 }
 
 }  // namespace kiln::test

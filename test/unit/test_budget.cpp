@@ -214,23 +214,12 @@ TEST_CASE("a group whose total overflows 64 bits is refused, not wrapped", "[bud
   CHECK(budget.stats().refusals == 2);
 }
 
-TEST_CASE("release and transfer move committed bytes without going below zero", "[budget]") {
+TEST_CASE("release gives committed bytes back without going below zero", "[budget]") {
   MemoryBudget budget(10_MiB);
-  auto r = budget.reserve(MemoryCategory::ndarray, 6_MiB);
+  auto r = budget.reserve(MemoryCategory::pool_cache, 6_MiB);
   REQUIRE(r);
   r->commit();
-
-  budget.transfer(MemoryCategory::ndarray, MemoryCategory::pool_cache, 4_MiB);
-  CHECK(in_use(budget, MemoryCategory::ndarray) == 2_MiB);
-  CHECK(in_use(budget, MemoryCategory::pool_cache) == 4_MiB);
-  CHECK(budget.in_use_bytes() == 6_MiB);
-  CHECK(budget.stats().peak_bytes[static_cast<std::size_t>(MemoryCategory::pool_cache)] == 4_MiB);
-
-  // Transferring more than the source holds moves only what it holds.
-  budget.transfer(MemoryCategory::ndarray, MemoryCategory::pool_cache, 5_MiB);
-  CHECK(in_use(budget, MemoryCategory::ndarray) == 0);
-  CHECK(in_use(budget, MemoryCategory::pool_cache) == 6_MiB);
-  CHECK(budget.in_use_bytes() == 6_MiB);
+  CHECK(budget.stats().peak_bytes[static_cast<std::size_t>(MemoryCategory::pool_cache)] == 6_MiB);
 
   budget.release(MemoryCategory::pool_cache, 1_MiB);
   CHECK(budget.in_use_bytes() == 5_MiB);

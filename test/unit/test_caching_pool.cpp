@@ -65,7 +65,7 @@ std::unique_ptr<DeviceMemory> make_memory(MockDevice &mock, BudgetConfig config)
 }
 
 uint64_t charged(DeviceMemory &memory, MemoryCategory category) {
-  return memory.budget().in_use_by_category()[static_cast<std::size_t>(category)];
+  return memory.in_use_by_category()[static_cast<std::size_t>(category)];
 }
 
 uint64_t cached_bytes(DeviceMemory &memory) { return charged(memory, MemoryCategory::pool_cache); }
@@ -179,12 +179,12 @@ TEST_CASE("free keeps the block in the pool, charged as pool_cache, still held b
   REQUIRE(a);
   CHECK(charged(*memory, MemoryCategory::ndarray) == klass);
   CHECK(mock.held_bytes() == klass);
-  CHECK(memory->budget().in_use_bytes() == mock.held_bytes());
+  CHECK(memory->in_use_bytes() == mock.held_bytes());
 
   REQUIRE(memory->free(*a));
   CHECK(charged(*memory, MemoryCategory::ndarray) == 0);
   CHECK(cached_bytes(*memory) == klass);
-  CHECK(memory->budget().in_use_bytes() == klass);
+  CHECK(memory->in_use_bytes() == klass);
   CHECK(mock.held_bytes() == klass);  // nothing went back to the driver
   CHECK(mock.live_allocation_count() == 1);
   CHECK(memory->stats().cached_bytes == klass);
@@ -194,7 +194,7 @@ TEST_CASE("free keeps the block in the pool, charged as pool_cache, still held b
   SECTION("release_cached gives it back to the driver") {
     CHECK(memory->release_cached() == klass);
     CHECK(cached_bytes(*memory) == 0);
-    CHECK(memory->budget().in_use_bytes() == 0);
+    CHECK(memory->in_use_bytes() == 0);
     CHECK(mock.held_bytes() == 0);
     CHECK(mock.live_allocation_count() == 0);
     CHECK(memory->stats().evictions == 1);
@@ -264,12 +264,12 @@ TEST_CASE("freeing a cached block again is invalid_usage and changes nothing", "
   auto a = memory->allocate(MemoryCategory::ndarray, 2_MiB);
   REQUIRE(a);
   REQUIRE(memory->free(*a));
-  const auto ledger = memory->budget().in_use_by_category();
+  const auto ledger = memory->in_use_by_category();
   auto again = memory->free(*a);
   REQUIRE_FALSE(again);
   CHECK(again.error().result == RhiResult::invalid_usage);
   CHECK(again.error().device == "mock");
-  CHECK(memory->budget().in_use_by_category() == ledger);
+  CHECK(memory->in_use_by_category() == ledger);
   CHECK(memory->stats().cached_blocks == 1);  // not put twice
   CHECK(memory->stats().frees == 1);
   CHECK(mock.held_bytes() == 2_MiB);
@@ -294,7 +294,7 @@ TEST_CASE("cached bytes never cause a budget refusal: the cache is evicted first
   auto memory = make_memory(mock, cached(8_MiB));
   warm_pool(*memory, 2_MiB, 4);
   REQUIRE(cached_bytes(*memory) == 8_MiB);
-  REQUIRE(memory->budget().in_use_bytes() == memory->budget().limit_bytes());
+  REQUIRE(memory->in_use_bytes() == memory->limit_bytes());
 
   // 4 MiB is another class: it fits only once the cache is gone.
   auto a = memory->allocate(MemoryCategory::ndarray, 4_MiB);
@@ -306,7 +306,7 @@ TEST_CASE("cached bytes never cause a budget refusal: the cache is evicted first
   CHECK(charged(*memory, MemoryCategory::ndarray) == 4_MiB);
   CHECK(mock.held_bytes() == 4_MiB);
   CHECK(mock.live_allocation_count() == 1);
-  CHECK(memory->budget().in_use_bytes() == mock.held_bytes());
+  CHECK(memory->in_use_bytes() == mock.held_bytes());
   REQUIRE(memory->free(*a));
 }
 
@@ -328,7 +328,7 @@ TEST_CASE("cached bytes never cause a live-check refusal: the cache is evicted f
   CHECK(cached_bytes(*memory) == 0);
   CHECK(mock.held_bytes() == 16_MiB);
   CHECK(mock.driver_oom_count() == 0);
-  CHECK(memory->budget().in_use_bytes() == mock.held_bytes());
+  CHECK(memory->in_use_bytes() == mock.held_bytes());
   REQUIRE(memory->free(*a));
 }
 
@@ -350,7 +350,7 @@ TEST_CASE("cached bytes never cause a driver refusal: driver OOM evicts the cach
   CHECK(cached_bytes(*memory) == 0);
   CHECK(charged(*memory, MemoryCategory::ndarray) == 8_MiB);
   CHECK(mock.held_bytes() == 8_MiB);
-  CHECK(memory->budget().in_use_bytes() == mock.held_bytes());
+  CHECK(memory->in_use_bytes() == mock.held_bytes());
 
   SECTION("when the retry is refused too, the driver's refusal is returned and nothing is held") {
     auto big = memory->allocate(MemoryCategory::staging, 12_MiB);
@@ -495,7 +495,7 @@ TEST_CASE("DeviceMemory::fault_plan fails the N-th request even when it would be
   auto memory = make_memory(mock, cached(100_MiB));
   warm_pool(*memory, 2_MiB, 1);
   const uint64_t driver_calls = mock.driver_allocation_count();
-  const auto ledger = memory->budget().in_use_by_category();
+  const auto ledger = memory->in_use_by_category();
 
   memory->fault_plan().fail_nth_allocation(2);
   auto first = memory->allocate(MemoryCategory::ndarray, 1_MiB);  // a miss, request 1
@@ -534,7 +534,7 @@ TEST_CASE("a group mixing cache hits and growth is all-or-nothing, the hits go b
   warm_pool(*memory, 2_MiB, 1);
   auto existing = memory->allocate(MemoryCategory::ndarray, 5_MiB);
   REQUIRE(existing);
-  const auto ledger_before = memory->budget().in_use_by_category();
+  const auto ledger_before = memory->in_use_by_category();
   const uint64_t held_before = mock.held_bytes();
   const uint64_t live_before = mock.live_allocation_count();
   REQUIRE(memory->stats().cached_blocks == 2);
@@ -545,7 +545,7 @@ TEST_CASE("a group mixing cache hits and growth is all-or-nothing, the hits go b
                                            {MemoryCategory::runtime_heap, 6_MiB}}};   // miss
 
   auto check_unchanged = [&] {
-    CHECK(memory->budget().in_use_by_category() == ledger_before);
+    CHECK(memory->in_use_by_category() == ledger_before);
     CHECK(mock.held_bytes() == held_before);
     CHECK(mock.live_allocation_count() == live_before);
     CHECK(memory->stats().cached_blocks == 2);
@@ -572,7 +572,7 @@ TEST_CASE("a group mixing cache hits and growth is all-or-nothing, the hits go b
     check_unchanged();
   }
   SECTION("the budget refuses the growth") {
-    memory->budget().set_limit_bytes(memory->budget().in_use_bytes() + 8_MiB);  // growth is 9 MiB
+    memory->set_limit_bytes(memory->in_use_bytes() + 8_MiB);  // growth is 9 MiB
     auto failed = memory->allocate_group(group);
     REQUIRE_FALSE(failed);
     CHECK(failed.error().oom_source == OomSource::budget);
@@ -583,7 +583,7 @@ TEST_CASE("a group mixing cache hits and growth is all-or-nothing, the hits go b
   // With no fault the same group succeeds, reusing both cached blocks.
   mock.fault_plan().clear();
   memory->fault_plan().clear();
-  memory->budget().set_limit_bytes(100_MiB);
+  memory->set_limit_bytes(100_MiB);
   auto ok = memory->allocate_group(group);
   REQUIRE(ok);
   REQUIRE(ok->size() == 4);
@@ -593,7 +593,7 @@ TEST_CASE("a group mixing cache hits and growth is all-or-nothing, the hits go b
   CHECK(charged(*memory, MemoryCategory::result_buffer) == 2_MiB);
   CHECK(charged(*memory, MemoryCategory::argument_buffer) == 3_MiB);
   CHECK(charged(*memory, MemoryCategory::runtime_heap) == 6_MiB);
-  CHECK(memory->budget().in_use_bytes() == mock.held_bytes());
+  CHECK(memory->in_use_bytes() == mock.held_bytes());
   for (DeviceAllocation a : *ok) REQUIRE(memory->free(a));
   REQUIRE(memory->free(*existing));
 }
@@ -659,14 +659,14 @@ TEST_CASE("8 threads allocating and freeing never make the device hold more than
     CHECK(granted.load() > 0);
     CHECK(mock.high_water_bytes() <= kLimit);
     CHECK(memory->stats().ledger.peak_total_bytes <= kLimit);
-    CHECK(memory->budget().in_use_bytes() == mock.held_bytes());
-    CHECK(memory->budget().in_use_bytes() == cached_bytes(*memory));  // all freed: all cached
+    CHECK(memory->in_use_bytes() == mock.held_bytes());
+    CHECK(memory->in_use_bytes() == cached_bytes(*memory));  // all freed: all cached
     CHECK(memory->stats().allocations == granted.load());
     CHECK(memory->stats().frees == freed.load());
     memory->release_cached();
     CHECK(mock.held_bytes() == 0);
     CHECK(mock.live_allocation_count() == 0);
-    CHECK(memory->budget().in_use_bytes() == 0);
+    CHECK(memory->in_use_bytes() == 0);
     refused_in_all_rounds += refused.load();
   }
   CHECK(refused_in_all_rounds > 0);  // the limit was reached: the refusal path ran concurrently
@@ -734,7 +734,7 @@ TEST_CASE("as other processes grow, every request beyond free - reserve is refus
   CHECK(memory->stats().live_refusals == refusals);
   CHECK(memory->stats().driver_ooms == 0);
   CHECK(mock.held_bytes() == held_bytes);
-  CHECK(memory->budget().in_use_bytes() == held_bytes);
+  CHECK(memory->in_use_bytes() == held_bytes);
   for (DeviceAllocation a : held) REQUIRE(memory->free(a));
 }
 

@@ -84,7 +84,7 @@ BudgetConfig fixed_limit(uint64_t limit_bytes) {
 }
 
 uint64_t charged(DeviceMemory &memory, MemoryCategory category) {
-  return memory.budget().in_use_by_category()[static_cast<std::size_t>(category)];
+  return memory.in_use_by_category()[static_cast<std::size_t>(category)];
 }
 
 }  // namespace
@@ -94,7 +94,7 @@ TEST_CASE("BudgetConfig::limit_bytes sets a fixed limit that refuses before the 
   ScopedPoolLimitEnv env("32");  // the explicit config wins over the environment
   MockDevice mock(mock_options(1_GiB));
   auto memory = make_memory(mock, fixed_limit(10_MiB));
-  CHECK(memory->budget().limit_bytes() == 10_MiB);
+  CHECK(memory->limit_bytes() == 10_MiB);
 
   auto a = memory->allocate(MemoryCategory::ndarray, 8_MiB);
   REQUIRE(a);
@@ -109,7 +109,7 @@ TEST_CASE("BudgetConfig::limit_bytes sets a fixed limit that refuses before the 
   CHECK(refused.error().memory.limit_bytes == 10_MiB);
   CHECK(refused.error().memory.total_bytes == 1_GiB);
   CHECK(mock.driver_allocation_count() == driver_calls);  // the driver was never asked
-  CHECK(memory->budget().in_use_bytes() == 8_MiB);
+  CHECK(memory->in_use_bytes() == 8_MiB);
   CHECK(memory->stats().ledger.refusals == 1);
   REQUIRE(memory->free(*a));
 }
@@ -118,7 +118,7 @@ TEST_CASE("KILN_POOL_LIMIT_MB sets the limit in MiB", "[device_memory][env]") {
   ScopedPoolLimitEnv env("32");
   MockDevice mock(mock_options(1_GiB));
   auto memory = make_memory(mock);
-  CHECK(memory->budget().limit_bytes() == 32_MiB);
+  CHECK(memory->limit_bytes() == 32_MiB);
   auto over = memory->allocate(MemoryCategory::ndarray, 33_MiB);
   REQUIRE_FALSE(over);
   CHECK(over.error().oom_source == OomSource::budget);
@@ -154,7 +154,7 @@ TEST_CASE("without a limit the budget is total - default_reserve_bytes(total)",
   MockDevice mock(mock_options(capacity));
   auto memory = make_memory(mock);
   const uint64_t reserve = kiln::runtime::default_reserve_bytes(capacity);
-  CHECK(memory->budget().limit_bytes() == capacity - reserve);
+  CHECK(memory->limit_bytes() == capacity - reserve);
   CHECK(memory->stats().reserve_bytes == reserve);
 
   SECTION("an explicit reserve replaces the default") {
@@ -162,7 +162,7 @@ TEST_CASE("without a limit the budget is total - default_reserve_bytes(total)",
     BudgetConfig config = no_cache();
     config.reserve_bytes = 1_MiB;
     auto m = make_memory(other, config);
-    CHECK(m->budget().limit_bytes() == capacity - 1_MiB);
+    CHECK(m->limit_bytes() == capacity - 1_MiB);
   }
 }
 
@@ -175,16 +175,16 @@ TEST_CASE("allocate charges its category and free releases it", "[device_memory]
   REQUIRE(b);
   CHECK(charged(*memory, MemoryCategory::staging) == 3_MiB);
   CHECK(charged(*memory, MemoryCategory::argument_buffer) == 1_MiB);
-  CHECK(memory->budget().in_use_bytes() == 4_MiB);
+  CHECK(memory->in_use_bytes() == 4_MiB);
   CHECK(mock.held_bytes() == 4_MiB);
   CHECK(memory->stats().allocations == 2);
 
   REQUIRE(memory->free(*a));
   CHECK(charged(*memory, MemoryCategory::staging) == 0);
-  CHECK(memory->budget().in_use_bytes() == 1_MiB);
+  CHECK(memory->in_use_bytes() == 1_MiB);
   CHECK(mock.held_bytes() == 1_MiB);
   REQUIRE(memory->free(*b));
-  CHECK(memory->budget().in_use_bytes() == 0);
+  CHECK(memory->in_use_bytes() == 0);
   CHECK(mock.held_bytes() == 0);
   CHECK(mock.live_allocation_count() == 0);
   CHECK(memory->stats().frees == 2);
@@ -198,7 +198,7 @@ TEST_CASE("allocating 0 bytes through DeviceMemory is invalid_usage and charges 
   auto zero = memory->allocate(MemoryCategory::ndarray, 0);
   REQUIRE_FALSE(zero);
   CHECK(zero.error().result == RhiResult::invalid_usage);
-  CHECK(memory->budget().in_use_bytes() == 0);
+  CHECK(memory->in_use_bytes() == 0);
   CHECK(mock.driver_allocation_count() == 0);
 }
 
@@ -227,7 +227,7 @@ TEST_CASE("double free through DeviceMemory is invalid_usage and releases nothin
   REQUIRE_FALSE(foreign);
   CHECK(foreign.error().result == RhiResult::invalid_usage);
   CHECK(mock.live_allocation_count() == 2);
-  CHECK(memory->budget().in_use_bytes() == 2_MiB);
+  CHECK(memory->in_use_bytes() == 2_MiB);
   REQUIRE(mock.dealloc_memory(*raw));
   REQUIRE(memory->free(*keep));
 }
@@ -238,7 +238,7 @@ TEST_CASE("allocate_group is all-or-nothing when a member fails at the driver",
   auto memory = make_memory(mock, fixed_limit(100_MiB));
   auto existing = memory->allocate(MemoryCategory::ndarray, 5_MiB);
   REQUIRE(existing);
-  const auto ledger_before = memory->budget().in_use_by_category();
+  const auto ledger_before = memory->in_use_by_category();
   const uint64_t held_before = mock.held_bytes();
   const uint64_t live_before = mock.live_allocation_count();
 
@@ -255,7 +255,7 @@ TEST_CASE("allocate_group is all-or-nothing when a member fails at the driver",
   CHECK(failed.error().has_memory);
   CHECK(mock.fault_plan().allocation_count() == 2);  // the third member was never tried
 
-  CHECK(memory->budget().in_use_by_category() == ledger_before);
+  CHECK(memory->in_use_by_category() == ledger_before);
   CHECK(mock.held_bytes() == held_before);
   CHECK(mock.live_allocation_count() == live_before);
   CHECK(memory->stats().driver_ooms == 1);
@@ -269,7 +269,7 @@ TEST_CASE("allocate_group is all-or-nothing when a member fails at the driver",
     CHECK(charged(*memory, MemoryCategory::argument_buffer) == 1_MiB);
     CHECK(charged(*memory, MemoryCategory::result_buffer) == 1_MiB);
     for (DeviceAllocation a : *ok) REQUIRE(memory->free(a));
-    CHECK(memory->budget().in_use_by_category() == ledger_before);
+    CHECK(memory->in_use_by_category() == ledger_before);
   }
   SECTION("a group over the budget is refused before any member is allocated") {
     const uint64_t calls = mock.driver_allocation_count();
@@ -280,7 +280,7 @@ TEST_CASE("allocate_group is all-or-nothing when a member fails at the driver",
     CHECK(refused.error().oom_source == OomSource::budget);
     CHECK(refused.error().requested_bytes == 100_MiB);
     CHECK(mock.driver_allocation_count() == calls);
-    CHECK(memory->budget().in_use_by_category() == ledger_before);
+    CHECK(memory->in_use_by_category() == ledger_before);
   }
   REQUIRE(memory->free(*existing));
 }
@@ -314,7 +314,7 @@ TEST_CASE("live check: growth that no longer fits in free - reserve is refused b
   uint64_t refusals = 0;
   for (std::size_t i = 0; i < steps.size(); ++i) {
     CAPTURE(i, steps[i].other_bytes);
-    const uint64_t ledger_before = memory->budget().in_use_bytes();
+    const uint64_t ledger_before = memory->in_use_bytes();
     auto a = memory->allocate(MemoryCategory::ndarray, kSize);
     if (steps[i].fits) {
       REQUIRE(a);
@@ -336,8 +336,8 @@ TEST_CASE("live check: growth that no longer fits in free - reserve is refused b
                ? 1_GiB - held.size() * kSize - steps[i].other_bytes
                : 0));
     // The ledger still had room: only the live check could have refused.
-    CHECK(ledger_before + kSize <= memory->budget().limit_bytes());
-    CHECK(memory->budget().in_use_bytes() == ledger_before);
+    CHECK(ledger_before + kSize <= memory->limit_bytes());
+    CHECK(memory->in_use_bytes() == ledger_before);
     CHECK(f.message().find(kiln::format_bytes(kSize)) != std::string::npos);
   }
   CHECK(refusals == 2);
@@ -376,9 +376,9 @@ TEST_CASE("with live_check off the same growth reaches the driver and the driver
   CHECK(mock.driver_oom_count() == 1);
   CHECK(memory->stats().driver_ooms == 1);
   CHECK(memory->stats().live_checks == 0);
-  CHECK(memory->budget().in_use_bytes() == 3 * kSize);  // the reservation was given back
+  CHECK(memory->in_use_bytes() == 3 * kSize);  // the reservation was given back
   for (DeviceAllocation a : held) REQUIRE(memory->free(a));
-  CHECK(memory->budget().in_use_bytes() == 0);
+  CHECK(memory->in_use_bytes() == 0);
 }
 
 TEST_CASE("an out-of-memory message names the requested bytes and the budget",
@@ -418,7 +418,7 @@ TEST_CASE("charge and uncharge account bytes outside device allocations", "[devi
   CHECK(charged(*memory, MemoryCategory::code_object) == 6_MiB);
 
   memory->uncharge(MemoryCategory::code_object, 6_MiB);
-  CHECK(memory->budget().in_use_bytes() == 0);
+  CHECK(memory->in_use_bytes() == 0);
   auto fits = memory->allocate(MemoryCategory::ndarray, 5_MiB);
   REQUIRE(fits);
   REQUIRE(memory->free(*fits));
@@ -436,7 +436,7 @@ TEST_CASE("a live refusal's memory picture does not count the refused request as
   REQUIRE_FALSE(refused);
   REQUIRE(refused.error().oom_source == OomSource::budget);
   CAPTURE(refused.error().message());
-  CHECK(memory->budget().in_use_bytes() == 0);
+  CHECK(memory->in_use_bytes() == 0);
   CHECK(refused.error().memory.in_use_total_bytes() == 0);
 }
 

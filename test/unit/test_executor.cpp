@@ -224,7 +224,7 @@ TEST_CASE("a fault at any allocation of a launch leaves the ledger as it was", "
       CHECK(kind_of(launched.error()) == ErrorKind::device_out_of_memory);
     }
     CHECK(ledger_bytes(*ex) == before);
-    CHECK(ex->memory().budget().in_use_by_category()[static_cast<int>(MemoryCategory::staging)] == 0);
+    CHECK(ex->memory().in_use_by_category()[static_cast<int>(MemoryCategory::staging)] == 0);
   }
   CHECK(refused == 3);  // argument buffer, result buffer, staging: each fault refused the launch
   CHECK(download<int64_t>(*ex, y) == std::vector<int64_t>{11, 22, 33, 44});  // the one clean run

@@ -58,7 +58,7 @@ bool small_array_works(LlvmRuntimeExecutor &ex) {
 }
 
 uint64_t held_bytes(LlvmRuntimeExecutor &ex) {
-  const CategoryBytes in_use = ex.memory().budget().in_use_by_category();
+  const CategoryBytes in_use = ex.memory().in_use_by_category();
   uint64_t held = 0;
   for (std::size_t i = 0; i < in_use.size(); ++i)
     if (i != static_cast<std::size_t>(MemoryCategory::pool_cache)) held += in_use[i];

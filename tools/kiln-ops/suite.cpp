@@ -37,7 +37,7 @@ CaseResult run_case(const Case &c, LlvmRuntimeExecutor &ex) {
     r.verdict = Verdict::fail;
     r.detail = **outcome;
   }
-  const CategoryBytes in_use = ex.memory().budget().in_use_by_category();
+  const CategoryBytes in_use = ex.memory().in_use_by_category();
   for (uint64_t bytes : in_use) r.ledger_after_bytes += bytes;
   r.ledger_code_bytes = in_use[static_cast<std::size_t>(MemoryCategory::code_object)];
   r.ledger_cached_bytes = in_use[static_cast<std::size_t>(MemoryCategory::pool_cache)];
@@ -88,8 +88,8 @@ SuiteReport run_suite(const SuiteOptions &options) {
       report.setup_failure = std::move(ex).error();
       return report;
     }
-    FaultPlan &faults = (*ex)->memory().fault_plan();
-    report.ledger_baseline_bytes = (*ex)->memory().budget().in_use_bytes();
+    runtime::RequestFaultPlan &faults = (*ex)->memory().fault_plan();
+    report.ledger_baseline_bytes = (*ex)->memory().in_use_bytes();
     if (options.fault_at != 0 && options.fault_at > report.allocations)
       faults.fail_nth_allocation(options.fault_at - report.allocations);
     else
@@ -105,14 +105,14 @@ SuiteReport run_suite(const SuiteOptions &options) {
       report.results.push_back(std::move(r));
     }
     report.allocations += faults.allocation_count();
-    const runtime::LedgerStats stats = (*ex)->memory().budget().stats();
+    const runtime::LedgerStats stats = (*ex)->memory().stats().ledger;
     for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
       report.peak_bytes[i] = std::max(report.peak_bytes[i], stats.peak_bytes[i]);
     // Teardown: with the executor gone, its device and ledger must hold nothing.
     const std::shared_ptr<DeviceContext> context = (*ex)->context();
     ex->reset();
     report.ledger_after_teardown_bytes = std::max(report.ledger_after_teardown_bytes,
-                                                  context->memory->budget().in_use_bytes());
+                                                  context->memory->in_use_bytes());
     report.device_after_teardown_bytes = std::max(report.device_after_teardown_bytes,
                                                   context->device->live_allocation_bytes());
   }

@@ -3,6 +3,8 @@
 #ifndef KILN_RUNTIME_MEMORY_BUDGET_H_
 #define KILN_RUNTIME_MEMORY_BUDGET_H_
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <span>
@@ -58,7 +60,9 @@ struct LedgerStats {
 };
 
 /// A budget over one ledger: reservations succeed while in-use + request <= limit.
-/// Thread-safe: every member may be called from any thread.
+/// Thread-safe: every member may be called from any thread. A refusal takes no lock (the check
+/// that refuses reads one atomic total), so refusing stays about as cheap as a pool hit; the
+/// bytes themselves are charged under the lock, so in-use never passes the limit.
 class MemoryBudget {
  public:
   explicit MemoryBudget(uint64_t limit_bytes) : limit_bytes_(limit_bytes) {}
@@ -70,8 +74,6 @@ class MemoryBudget {
   [[nodiscard]] RhiExpected<Reservation> reserve(std::span<const CategoryRequest> requests);
   /// Gives back committed bytes (the memory was freed).
   void release(MemoryCategory category, uint64_t size_bytes);
-  /// Moves committed bytes from one category to another (no limit check: the total is unchanged).
-  void transfer(MemoryCategory from, MemoryCategory to, uint64_t size_bytes);
 
   [[nodiscard]] uint64_t limit_bytes() const;
   /// Sets a new limit. Memory already held above it stays held; new reservations are refused.
@@ -85,12 +87,16 @@ class MemoryBudget {
  private:
   friend class Reservation;
   void give_back(const CategoryBytes &bytes);
-  [[nodiscard]] Failure refusal(uint64_t requested_bytes, MemoryCategory category) const;
+  [[nodiscard]] Failure refusal(uint64_t requested_bytes, MemoryCategory category);
+  [[nodiscard]] bool fits(uint64_t total_bytes) const;
 
-  mutable std::mutex mutex_;
-  uint64_t limit_bytes_;
-  uint64_t in_use_total_ = 0;
-  LedgerStats stats_{};
+  mutable std::mutex mutex_;  // serializes charges; the figures below are read without it
+  std::atomic<uint64_t> limit_bytes_;
+  std::atomic<uint64_t> in_use_total_{0};
+  std::atomic<uint64_t> refusals_{0};
+  std::array<std::atomic<uint64_t>, kNumMemoryCategories> current_bytes_{};
+  CategoryBytes peak_bytes_{};  // mutex_
+  uint64_t peak_total_bytes_ = 0;  // mutex_
 };
 
 }  // namespace kiln::runtime

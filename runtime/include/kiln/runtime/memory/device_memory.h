@@ -3,17 +3,19 @@
 #ifndef KILN_RUNTIME_MEMORY_DEVICE_MEMORY_H_
 #define KILN_RUNTIME_MEMORY_DEVICE_MEMORY_H_
 
+#include <array>
 #include <atomic>
+#include <memory>
 #include <functional>
 #include <string>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 #include "kiln/rhi/device.h"
+#include "kiln/rhi/fault_plan.h"
 #include "kiln/runtime/memory/budget.h"
 #include "kiln/runtime/memory/caching_pool.h"
 
@@ -53,6 +55,7 @@ struct MemoryStats {
   uint64_t allocations = 0;     ///< successful allocations (cache hits included)
   uint64_t frees = 0;
   uint64_t cache_hits = 0;      ///< allocations served from the caching pool
+  uint64_t lock_free_hits = 0;  ///< of those, served by the calling thread's cache without a lock
   uint64_t cached_bytes = 0;    ///< bytes in the caching pool now
   uint64_t cached_blocks = 0;
   uint64_t evictions = 0;       ///< cached blocks given back to the device under pressure
@@ -66,30 +69,75 @@ struct MemoryStats {
 /// frees kiln memory, the allocation is retried once. Must not allocate on the same device.
 using OomObserver = std::function<void(const Failure &)>;
 
+namespace detail {
+struct BlockRecord;
+class BlockRegistry;
+class ThreadCache;
+}  // namespace detail
+
+class DeviceMemory;
+
+/// DeviceMemory's fault injection: FaultPlan's interface over allocation *requests* (cache hits
+/// included). A faulted request fails as if the driver had refused it (out_of_memory, oom_source
+/// driver). While armed, every request takes DeviceMemory's locked path; disarmed, requests
+/// served by a thread cache are counted there. Thread-safe.
+class RequestFaultPlan {
+ public:
+  static constexpr uint64_t kNever = FaultPlan::kNever;
+  /// The `n`-th request from now (1-based) fails; kNever disarms. Resets the count.
+  void fail_nth_allocation(uint64_t n);
+  /// Every request of at least `size_bytes` fails; kNever disarms.
+  void fail_sizes_at_least(uint64_t size_bytes);
+  void clear();
+  /// Requests counted since the last fail_nth_allocation (or construction).
+  [[nodiscard]] uint64_t allocation_count() const;
+  [[nodiscard]] bool armed() const { return armed_.load(std::memory_order_relaxed); }
+
+ private:
+  friend class DeviceMemory;
+  explicit RequestFaultPlan(DeviceMemory &memory) : memory_(memory) {}
+  void update_armed();
+  DeviceMemory &memory_;
+  FaultPlan plan_;  // counts the locked path's requests
+  std::atomic<uint64_t> fail_at_{kNever}, fail_size_{kNever};
+  std::atomic<uint64_t> fast_baseline_{0};  // thread caches' requests at the last reset
+  std::atomic<bool> armed_{false};
+};
+
 /// The budgeted allocator of one device. Owns the budget; does not own the device.
 /// Thread-safe: every member may be called from any thread.
+///
+/// Pool hits take no lock: each thread that allocates here gets a cache of freed blocks (classes
+/// up to 4 MiB, at most ~72 MiB per thread) that it allocates from and frees into with plain
+/// loads and stores. Cached blocks of every thread are evicted before any refusal (another thread
+/// empties a cache with a membarrier(2) handshake, never waiting on a lock the owner holds). A
+/// thread's cache goes back to the shared pool when the thread exits.
 class DeviceMemory {
  public:
   /// Reads total memory from the device and sets the limit per `config`.
   /// Errors: what the device's memory_info answers; invalid_usage for a bad KILN_POOL_LIMIT_MB.
   [[nodiscard]] static RhiExpected<std::unique_ptr<DeviceMemory>> create(LlvmDevice &device,
                                                                          BudgetConfig config = {});
+  /// Gives every live and cached block back to the device. No other thread may use this object
+  /// while it is destroyed.
   ~DeviceMemory();
 
   /// Allocates `size_bytes` charged to `category`. On failure nothing is held.
   /// Errors: out_of_memory (oom_source budget: the limit or the live free memory refused;
-  ///         oom_source driver: the driver refused), invalid_usage (size 0, bad alignment),
-  ///         device_lost. Out-of-memory failures carry a MemorySnapshot.
+  ///         oom_source driver: the driver refused), invalid_usage (size 0, category pool_cache
+  ///         or out of range), device_lost. Out-of-memory failures carry a MemorySnapshot.
   [[nodiscard]] RhiExpected<DeviceAllocation> allocate(MemoryCategory category, uint64_t size_bytes,
                                                        bool zero_fill = false);
   /// Allocates every request, or none: reserves the total in one step first, then allocates;
   /// any failure frees what the group already got. Same errors as allocate.
   [[nodiscard]] RhiExpected<std::vector<DeviceAllocation>> allocate_group(
       std::span<const AllocRequest> requests);
-  /// Frees an allocation made here: with caching on, the block goes to the pool (its charge
-  /// moves to pool_cache); otherwise back to the device. Errors: invalid_usage (not live).
+  /// Frees an allocation made here: with caching on, the block is kept for reuse (its charge
+  /// moves to pool_cache); otherwise it goes back to the device. Errors: invalid_usage (not live
+  /// here: freed twice, never allocated, or another device's).
   [[nodiscard]] RhiStatus free(DeviceAllocation alloc);
-  /// Gives every cached block back to the device; returns the bytes released.
+  /// Gives every cached block (the shared pool and every thread's cache) back to the device;
+  /// returns the bytes released.
   uint64_t release_cached();
 
   /// Registers an OOM observer; returns its id. Thread-safe.
@@ -102,12 +150,25 @@ class DeviceMemory {
   [[nodiscard]] RhiStatus charge(MemoryCategory category, uint64_t size_bytes);
   void uncharge(MemoryCategory category, uint64_t size_bytes);
 
-  /// Injected faults at this level: every allocation request counts (cache hits included), and
-  /// a faulted one fails as if the driver had refused it (out_of_memory, oom_source driver).
+  /// Injected faults at this level: every allocation request counts (cache hits included).
   /// The device's own fault_plan() counts only the calls that reach the driver.
-  [[nodiscard]] FaultPlan &fault_plan() { return fault_plan_; }
+  [[nodiscard]] RequestFaultPlan &fault_plan() { return fault_plan_; }
   [[nodiscard]] LlvmDevice &device() const { return device_; }
-  [[nodiscard]] MemoryBudget &budget() { return budget_; }
+
+  /// The budget's limit in bytes.
+  [[nodiscard]] uint64_t limit_bytes() const { return budget_.limit_bytes(); }
+  /// Sets a new limit. Memory already held above it stays held; new growth is refused.
+  void set_limit_bytes(uint64_t limit_bytes) { budget_.set_limit_bytes(limit_bytes); }
+  /// Bytes held on the device now (live and cached), as the budget counts them. O(1).
+  [[nodiscard]] uint64_t in_use_bytes() const { return budget_.in_use_bytes(); }
+  /// Bytes held now per category (cached blocks under pool_cache).
+  [[nodiscard]] CategoryBytes in_use_by_category() const;
+  /// Sets every peak to the current figure.
+  void reset_peaks();
+
+  /// Counters and bytes. Per-category peaks are never below the true peak; they are exact while
+  /// one thread at a time allocates here, and with several may exceed it by the bytes other
+  /// threads freed into their own caches and have not reused yet. peak_total_bytes is exact.
   [[nodiscard]] MemoryStats stats() const;
   /// A readable table of current and peak bytes per category, the pool and the counters.
   [[nodiscard]] std::string summary() const;
@@ -117,47 +178,89 @@ class DeviceMemory {
   void annotate(Failure &failure);
 
  private:
-  struct LiveEntry {
-    MemoryCategory category;
-    uint64_t class_bytes;  ///< bytes the device block has (and the ledger charges)
-  };
+  friend class RequestFaultPlan;
+  using Record = detail::BlockRecord;
+  using Cache = detail::ThreadCache;
+
   DeviceMemory(LlvmDevice &device, uint64_t limit_bytes, uint64_t reserve_bytes, bool live_check,
                bool caching);
+
+  // The lock-free fast path (thread_cache.h).
+  [[nodiscard]] Cache *fast_cache() const;  // the cache t_fast binds to this object, or null
+  [[nodiscard]] Cache *my_cache() const;    // this thread's cache here, or null (rebinds t_fast)
+  [[nodiscard]] Cache *bind_cache();  // my_cache(), made on first use (takes the mutex)
+  [[nodiscard]] bool fast_path_open(MemoryCategory category, uint64_t size_bytes) const;
+  void update_fast_path();  // after the fault plan changed
+  [[nodiscard]] Record *fast_allocate(Cache &cache, MemoryCategory category, uint64_t size_bytes);
+  [[nodiscard]] bool fast_free(Cache &cache, DeviceAllocation alloc);
+
+  // The locked path.
+  [[nodiscard, gnu::noinline]] RhiExpected<DeviceAllocation> allocate_locked_path(
+      MemoryCategory category, uint64_t size_bytes, bool zero_fill);
+  [[nodiscard, gnu::noinline]] RhiStatus free_locked_path(DeviceAllocation alloc);
   [[nodiscard]] RhiStatus admit(std::span<const AllocRequest> requests);
   [[nodiscard]] RhiExpected<std::vector<DeviceAllocation>> allocate_admitted(
       std::span<const AllocRequest> requests);
-  [[nodiscard]] RhiStatus check_live_with_eviction(uint64_t growth_bytes, MemoryCategory category,
-                                                   uint64_t requested_bytes);
-  [[nodiscard]] RhiExpected<DeviceAllocation> grow_one(const AllocRequest &request);
   [[nodiscard]] RhiExpected<std::vector<DeviceAllocation>> try_allocate_group(
       std::span<const AllocRequest> requests);
+  [[nodiscard]] RhiExpected<DeviceAllocation> grow_one(const AllocRequest &request);
+  [[nodiscard]] RhiStatus check_live_with_eviction(uint64_t growth_bytes, MemoryCategory category,
+                                                   uint64_t requested_bytes);
   [[nodiscard]] RhiStatus check_fault_plan(std::span<const AllocRequest> requests);
   [[nodiscard]] RhiStatus validate(MemoryCategory category, uint64_t size_bytes) const;
   [[nodiscard]] uint64_t class_of(uint64_t size_bytes) const;
-  [[nodiscard]] std::optional<DeviceAllocation> take_cached(MemoryCategory category, uint64_t class_bytes);
   [[nodiscard]] bool evicting_would_fit(uint64_t size_bytes, uint64_t limit_bytes) const;
   [[nodiscard]] RhiExpected<Reservation> reserve_growth(std::span<const CategoryRequest> growth);
   [[nodiscard]] RhiStatus check_live_free(uint64_t size_bytes, MemoryCategory category);
   [[nodiscard]] RhiExpected<DeviceAllocation> allocate_block(const AllocRequest &request,
                                                              uint64_t class_bytes);
-  void give_back_unused(std::span<const DeviceAllocation> blocks,
-                        std::span<const AllocRequest> requests);
   bool notify_observers(const Failure &failure);
 
+  // Under mutex_.
+  [[nodiscard]] Cache *my_cache_locked();
+  [[nodiscard]] Record *take_cached_locked(Cache *cache, MemoryCategory category, uint64_t class_bytes);
+  void keep_cached_locked(Cache *cache, Record *record);
+  void register_block_locked(Cache *cache, DeviceAllocation block, MemoryCategory category,
+                             uint64_t class_bytes);
+  void move_locked(Cache *cache, MemoryCategory from, MemoryCategory to, uint64_t size_bytes);
+  void reclaim_headroom_locked(Cache *cache, MemoryCategory category);
+  void raise_peak_locked(MemoryCategory category);
+  [[nodiscard]] CategoryBytes in_use_by_category_locked() const;
+  void quiesce_caches_locked();
+  void reopen_caches_locked();
+  void retire_cache(Cache *cache);  // a thread exits (thread_cache binding in device_memory.cpp)
+  [[nodiscard]] uint64_t cache_request_count() const;  // requests the caches counted
+  friend struct ThreadBinding;
+
   LlvmDevice &device_;
+  const uint64_t id_;  // never reused in the process: keys thread caches
   MemoryBudget budget_;
   const uint64_t reserve_bytes_;
   const bool live_check_;
   const bool caching_;
-  mutable std::mutex mutex_;  // guards live_ and pool_
-  std::unordered_map<uint64_t, LiveEntry> live_;  // alloc_id -> charge, cached blocks included
-  CachingPool pool_;
-  FaultPlan fault_plan_;
+  const bool asymmetric_barrier_;  // membarrier(2) works: the fast path may open
+  // caching_ && asymmetric_barrier_ && no fault plan armed.
+  std::atomic<bool> fast_path_{false};
+  mutable std::mutex mutex_;  // guards everything below it up to the counters
+  std::unique_ptr<detail::BlockRegistry> blocks_;  // every block held, live or cached
+  CachingPool pool_;  // the shared pool
+  std::vector<std::unique_ptr<Cache>> caches_;
+  std::array<int64_t, kNumMemoryCategories> moves_{};  // category moves made outside caches
+  CategoryBytes peaks_{};
+  uint64_t retired_requests_ = 0;  // requests counted by caches whose thread exited
+  RequestFaultPlan fault_plan_;
   std::mutex observers_mutex_;
   std::vector<std::pair<uint64_t, OomObserver>> observers_;
+  std::atomic<std::size_t> observer_count_{0};  // lets a refusal skip the lock when 0
   uint64_t next_observer_id_ = 1;
-  std::atomic<uint64_t> allocations_{0}, frees_{0}, cache_hits_{0}, evictions_{0},
-      live_checks_{0}, driver_ooms_{0}, live_refusals_{0}, retries_{0};
+  // The locked path's busiest counters: kept per thread in its cache (a plain add), here for
+  // threads without one and for caches whose thread exited.
+  // kLockFreeHits: only the lock-free hits of caches whose thread exited (live caches keep theirs
+  // in fast_allocations).
+  enum Counter : std::size_t { kAllocations, kFrees, kCacheHits, kLiveChecks, kLockFreeHits, kNumCounters };
+  void count(Counter counter, uint64_t n = 1);
+  std::array<std::atomic<uint64_t>, kNumCounters> counters_{};
+  std::atomic<uint64_t> evictions_{0}, driver_ooms_{0}, live_refusals_{0}, retries_{0};
 };
 
 }  // namespace kiln::runtime

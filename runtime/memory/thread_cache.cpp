@@ -1,0 +1,99 @@
+#include "thread_cache.h"
+
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <mutex>
+
+namespace kiln::runtime::detail {
+
+namespace {
+
+long membarrier(int command) { return syscall(__NR_membarrier, command, 0, 0); }
+
+std::atomic<bool> g_membarrier_ready{false};
+
+}  // namespace
+
+BlockRegistry::BlockRegistry()
+    : lookup_(std::make_unique<std::array<std::atomic<BlockRecord *>, (1u << kLookupBits)>>()) {}
+
+BlockRecord *BlockRegistry::add(uint64_t alloc_id, uint64_t class_bytes, MemoryCategory category,
+                                ThreadCache *owner) {
+  BlockRecord *record = nullptr;
+  if (!free_records_.empty()) {
+    record = free_records_.back();
+    free_records_.pop_back();
+  } else {
+    record = &records_.emplace_back();
+  }
+  const uint32_t bin = bin_of_class(class_bytes);
+  const bool cacheable = bin < kCacheBins && class_of_bin(bin) == class_bytes;
+  record->alloc_id.store(alloc_id, std::memory_order_relaxed);
+  record->class_bytes.store(class_bytes, std::memory_order_relaxed);
+  record->bin.store(cacheable ? bin : kNoBin, std::memory_order_relaxed);
+  record->category.store(category, std::memory_order_relaxed);
+  record->charged = category;
+  record->owner.store(owner, std::memory_order_relaxed);
+  by_id_[alloc_id] = record;
+  (*lookup_)[slot(alloc_id)].store(record, std::memory_order_release);
+  return record;
+}
+
+BlockRecord *BlockRegistry::find(uint64_t alloc_id) const {
+  auto it = by_id_.find(alloc_id);
+  return it == by_id_.end() ? nullptr : it->second;
+}
+
+void BlockRegistry::remove(BlockRecord *record) {
+  by_id_.erase(record->alloc_id.load(std::memory_order_relaxed));
+  record->owner.store(nullptr, std::memory_order_relaxed);
+}
+
+void BlockRegistry::recycle(BlockRecord *record) {
+  record->alloc_id.store(0, std::memory_order_relaxed);
+  free_records_.push_back(record);
+}
+
+std::vector<BlockRecord *> BlockRegistry::all() const {
+  std::vector<BlockRecord *> out;
+  out.reserve(by_id_.size());
+  for (const auto &[id, record] : by_id_) out.push_back(record);
+  return out;
+}
+
+uint64_t ThreadCache::cached_bytes() const {
+  uint64_t bytes = 0;
+  for (uint32_t b = 0; b < kCacheBins; ++b)
+    bytes += bins[b].count.load(std::memory_order_relaxed) * class_of_bin(b);
+  return bytes;
+}
+
+uint64_t ThreadCache::cached_blocks() const {
+  uint64_t blocks = 0;
+  for (const Bin &bin : bins) blocks += bin.count.load(std::memory_order_relaxed);
+  return blocks;
+}
+
+bool init_asymmetric_barrier() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Linux >= 4.14. A seccomp filter or an older kernel answers -1: keep the fence fallback.
+    const long supported = membarrier(MEMBARRIER_CMD_QUERY);
+    if (supported < 0 || (supported & MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) return;
+    if (membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0) return;
+    g_membarrier_ready.store(true, std::memory_order_relaxed);
+  });
+  return g_membarrier_ready.load(std::memory_order_relaxed);
+}
+
+void heavy_barrier() {
+  // Once registered, PRIVATE_EXPEDITED does not fail (membarrier(2)); owners rely on it.
+  if (g_membarrier_ready.load(std::memory_order_relaxed))
+    (void)membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED);
+  else
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+}  // namespace kiln::runtime::detail

@@ -1,0 +1,175 @@
+// The pieces of DeviceMemory's per-thread fast path (private to runtime/memory): the record of one
+// device block, a thread's cache of freed blocks, the size bins they are kept in, and the
+// asymmetric barrier that lets another thread empty a cache without the owner ever taking a lock.
+//
+// The scheme (tcmalloc's per-thread caches and jemalloc's tcache are the model): a thread frees a
+// block it allocated into its own cache and allocates from it again with plain loads and stores,
+// no lock and no atomic read-modify-write. Everything else takes DeviceMemory's mutex. A cache is
+// emptied by another thread (eviction under memory pressure) with a Dekker handshake whose heavy
+// side is membarrier(2): the owner marks itself busy and checks for a drain request with only a
+// compiler barrier between; the drainer requests, issues membarrier, then waits for "not busy"
+// (folly's asymmetric lightweight/heavyweight barrier, liburcu's sys_membarrier flavour). Where
+// membarrier is unavailable both sides fall back to a full fence.
+#ifndef KILN_RUNTIME_MEMORY_THREAD_CACHE_H_
+#define KILN_RUNTIME_MEMORY_THREAD_CACHE_H_
+
+#include <array>
+#include <atomic>
+#include <bit>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/rhi/result.h"
+
+namespace kiln::runtime::detail {
+
+class ThreadCache;
+
+/// The bin of a caching-pool size class (CachingPool::size_class): 0 for classes up to 512 B,
+/// then four per power of two (the class's quarter steps).
+[[nodiscard]] constexpr uint32_t bin_of_class(uint64_t class_bytes) {
+  if (class_bytes <= 512) return 0;
+  const uint32_t k = static_cast<uint32_t>(std::bit_width(class_bytes)) - 1;
+  return (k - 9) * 4 + static_cast<uint32_t>((class_bytes - (1ull << k)) >> (k - 2));
+}
+
+/// Thread caches keep classes up to 4 MiB; larger blocks live in the shared pool only.
+inline constexpr uint32_t kCacheBins = bin_of_class(4ull << 20) + 1;
+inline constexpr uint32_t kNoBin = UINT32_MAX;
+inline constexpr uint32_t kMaxBinDepth = 8;
+
+/// The class bytes of bin `bin` (inverse of bin_of_class).
+[[nodiscard]] constexpr uint64_t class_of_bin(uint32_t bin) {
+  if (bin == 0) return 512;
+  const uint32_t k = 9 + bin / 4;
+  return (1ull << k) + static_cast<uint64_t>(bin % 4) * (1ull << (k - 2));
+}
+
+/// Blocks a thread cache keeps per bin: 8 for small classes, fewer as they grow, so that one
+/// bin holds at most max(4 MiB, one block); all bins of one cache hold at most ~72 MiB.
+[[nodiscard]] constexpr uint32_t bin_depth(uint32_t bin) {
+  const uint64_t by_bytes = (4ull << 20) / class_of_bin(bin);
+  return by_bytes >= kMaxBinDepth ? kMaxBinDepth : (by_bytes == 0 ? 1 : static_cast<uint32_t>(by_bytes));
+}
+
+/// The bin and class bytes of a request, in one step (the fast path's version of size_class).
+struct BinClass {
+  uint32_t bin;
+  uint64_t class_bytes;
+};
+[[nodiscard]] inline BinClass bin_of_size(uint64_t size_bytes) {
+  if (size_bytes <= 512) return {0, 512};
+  const uint32_t k = static_cast<uint32_t>(std::bit_width(size_bytes)) - 1;
+  const uint32_t shift = k - 2;
+  const uint64_t quarters = (size_bytes + (1ull << shift) - 1) >> shift;  // 4..8
+  return {(k - 9) * 4 + static_cast<uint32_t>(quarters - 4), quarters << shift};
+}
+
+/// One device block DeviceMemory holds, live or cached. Records are recycled, never freed,
+/// while their DeviceMemory lives, so a stale pointer to one is always safe to read; the fields
+/// are atomics for that reason (relaxed: plain loads and stores on x86 and arm64).
+struct BlockRecord {
+  std::atomic<uint64_t> alloc_id{0};
+  /// The cache whose thread may free this live block without the lock; set only by that thread
+  /// (or cleared under the mutex). Null: every free takes the lock.
+  std::atomic<ThreadCache *> owner{nullptr};
+  /// The category the block is charged to now; pool_cache while it is cached (not live).
+  std::atomic<MemoryCategory> category{MemoryCategory::pool_cache};
+  std::atomic<uint64_t> class_bytes{0};
+  std::atomic<uint32_t> bin{kNoBin};  ///< its thread-cache bin, kNoBin if too large for one
+  MemoryCategory charged = MemoryCategory::pool_cache;  ///< the budget's category (mutex only)
+};
+
+/// Every block one DeviceMemory holds, by alloc id. Not thread-safe (DeviceMemory's mutex guards
+/// it) except find_fast, which any thread may call at any time.
+class BlockRegistry {
+ public:
+  BlockRegistry();
+  /// Registers a new block (a recycled record or a new one) and returns its record.
+  BlockRecord *add(uint64_t alloc_id, uint64_t class_bytes, MemoryCategory category,
+                   ThreadCache *owner);
+  /// The record of a held block, or nullptr.
+  [[nodiscard]] BlockRecord *find(uint64_t alloc_id) const;
+  /// Forgets a block on its way back to the device (later finds miss); the record stays intact.
+  void remove(BlockRecord *record);
+  /// Makes a removed record reusable, once the device has let go of its block.
+  void recycle(BlockRecord *record);
+  /// A lock-free guess: the record that last held `alloc_id`'s lookup slot, or nullptr. The
+  /// caller verifies alloc_id (and whatever else it relies on) after loading it.
+  [[nodiscard]] BlockRecord *find_fast(uint64_t alloc_id) const {
+    return (*lookup_)[slot(alloc_id)].load(std::memory_order_acquire);
+  }
+  /// Every held block's record.
+  [[nodiscard]] std::vector<BlockRecord *> all() const;
+
+ private:
+  static constexpr unsigned kLookupBits = 12;
+  // Fibonacci hashing (Knuth, TAOCP vol. 3, 6.4): the top bits of id * 2^64/phi.
+  static std::size_t slot(uint64_t alloc_id) {
+    return static_cast<std::size_t>((alloc_id * 0x9E3779B97F4A7C15ull) >> (64 - kLookupBits));
+  }
+  std::deque<BlockRecord> records_;  // stable addresses
+  std::vector<BlockRecord *> free_records_;
+  std::unordered_map<uint64_t, BlockRecord *> by_id_;
+  std::unique_ptr<std::array<std::atomic<BlockRecord *>, (1u << kLookupBits)>> lookup_;
+};
+
+/// A thread's cache of freed blocks for one DeviceMemory, plus its share of the ledger.
+///
+/// Who touches what: the owner thread, between `busy = 1` and `busy = 0` with no drain
+/// requested, or while it holds DeviceMemory's mutex; any thread holding the mutex after
+/// quiescing it (drain_requested set, busy seen 0). Counters read by stats are atomics.
+///
+/// The ledger share: DeviceMemory's per-category figures add, for every cache, grant − headroom.
+/// The owner moves bytes between categories on the fast path by changing only its headroom
+/// (never below 0); grants change under the mutex only. So the sum of grants bounds what the
+/// fast path can add to a category, and a category's peak is raised to that bound under the
+/// mutex: peaks are never below the truth.
+class ThreadCache {
+ public:
+  struct Bin {
+    std::atomic<uint32_t> count{0};
+    std::array<BlockRecord *, kMaxBinDepth> blocks{};
+  };
+
+  std::atomic<uint32_t> busy{0};
+  std::atomic<uint32_t> drain_requested{0};
+  std::array<std::atomic<int64_t>, kNumMemoryCategories> headroom{};
+  std::array<std::atomic<int64_t>, kNumMemoryCategories> grant{};
+  std::atomic<uint64_t> fast_allocations{0};  ///< pool hits served without the lock
+  std::atomic<uint64_t> fast_frees{0};
+  /// Locked-path requests of this thread while the fault plan was disarmed (the plan counts
+  /// them itself while armed).
+  std::atomic<uint64_t> requests{0};
+  /// The locked path's counters for this thread (DeviceMemory::Counter indexes them).
+  std::array<std::atomic<uint64_t>, 5> counters{};
+  std::array<Bin, kCacheBins> bins{};
+
+  /// Plain add to an atomic only its owner writes (no read-modify-write instruction).
+  [[gnu::always_inline]] static void add(std::atomic<int64_t> &counter, int64_t delta) {
+    counter.store(counter.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
+  }
+  [[gnu::always_inline]] static void add(std::atomic<uint64_t> &counter, uint64_t delta) {
+    counter.store(counter.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
+  }
+
+  /// Bytes and blocks in the bins now (racy snapshot for stats).
+  [[nodiscard]] uint64_t cached_bytes() const;
+  [[nodiscard]] uint64_t cached_blocks() const;
+};
+
+/// Sets up the asymmetric barrier once per process (membarrier registration); idempotent.
+/// Returns whether it is available. Without it DeviceMemory keeps its fast path closed.
+bool init_asymmetric_barrier();
+/// The owner's side: orders its `busy` store before its `drain_requested` load. Only the
+/// compiler's part: the drainer's membarrier does the CPU's.
+[[gnu::always_inline]] inline void light_barrier() { std::atomic_signal_fence(std::memory_order_seq_cst); }
+/// The drainer's side: after it returns, every thread has passed a full barrier.
+void heavy_barrier();
+
+}  // namespace kiln::runtime::detail
+
+#endif  // KILN_RUNTIME_MEMORY_THREAD_CACHE_H_
