@@ -37,7 +37,8 @@ bool read_meminfo(uint64_t *total_bytes, uint64_t *available_bytes) {
 Device::MemoryInfo apply_cgroup_limit(Device::MemoryInfo info) {
   if (auto cg = cgroup::own_memory_limit()) {
     info.total_bytes = std::min(info.total_bytes, cg->limit_bytes);
-    const uint64_t cg_free = cg->limit_bytes > cg->usage_bytes ? cg->limit_bytes - cg->usage_bytes : 0;
+    const uint64_t cg_free =
+        cg->limit_bytes > cg->usage_bytes ? cg->limit_bytes - cg->usage_bytes : 0;
     info.free_bytes = std::min(info.free_bytes, cg_free);
   }
   return info;
@@ -65,7 +66,8 @@ bool CpuDevice::reuse_reading(int64_t now_ns, MemoryInfo *info) const {
   const uint64_t total_bytes = reading_total_bytes_.load(kRelaxed);
   const uint64_t live_at_reading = live_bytes_at_reading_.load(kRelaxed);
   std::atomic_thread_fence(std::memory_order_acquire);
-  if (reading_seq_.load(kRelaxed) != seq || time_ns < 0 || now_ns - time_ns >= kReuseNs) return false;
+  if (reading_seq_.load(kRelaxed) != seq || time_ns < 0 || now_ns - time_ns >= kReuseNs)
+    return false;
   // Less what kiln itself allocated since the reading.
   const uint64_t live = live_allocation_bytes();
   const uint64_t grown = live > live_at_reading ? live - live_at_reading : 0;

@@ -87,7 +87,8 @@ RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> 
   const MemoryCategory first = requests.empty() ? MemoryCategory::ndarray : requests[0].category;
   // A refusal is decided without the lock: the total only changes under it, and a request that
   // does not fit now did not fit at the moment of that load.
-  if (overflow || !fits(total)) return std::unexpected(refusal(overflow ? UINT64_MAX : total, first));
+  if (overflow || !fits(total))
+    return std::unexpected(refusal(overflow ? UINT64_MAX : total, first));
   std::lock_guard lock(mutex_);
   if (!fits(total)) return std::unexpected(refusal(total, first));
   const uint64_t in_use = in_use_total_.load(kRelaxed) + total;
@@ -110,7 +111,8 @@ void MemoryBudget::give_back(const CategoryBytes &bytes) {
 void MemoryBudget::release(MemoryCategory category, uint64_t size_bytes) {
   std::lock_guard lock(mutex_);
   auto &current = current_bytes_[index(category)];
-  const uint64_t n = std::min(current.load(kRelaxed), size_bytes);  // never below zero, even on a caller's bug
+  const uint64_t n =
+      std::min(current.load(kRelaxed), size_bytes);  // never below zero, even on a caller's bug
   current.store(current.load(kRelaxed) - n, kRelaxed);
   in_use_total_.store(in_use_total_.load(kRelaxed) - n, kRelaxed);
 }

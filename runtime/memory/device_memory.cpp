@@ -173,7 +173,8 @@ RhiStatus DeviceMemory::check_fault_plan(std::span<const AllocRequest> requests)
   for (const AllocRequest &r : requests) {
     if (!fault_plan_.plan_.should_fail(r.size_bytes)) continue;
     driver_ooms_.fetch_add(1, std::memory_order_relaxed);
-    Failure f = make_failure(RhiResult::out_of_memory, device_.name(), "DeviceMemory::allocate", "");
+    Failure f =
+        make_failure(RhiResult::out_of_memory, device_.name(), "DeviceMemory::allocate", "");
     f.oom_source = OomSource::driver;
     f.category = r.category;
     f.requested_bytes = r.size_bytes;
@@ -192,7 +193,8 @@ RhiStatus DeviceMemory::check_live_with_eviction(uint64_t growth_bytes, MemoryCa
     live = check_live_free(growth_bytes, category);
   }
   if (live) return {};
-  live_refusals_.fetch_add(live.error().result == RhiResult::out_of_memory, std::memory_order_relaxed);
+  live_refusals_.fetch_add(live.error().result == RhiResult::out_of_memory,
+                           std::memory_order_relaxed);
   live.error().requested_bytes = requested_bytes;
   return live;
 }
@@ -247,7 +249,8 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate_locked_path(MemoryCategory 
   auto block = grow_one(request);
   if (block) return block;
   annotate(block.error());
-  if (block.error().result != RhiResult::out_of_memory || !notify_observers(block.error())) return block;
+  if (block.error().result != RhiResult::out_of_memory || !notify_observers(block.error()))
+    return block;
   retries_.fetch_add(1, std::memory_order_relaxed);
   block = grow_one(request);
   if (!block) annotate(block.error());
@@ -267,7 +270,8 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
     std::lock_guard lock(mutex_);
     for (std::size_t i = 0; i < n; ++i) {
       hit[i] = take_cached_locked(cache, requests[i].category, classes[i]);
-      if (hit[i] != nullptr) out[i] = DeviceAllocation{&device_, hit[i]->alloc_id.load(std::memory_order_relaxed)};
+      if (hit[i] != nullptr)
+        out[i] = DeviceAllocation{&device_, hit[i]->alloc_id.load(std::memory_order_relaxed)};
     }
   }
   std::vector<DeviceAllocation> grown;
@@ -276,8 +280,9 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
     std::lock_guard lock(mutex_);  // the hits go back to the cache, charged as cache again
     for (std::size_t i = 0; i < n; ++i) {
       if (hit[i] == nullptr) continue;
-      move_locked(cache, requests[i].category, MemoryCategory::pool_cache, classes[i]);
-      keep_cached_locked(cache, hit[i]);
+      const bool kept_here = keep_cached_locked(cache, hit[i]);
+      move_locked(kept_here ? cache : nullptr, requests[i].category, MemoryCategory::pool_cache,
+                  classes[i]);
     }
     return std::unexpected(std::move(f));
   };
@@ -303,12 +308,15 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
       f.requested_bytes = requested_bytes;
       return fail(std::move(f));
     }
-    if (auto live = check_live_with_eviction(growth_bytes, growth.front().category, requested_bytes); !live)
+    if (auto live =
+            check_live_with_eviction(growth_bytes, growth.front().category, requested_bytes);
+        !live)
       return fail(std::move(live).error());
     for (std::size_t i = 0; i < n; ++i) {
       if (hit[i] != nullptr) continue;
       auto block = allocate_block(requests[i], classes[i]);
-      if (!block) return fail(std::move(block).error());  // frees `grown`, then the reservation goes
+      if (!block)
+        return fail(std::move(block).error());  // frees `grown`, then the reservation goes
       out[i] = *block;
       grown.push_back(*block);
     }
@@ -374,20 +382,39 @@ RhiStatus DeviceMemory::free_locked_path(DeviceAllocation alloc) {
   {
     std::lock_guard lock(mutex_);
     record = alloc.device == &device_ ? blocks_->find(alloc.alloc_id) : nullptr;
-    if (record == nullptr || record->category.load(std::memory_order_relaxed) == MemoryCategory::pool_cache)
+    // A block another live thread's cache owns: that thread may be freeing it lock-free this
+    // very moment (a racing double free). Stop its fast path first, so one of the two frees
+    // sees the other.
+    // (With caching off no fast path runs: nothing to stop.)
+    Cache *owner = record != nullptr ? record->owner.load(std::memory_order_relaxed) : nullptr;
+    const bool foreign = caching_ && owner != nullptr && owner != cache;
+    if (foreign) quiesce_cache_locked(*owner);
+    if (record == nullptr ||
+        record->category.load(std::memory_order_relaxed) == MemoryCategory::pool_cache) {
+      if (foreign) reopen_cache_locked(*owner);
       return std::unexpected(invalid_usage(
           device_.name(), "DeviceMemory::free",
           fmt::format("allocation {} is not live here (freed twice, or never allocated)",
                       alloc.alloc_id)));
+    }
     category = record->category.load(std::memory_order_relaxed);
     class_bytes = record->class_bytes.load(std::memory_order_relaxed);
     count(kFrees);
     if (caching_) {
-      move_locked(cache, category, MemoryCategory::pool_cache, class_bytes);
-      keep_cached_locked(cache, record);
+      const bool kept_here = keep_cached_locked(cache, record);
+      move_locked(kept_here ? cache : nullptr, category, MemoryCategory::pool_cache, class_bytes);
+      if (foreign) {
+        trim_headroom_locked(owner);  // it owns less now
+        reopen_cache_locked(*owner);
+      }
       return {};
     }
+    set_owner_locked(record, nullptr);
     blocks_->remove(record);
+    if (foreign) {
+      trim_headroom_locked(owner);
+      reopen_cache_locked(*owner);
+    }
   }
   auto freed = device_.dealloc_memory(alloc);  // device first, then the ledger (see release_cached)
   std::lock_guard lock(mutex_);
@@ -429,7 +456,8 @@ uint64_t DeviceMemory::add_oom_observer(OomObserver observer) {
 
 bool DeviceMemory::remove_oom_observer(uint64_t id) {
   std::lock_guard lock(observers_mutex_);
-  const bool removed = std::erase_if(observers_, [id](const auto &entry) { return entry.first == id; }) > 0;
+  const bool removed =
+      std::erase_if(observers_, [id](const auto &entry) { return entry.first == id; }) > 0;
   observer_count_.store(observers_.size(), std::memory_order_release);
   return removed;
 }

@@ -17,7 +17,9 @@ std::atomic<bool> g_membarrier_ready{false};
 }  // namespace
 
 BlockRegistry::BlockRegistry()
-    : lookup_(std::make_unique<std::array<std::atomic<BlockRecord *>, (1u << kLookupBits)>>()) {}
+    : lookup_(std::make_unique<std::array<std::atomic<BlockRecord *>, (1u << kLookupBits)>>()) {
+  for (auto &slot : *lookup_) slot.store(&unused_slot_, std::memory_order_relaxed);
+}
 
 BlockRecord *BlockRegistry::add(uint64_t alloc_id, uint64_t class_bytes, MemoryCategory category,
                                 ThreadCache *owner) {

@@ -9,7 +9,8 @@
 // side is membarrier(2): the owner marks itself busy and checks for a drain request with only a
 // compiler barrier between; the drainer requests, issues membarrier, then waits for "not busy"
 // (folly's asymmetric lightweight/heavyweight barrier, liburcu's sys_membarrier flavour). Where
-// membarrier is unavailable both sides fall back to a full fence.
+// membarrier is unavailable (or in a child after fork()) the fast path stays closed: every
+// operation takes the lock, and the caches' bins are used under it only.
 #ifndef KILN_RUNTIME_MEMORY_THREAD_CACHE_H_
 #define KILN_RUNTIME_MEMORY_THREAD_CACHE_H_
 
@@ -52,7 +53,8 @@ inline constexpr uint32_t kMaxBinDepth = 8;
 /// bin holds at most max(4 MiB, one block); all bins of one cache hold at most ~72 MiB.
 [[nodiscard]] constexpr uint32_t bin_depth(uint32_t bin) {
   const uint64_t by_bytes = (4ull << 20) / class_of_bin(bin);
-  return by_bytes >= kMaxBinDepth ? kMaxBinDepth : (by_bytes == 0 ? 1 : static_cast<uint32_t>(by_bytes));
+  return by_bytes >= kMaxBinDepth ? kMaxBinDepth
+                                  : (by_bytes == 0 ? 1 : static_cast<uint32_t>(by_bytes));
 }
 
 /// The bin and class bytes of a request, in one step (the fast path's version of size_class).
@@ -97,8 +99,9 @@ class BlockRegistry {
   void remove(BlockRecord *record);
   /// Makes a removed record reusable, once the device has let go of its block.
   void recycle(BlockRecord *record);
-  /// A lock-free guess: the record that last held `alloc_id`'s lookup slot, or nullptr. The
-  /// caller verifies alloc_id (and whatever else it relies on) after loading it.
+  /// A lock-free guess: the record that last held `alloc_id`'s lookup slot, never null (an
+  /// unused slot holds a dummy record that matches nothing: no owner, alloc id 0). The caller
+  /// verifies alloc_id (and whatever else it relies on) after loading it.
   [[nodiscard]] BlockRecord *find_fast(uint64_t alloc_id) const {
     return (*lookup_)[slot(alloc_id)].load(std::memory_order_acquire);
   }
@@ -114,6 +117,7 @@ class BlockRegistry {
   std::deque<BlockRecord> records_;  // stable addresses
   std::vector<BlockRecord *> free_records_;
   std::unordered_map<uint64_t, BlockRecord *> by_id_;
+  BlockRecord unused_slot_;  // what find_fast answers for a slot no block has used yet
   std::unique_ptr<std::array<std::atomic<BlockRecord *>, (1u << kLookupBits)>> lookup_;
 };
 
@@ -139,6 +143,9 @@ class ThreadCache {
   std::atomic<uint32_t> drain_requested{0};
   std::array<std::atomic<int64_t>, kNumMemoryCategories> headroom{};
   std::array<std::atomic<int64_t>, kNumMemoryCategories> grant{};
+  /// Bytes of the blocks this cache owns (in its bins or handed out by it); changed under the
+  /// mutex only. Caps the headroom: the fast path never needs more.
+  std::atomic<uint64_t> owned_bytes{0};
   std::atomic<uint64_t> fast_allocations{0};  ///< pool hits served without the lock
   std::atomic<uint64_t> fast_frees{0};
   /// Locked-path requests of this thread while the fault plan was disarmed (the plan counts
@@ -161,12 +168,20 @@ class ThreadCache {
   [[nodiscard]] uint64_t cached_blocks() const;
 };
 
+[[nodiscard]] inline int64_t to_signed(uint64_t bytes) { return static_cast<int64_t>(bytes); }
+[[nodiscard]] inline std::size_t index(MemoryCategory category) {
+  return static_cast<std::size_t>(category);
+}
+inline constexpr std::size_t kPoolCache = static_cast<std::size_t>(MemoryCategory::pool_cache);
+
 /// Sets up the asymmetric barrier once per process (membarrier registration); idempotent.
 /// Returns whether it is available. Without it DeviceMemory keeps its fast path closed.
 bool init_asymmetric_barrier();
 /// The owner's side: orders its `busy` store before its `drain_requested` load. Only the
 /// compiler's part: the drainer's membarrier does the CPU's.
-[[gnu::always_inline]] inline void light_barrier() { std::atomic_signal_fence(std::memory_order_seq_cst); }
+[[gnu::always_inline]] inline void light_barrier() {
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+}
 /// The drainer's side: after it returns, every thread has passed a full barrier.
 void heavy_barrier();
 

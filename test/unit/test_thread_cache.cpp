@@ -4,6 +4,9 @@
 // and the stats counters over lock-free hits, and an exact ledger after threads trade blocks.
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -1226,4 +1229,103 @@ TEST_CASE("after a warm-up every reuse pattern of one thread is served lock-free
       check_ledger(*memory, mock, 0);
     }
   }
+}
+
+TEST_CASE("two threads freeing the same block at the same moment: exactly one free succeeds",
+          "[thread_cache][concurrency]") {
+  // The owner's free is lock-free; the other thread's takes the locked path, which must stop the
+  // owner's fast path before it decides. Without that, both succeed and the block is cached twice.
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(512_MiB));
+  Worker owner;
+  REQUIRE(owner.run([&] { return fill_and_free(*memory, std::array<Ask, 1>{{{MemoryCategory::ndarray, 4_KiB}}}, 2); }) == 0);
+  constexpr int kRounds = 2000;
+  int both = 0, neither = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    const auto block = owner.run([&] { return memory->allocate(MemoryCategory::ndarray, 4_KiB); });
+    REQUIRE(block);
+    std::atomic<bool> go{false};
+    auto owner_free = owner.post([&] {
+      while (!go.load(std::memory_order_acquire)) {
+      }
+      return memory->free(*block).has_value();
+    });
+    go.store(true, std::memory_order_release);
+    const bool main_freed = memory->free(*block).has_value();
+    const bool owner_freed = owner_free.get();
+    both += main_freed && owner_freed;
+    neither += !main_freed && !owner_freed;
+  }
+  CHECK(both == 0);
+  CHECK(neither == 0);
+  check_ledger(*memory, mock, 0);
+  const MemoryStats s = memory->stats();
+  CHECK(s.cached_blocks == mock.live_allocation_count());
+  CHECK(s.frees == s.allocations);
+}
+
+TEST_CASE("per-category peaks stay within the bytes other threads' caches own",
+          "[thread_cache][concurrency]") {
+  // A producer allocates, a consumer frees (a pipeline). The consumer's frees must not pile up
+  // headroom that lifts the producer's next peak: the bound is what the consumer's cache owns.
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(256_MiB));
+  Worker consumer;
+  const uint64_t size = GENERATE(1_MiB, 8_MiB);  // cached in the consumer's bins / shared pool only
+  constexpr int kRounds = 40;
+  memory->reset_peaks();
+  for (int round = 0; round < kRounds; ++round) {
+    const auto block = memory->allocate(MemoryCategory::ndarray, size);
+    REQUIRE(block);
+    REQUIRE(consumer.run([&] { return memory->free(*block).has_value(); }));
+  }
+  const uint64_t ndarray_peak = peak(memory->stats(), MemoryCategory::ndarray);
+  CHECK(ndarray_peak >= size);             // never below the truth
+  CHECK(ndarray_peak <= size + 4_MiB);     // the consumer's cache owns at most 4 MiB of a class
+  if (size > 4_MiB) CHECK(ndarray_peak == size);  // nothing in any thread cache: exact
+  check_ledger(*memory, mock, 0);
+}
+
+TEST_CASE("a thread using two DeviceMemory objects in turn hits both caches lock-free",
+          "[thread_cache]") {
+  MockDevice mock_a(mock_options(1_GiB)), mock_b(mock_options(1_GiB));
+  auto a = make_memory(mock_a, cached(512_MiB));
+  auto b = make_memory(mock_b, cached(512_MiB));
+  const Pattern one{"", {{MemoryCategory::ndarray, 4_KiB}}};
+  (void)lock_free_hits_over(*a, one, 2);
+  (void)lock_free_hits_over(*b, one, 2);
+  uint64_t hits = 0;
+  for (int round = 0; round < 100; ++round)
+    hits += lock_free_hits_over(*a, one, 1) + lock_free_hits_over(*b, one, 1);
+  CHECK(hits == 200);
+}
+
+TEST_CASE("after fork() the child's allocators work on the locked path and never wait",
+          "[thread_cache][fork]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(512_MiB));
+  Worker worker;  // a cache owned by a thread the child will not have
+  REQUIRE(worker.run([&] { return fill_and_free(*memory, kTwelveMiB, 2); }) == 0);
+  const Pattern one{"", {{MemoryCategory::ndarray, 4_KiB}}};
+  (void)lock_free_hits_over(*memory, one, 2);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // No Catch in the child: the exit status says what failed.
+    const uint64_t hits_before = memory->stats().lock_free_hits;
+    for (int i = 0; i < 10; ++i) {
+      auto block = memory->allocate(MemoryCategory::ndarray, 4_KiB);
+      if (!block || !memory->free(*block)) _exit(1);
+    }
+    if (memory->stats().lock_free_hits != hits_before) _exit(2);  // the fast path stayed closed
+    if (memory->release_cached() < 12_MiB) _exit(3);  // the worker's cache too, without waiting
+    if (memory->in_use_bytes() != mock.held_bytes()) _exit(4);
+    _exit(0);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  // The parent goes on lock-free.
+  CHECK(lock_free_hits_over(*memory, one, 10) == 10);
 }

@@ -15,8 +15,9 @@ namespace kiln {
 /// cgroup limit. Reading them costs about 10 us, so a reading younger than kReadingReuse is
 /// reused, less what kiln itself allocated since: only other processes' growth within that time
 /// goes unseen. The age is measured on CLOCK_MONOTONIC_COARSE (a few ns to read, where
-/// steady_clock costs ~20 ns on a VM), which advances once per kernel tick: a reading lives until
-/// the tick after it is 1 ms old, so 1 to 4 ms depending on the kernel's HZ. A reused reading is
+/// steady_clock costs ~20 ns on a VM), which advances once per kernel tick: a reading is reused
+/// until that clock has moved kReadingReuse past it, i.e. for at most one tick (1 to 10 ms,
+/// depending on the kernel's HZ). A reused reading is
 /// read without a lock (a sequence lock around it); one thread at a time refreshes it.
 /// Thread-safe.
 class CpuDevice final : public HostMemoryDevice {

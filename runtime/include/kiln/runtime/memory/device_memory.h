@@ -191,8 +191,9 @@ class DeviceMemory {
   [[nodiscard]] Cache *bind_cache();  // my_cache(), made on first use (takes the mutex)
   [[nodiscard]] bool fast_path_open(MemoryCategory category, uint64_t size_bytes) const;
   void update_fast_path();  // after the fault plan changed
+  static void install_fork_handler();
   [[nodiscard]] Record *fast_allocate(Cache &cache, MemoryCategory category, uint64_t size_bytes);
-  [[nodiscard]] bool fast_free(Cache &cache, DeviceAllocation alloc);
+  [[nodiscard]] bool fast_free(Cache &cache, uint64_t alloc_id);
 
   // The locked path.
   [[nodiscard, gnu::noinline]] RhiExpected<DeviceAllocation> allocate_locked_path(
@@ -218,8 +219,10 @@ class DeviceMemory {
 
   // Under mutex_.
   [[nodiscard]] Cache *my_cache_locked();
-  [[nodiscard]] Record *take_cached_locked(Cache *cache, MemoryCategory category, uint64_t class_bytes);
-  void keep_cached_locked(Cache *cache, Record *record);
+  [[nodiscard]] Record *take_cached_locked(Cache *cache, MemoryCategory category,
+                                           uint64_t class_bytes);
+  /// Caches a freed block: in `cache`'s bin when it has room (true), else the shared pool.
+  bool keep_cached_locked(Cache *cache, Record *record);
   void register_block_locked(Cache *cache, DeviceAllocation block, MemoryCategory category,
                              uint64_t class_bytes);
   void move_locked(Cache *cache, MemoryCategory from, MemoryCategory to, uint64_t size_bytes);
@@ -228,6 +231,11 @@ class DeviceMemory {
   [[nodiscard]] CategoryBytes in_use_by_category_locked() const;
   void quiesce_caches_locked();
   void reopen_caches_locked();
+  void quiesce_cache_locked(Cache &cache);
+  static void wait_not_busy(const Cache &cache);
+  void reopen_cache_locked(Cache &cache);
+  void trim_headroom_locked(Cache *cache);
+  void set_owner_locked(Record *record, Cache *owner);
   void retire_cache(Cache *cache);  // a thread exits (thread_cache binding in device_memory.cpp)
   [[nodiscard]] uint64_t cache_request_count() const;  // requests the caches counted
   friend struct ThreadBinding;
@@ -257,7 +265,14 @@ class DeviceMemory {
   // threads without one and for caches whose thread exited.
   // kLockFreeHits: only the lock-free hits of caches whose thread exited (live caches keep theirs
   // in fast_allocations).
-  enum Counter : std::size_t { kAllocations, kFrees, kCacheHits, kLiveChecks, kLockFreeHits, kNumCounters };
+  enum Counter : std::size_t {
+    kAllocations,
+    kFrees,
+    kCacheHits,
+    kLiveChecks,
+    kLockFreeHits,
+    kNumCounters
+  };
   void count(Counter counter, uint64_t n = 1);
   std::array<std::atomic<uint64_t>, kNumCounters> counters_{};
   std::atomic<uint64_t> evictions_{0}, driver_ooms_{0}, live_refusals_{0}, retries_{0};

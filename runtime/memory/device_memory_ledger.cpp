@@ -1,0 +1,184 @@
+// DeviceMemory's ledger view: per-category figures that add every thread cache's share, peaks
+// that never fall below the truth, the counters, stats() and summary().
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "kiln/runtime/memory/device_memory.h"
+#include "thread_cache.h"
+
+namespace kiln::runtime {
+
+using detail::index;
+using detail::kPoolCache;
+using detail::to_signed;
+
+// --- the ledger view ---------------------------------------------------------------------------
+// A category's figure = the budget's charge (by the category a block was grown for) + moves_ (the
+// locked path's moves made without a cache) + for every cache, grant - headroom.
+
+void DeviceMemory::reclaim_headroom_locked(Cache *cache, MemoryCategory category) {
+  // Only the cache's own thread calls this (or the cache is quiesced). Only the category about
+  // to be raised gives its headroom up: the others keep theirs for the fast path.
+  if (cache == nullptr) return;
+  auto &headroom = cache->headroom[index(category)];
+  Cache::add(cache->grant[index(category)], -headroom.load(std::memory_order_relaxed));
+  headroom.store(0, std::memory_order_relaxed);
+}
+
+void DeviceMemory::set_owner_locked(Record *record, Cache *owner) {
+  Cache *previous = record->owner.load(std::memory_order_relaxed);
+  if (previous == owner) return;
+  const uint64_t class_bytes = record->class_bytes.load(std::memory_order_relaxed);
+  if (previous != nullptr) Cache::add(previous->owned_bytes, -class_bytes);
+  if (owner != nullptr) Cache::add(owner->owned_bytes, class_bytes);
+  record->owner.store(owner, std::memory_order_relaxed);
+}
+
+void DeviceMemory::trim_headroom_locked(Cache *cache) {
+  // Headroom only serves lock-free allocations of blocks the cache owns: more than those is of
+  // no use and would only lift the peaks' bound. Only the owner thread calls this, or the cache
+  // is quiesced.
+  if (cache == nullptr) return;
+  const int64_t cap = to_signed(cache->owned_bytes.load(std::memory_order_relaxed));
+  for (std::size_t k = 0; k < kNumMemoryCategories; ++k) {
+    const int64_t excess = cache->headroom[k].load(std::memory_order_relaxed) - cap;
+    if (excess <= 0) continue;
+    Cache::add(cache->grant[k], -excess);
+    Cache::add(cache->headroom[k], -excess);
+  }
+}
+
+void DeviceMemory::move_locked(Cache *cache, MemoryCategory from, MemoryCategory to,
+                               uint64_t size_bytes) {
+  // `cache`: the calling thread's, when the block is (or comes from) its bins; else nullptr.
+  if (cache != nullptr) {
+    // Headroom first given up, so the raised peak counts only what is held.
+    reclaim_headroom_locked(cache, to);
+    Cache::add(cache->headroom[index(from)], to_signed(size_bytes));
+    Cache::add(cache->grant[index(to)], to_signed(size_bytes));
+    trim_headroom_locked(cache);
+  } else {
+    moves_[index(from)] -= to_signed(size_bytes);
+    moves_[index(to)] += to_signed(size_bytes);
+  }
+  raise_peak_locked(to);
+}
+
+void DeviceMemory::raise_peak_locked(MemoryCategory category) {
+  const std::size_t k = index(category);
+  int64_t bound = to_signed(budget_.in_use_by_category()[k]) + moves_[k];
+  for (const auto &cache : caches_) bound += cache->grant[k].load(std::memory_order_relaxed);
+  peaks_[k] = std::max(peaks_[k], static_cast<uint64_t>(std::max<int64_t>(bound, 0)));
+}
+
+CategoryBytes DeviceMemory::in_use_by_category_locked() const {
+  const CategoryBytes charged = budget_.in_use_by_category();
+  CategoryBytes out{};
+  for (std::size_t k = 0; k < kNumMemoryCategories; ++k) {
+    int64_t bytes = to_signed(charged[k]) + moves_[k];
+    for (const auto &cache : caches_)
+      bytes += cache->grant[k].load(std::memory_order_relaxed) -
+               cache->headroom[k].load(std::memory_order_relaxed);
+    out[k] = static_cast<uint64_t>(std::max<int64_t>(bytes, 0));
+  }
+  return out;
+}
+
+CategoryBytes DeviceMemory::in_use_by_category() const {
+  std::lock_guard lock(mutex_);
+  return in_use_by_category_locked();
+}
+
+void DeviceMemory::reset_peaks() {
+  Cache *cache = bind_cache();
+  std::lock_guard lock(mutex_);
+  for (std::size_t k = 0; k < kNumMemoryCategories; ++k)
+    reclaim_headroom_locked(cache, static_cast<MemoryCategory>(k));
+  budget_.reset_peaks();
+  peaks_ = {};
+  for (std::size_t k = 0; k < kNumMemoryCategories; ++k)
+    raise_peak_locked(static_cast<MemoryCategory>(k));
+}
+
+void DeviceMemory::count(Counter counter, uint64_t n) {
+  static_assert(std::tuple_size_v<decltype(Cache::counters)> == kNumCounters);
+  if (Cache *cache = my_cache(); cache != nullptr)
+    Cache::add(cache->counters[counter], n);  // only this thread writes its cache's counters
+  else
+    counters_[counter].fetch_add(n, std::memory_order_relaxed);
+}
+
+// --- stats ---------------------------------------------------------------------------------------
+
+uint64_t DeviceMemory::cache_request_count() const {
+  std::lock_guard lock(mutex_);
+  uint64_t n = retired_requests_;
+  for (const auto &cache : caches_)
+    n += cache->fast_allocations.load(std::memory_order_relaxed) +
+         cache->requests.load(std::memory_order_relaxed);
+  return n;
+}
+
+MemoryStats DeviceMemory::stats() const {
+  MemoryStats s;
+  s.ledger = budget_.stats();
+  s.reserve_bytes = reserve_bytes_;
+  uint64_t fast_allocations = 0, fast_frees = 0;
+  std::array<uint64_t, kNumCounters> counters{};
+  {
+    std::lock_guard lock(
+        mutex_);  // with the caches: an exiting thread moves its counts between them
+    for (std::size_t c = 0; c < kNumCounters; ++c)
+      counters[c] = counters_[c].load(std::memory_order_relaxed);
+    s.ledger.current_bytes = in_use_by_category_locked();
+    for (std::size_t k = 0; k < kNumMemoryCategories; ++k)
+      s.ledger.peak_bytes[k] = std::max(peaks_[k], s.ledger.current_bytes[k]);
+    s.cached_bytes = pool_.cached_bytes();
+    s.cached_blocks = pool_.cached_blocks();
+    for (const auto &cache : caches_) {
+      s.cached_bytes += cache->cached_bytes();
+      s.cached_blocks += cache->cached_blocks();
+      fast_allocations += cache->fast_allocations.load(std::memory_order_relaxed);
+      fast_frees += cache->fast_frees.load(std::memory_order_relaxed);
+      for (std::size_t c = 0; c < kNumCounters; ++c)
+        counters[c] += cache->counters[c].load(std::memory_order_relaxed);
+    }
+  }
+  s.allocations = counters[kAllocations] + fast_allocations;
+  s.frees = counters[kFrees] + fast_frees;
+  s.cache_hits = counters[kCacheHits] + fast_allocations;
+  s.lock_free_hits = counters[kLockFreeHits] + fast_allocations;
+  s.evictions = evictions_.load();
+  s.live_checks = counters[kLiveChecks];
+  s.live_refusals = live_refusals_.load();
+  s.driver_ooms = driver_ooms_.load();
+  s.retries = retries_.load();
+  return s;
+}
+
+std::string DeviceMemory::summary() const {
+  const MemoryStats s = stats();
+  std::string out = fmt::format("kiln memory summary: {} (limit {}, reserve {})\n", device_.name(),
+                                format_bytes(s.ledger.limit_bytes), format_bytes(s.reserve_bytes));
+  out += fmt::format("  {:<16} {:>12} {:>12}\n", "category", "current", "peak");
+  for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
+    out +=
+        fmt::format("  {:<16} {:>12} {:>12}\n", to_string(static_cast<MemoryCategory>(i)),
+                    format_bytes(s.ledger.current_bytes[i]), format_bytes(s.ledger.peak_bytes[i]));
+  out +=
+      fmt::format("  {:<16} {:>12} {:>12}\n", "total", format_bytes(s.ledger.current_total_bytes()),
+                  format_bytes(s.ledger.peak_total_bytes));
+  out += fmt::format(
+      "  pool: {} cached in {} blocks; {} hits ({} lock-free) of {} allocations; "
+      "{} evicted\n",
+      format_bytes(s.cached_bytes), s.cached_blocks, s.cache_hits, s.lock_free_hits, s.allocations,
+      s.evictions);
+  out += fmt::format(
+      "  refusals: {} by budget, {} by live free memory; driver out-of-memory: {}; "
+      "retries: {}; frees: {}; live checks: {}\n",
+      s.ledger.refusals, s.live_refusals, s.driver_ooms, s.retries, s.frees, s.live_checks);
+  return out;
+}
+
+}  // namespace kiln::runtime

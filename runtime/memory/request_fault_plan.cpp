@@ -1,0 +1,39 @@
+// RequestFaultPlan: DeviceMemory's fault injection over allocation requests, counted by the
+// locked path (FaultPlan) and by the thread caches (lock-free hits and disarmed requests).
+#include "kiln/runtime/memory/device_memory.h"
+
+namespace kiln::runtime {
+
+void RequestFaultPlan::fail_nth_allocation(uint64_t n) {
+  fast_baseline_.store(memory_.cache_request_count(), std::memory_order_relaxed);
+  plan_.fail_nth_allocation(n);
+  fail_at_.store(n, std::memory_order_relaxed);
+  update_armed();
+}
+
+void RequestFaultPlan::fail_sizes_at_least(uint64_t size_bytes) {
+  plan_.fail_sizes_at_least(size_bytes);
+  fail_size_.store(size_bytes, std::memory_order_relaxed);
+  update_armed();
+}
+
+void RequestFaultPlan::clear() {
+  plan_.clear();
+  fail_at_.store(kNever, std::memory_order_relaxed);
+  fail_size_.store(kNever, std::memory_order_relaxed);
+  update_armed();
+}
+
+void RequestFaultPlan::update_armed() {
+  armed_.store(fail_at_.load(std::memory_order_relaxed) != kNever ||
+                   fail_size_.load(std::memory_order_relaxed) != kNever,
+               std::memory_order_relaxed);
+  memory_.update_fast_path();
+}
+
+uint64_t RequestFaultPlan::allocation_count() const {
+  return plan_.allocation_count() + memory_.cache_request_count() -
+         fast_baseline_.load(std::memory_order_relaxed);
+}
+
+}  // namespace kiln::runtime
