@@ -16,9 +16,8 @@ std::atomic<bool> g_membarrier_ready{false};
 
 }  // namespace
 
-BlockRegistry::BlockRegistry()
-    : lookup_(std::make_unique<std::array<std::atomic<BlockRecord *>, (1u << kLookupBits)>>()) {
-  for (auto &slot : *lookup_) slot.store(&unused_slot_, std::memory_order_relaxed);
+BlockRegistry::BlockRegistry() {
+  for (auto &slot : lookup_) slot.store(&unused_slot_, std::memory_order_relaxed);
 }
 
 BlockRecord *BlockRegistry::add(uint64_t alloc_id, uint64_t class_bytes, MemoryCategory category,
@@ -39,7 +38,7 @@ BlockRecord *BlockRegistry::add(uint64_t alloc_id, uint64_t class_bytes, MemoryC
   record->charged = category;
   record->owner.store(owner, std::memory_order_relaxed);
   by_id_[alloc_id] = record;
-  (*lookup_)[slot(alloc_id)].store(record, std::memory_order_release);
+  lookup_[slot(alloc_id)].store(record, std::memory_order_release);
   return record;
 }
 

@@ -40,7 +40,7 @@ class ThreadCache;
 /// Thread caches keep classes up to 4 MiB; larger blocks live in the shared pool only.
 inline constexpr uint32_t kCacheBins = bin_of_class(4ull << 20) + 1;
 inline constexpr uint32_t kNoBin = UINT32_MAX;
-inline constexpr uint32_t kMaxBinDepth = 8;
+inline constexpr uint32_t kMaxBinDepth = 7;  // a bin is then one 64-byte cache line
 
 /// The class bytes of bin `bin` (inverse of bin_of_class).
 [[nodiscard]] constexpr uint64_t class_of_bin(uint32_t bin) {
@@ -49,8 +49,8 @@ inline constexpr uint32_t kMaxBinDepth = 8;
   return (1ull << k) + static_cast<uint64_t>(bin % 4) * (1ull << (k - 2));
 }
 
-/// Blocks a thread cache keeps per bin: 8 for small classes, fewer as they grow, so that one
-/// bin holds at most max(4 MiB, one block); all bins of one cache hold at most ~72 MiB.
+/// Blocks a thread cache keeps per bin: 7 for small classes, fewer as they grow, so that one
+/// bin holds at most max(4 MiB, one block); all bins of one cache hold at most 65 MiB.
 [[nodiscard]] constexpr uint32_t bin_depth(uint32_t bin) {
   const uint64_t by_bytes = (4ull << 20) / class_of_bin(bin);
   return by_bytes >= kMaxBinDepth ? kMaxBinDepth
@@ -73,7 +73,7 @@ struct BinClass {
 /// One device block DeviceMemory holds, live or cached. Records are recycled, never freed,
 /// while their DeviceMemory lives, so a stale pointer to one is always safe to read; the fields
 /// are atomics for that reason (relaxed: plain loads and stores on x86 and arm64).
-struct BlockRecord {
+struct alignas(64) BlockRecord {  // one cache line each: no straddling, no false sharing
   std::atomic<uint64_t> alloc_id{0};
   /// The cache whose thread may free this live block without the lock; set only by that thread
   /// (or cleared under the mutex). Null: every free takes the lock.
@@ -103,7 +103,7 @@ class BlockRegistry {
   /// unused slot holds a dummy record that matches nothing: no owner, alloc id 0). The caller
   /// verifies alloc_id (and whatever else it relies on) after loading it.
   [[nodiscard]] BlockRecord *find_fast(uint64_t alloc_id) const {
-    return (*lookup_)[slot(alloc_id)].load(std::memory_order_acquire);
+    return lookup_[slot(alloc_id)].load(std::memory_order_acquire);
   }
   /// Every held block's record.
   [[nodiscard]] std::vector<BlockRecord *> all() const;
@@ -114,11 +114,11 @@ class BlockRegistry {
   static std::size_t slot(uint64_t alloc_id) {
     return static_cast<std::size_t>((alloc_id * 0x9E3779B97F4A7C15ull) >> (64 - kLookupBits));
   }
+  std::array<std::atomic<BlockRecord *>, (1u << kLookupBits)> lookup_{};  // first: one load away
   std::deque<BlockRecord> records_;  // stable addresses
   std::vector<BlockRecord *> free_records_;
   std::unordered_map<uint64_t, BlockRecord *> by_id_;
   BlockRecord unused_slot_;  // what find_fast answers for a slot no block has used yet
-  std::unique_ptr<std::array<std::atomic<BlockRecord *>, (1u << kLookupBits)>> lookup_;
 };
 
 /// A thread's cache of freed blocks for one DeviceMemory, plus its share of the ledger.
@@ -134,20 +134,22 @@ class BlockRegistry {
 /// mutex: peaks are never below the truth.
 class ThreadCache {
  public:
-  struct Bin {
+  struct alignas(64) Bin {
     std::atomic<uint32_t> count{0};
     std::array<BlockRecord *, kMaxBinDepth> blocks{};
   };
 
+  // The fast path's fields first (busy, drain_requested, headroom: one cache line; its
+  // counters start the next), the locked path's after.
   std::atomic<uint32_t> busy{0};
   std::atomic<uint32_t> drain_requested{0};
   std::array<std::atomic<int64_t>, kNumMemoryCategories> headroom{};
+  std::atomic<uint64_t> fast_allocations{0};  ///< pool hits served without the lock
+  std::atomic<uint64_t> fast_frees{0};
   std::array<std::atomic<int64_t>, kNumMemoryCategories> grant{};
   /// Bytes of the blocks this cache owns (in its bins or handed out by it); changed under the
   /// mutex only. Caps the headroom: the fast path never needs more.
   std::atomic<uint64_t> owned_bytes{0};
-  std::atomic<uint64_t> fast_allocations{0};  ///< pool hits served without the lock
-  std::atomic<uint64_t> fast_frees{0};
   /// Locked-path requests of this thread while the fault plan was disarmed (the plan counts
   /// them itself while armed).
   std::atomic<uint64_t> requests{0};

@@ -108,10 +108,12 @@ class RequestFaultPlan {
 /// Thread-safe: every member may be called from any thread.
 ///
 /// Pool hits take no lock: each thread that allocates here gets a cache of freed blocks (classes
-/// up to 4 MiB, at most ~72 MiB per thread) that it allocates from and frees into with plain
+/// up to 4 MiB, at most 65 MiB per thread) that it allocates from and frees into with plain
 /// loads and stores. Cached blocks of every thread are evicted before any refusal (another thread
 /// empties a cache with a membarrier(2) handshake, never waiting on a lock the owner holds). A
-/// thread's cache goes back to the shared pool when the thread exits.
+/// thread's cache goes back to the shared pool when the thread exits. A free from another thread
+/// takes the lock (and, if the owner's thread is alive, one membarrier to stop its fast path).
+/// Without membarrier(2), and in a child after fork(), every operation takes the lock.
 class DeviceMemory {
  public:
   /// Reads total memory from the device and sets the limit per `config`.
@@ -166,9 +168,12 @@ class DeviceMemory {
   /// Sets every peak to the current figure.
   void reset_peaks();
 
-  /// Counters and bytes. Per-category peaks are never below the true peak; they are exact while
-  /// one thread at a time allocates here, and with several may exceed it by the bytes other
-  /// threads freed into their own caches and have not reused yet. peak_total_bytes is exact.
+  /// Counters and bytes. Per-category peaks are never below the true peak. They are exact while
+  /// one thread allocates and frees here; with several, a peak may exceed the truth by up to the
+  /// bytes the other threads' caches own (cached there or handed out from there; a cache owns at
+  /// most what its thread reuses). peak_total_bytes is exact. A snapshot taken while other
+  /// threads allocate may be momentarily inconsistent between categories (each figure is read
+  /// once, without stopping them).
   [[nodiscard]] MemoryStats stats() const;
   /// A readable table of current and peak bytes per category, the pool and the counters.
   [[nodiscard]] std::string summary() const;
