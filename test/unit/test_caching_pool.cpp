@@ -22,6 +22,7 @@
 #include "kiln/rhi/result.h"
 #include "kiln/runtime/memory/caching_pool.h"
 #include "kiln/runtime/memory/device_memory.h"
+#include "memory_test_support.h"
 
 using kiln::DeviceAllocation;
 using kiln::Failure;
@@ -34,39 +35,9 @@ using kiln::runtime::AllocRequest;
 using kiln::runtime::BudgetConfig;
 using kiln::runtime::CachingPool;
 using kiln::runtime::DeviceMemory;
+using namespace kiln::test::memory;
 
 namespace {
-
-constexpr uint64_t operator""_KiB(unsigned long long n) { return n << 10; }
-constexpr uint64_t operator""_MiB(unsigned long long n) { return n << 20; }
-constexpr uint64_t operator""_GiB(unsigned long long n) { return n << 30; }
-
-MockDeviceOptions mock_options(uint64_t capacity_bytes, std::vector<uint64_t> script = {}) {
-  MockDeviceOptions options;
-  options.capacity_bytes = capacity_bytes;
-  options.other_process_bytes_script = std::move(script);
-  return options;
-}
-
-// Caching is on: that is the default, and what these tests are about.
-BudgetConfig cached(uint64_t limit_bytes, uint64_t reserve_bytes = 0, bool live_check = true) {
-  BudgetConfig config;
-  config.limit_bytes = limit_bytes;
-  config.reserve_bytes = reserve_bytes;
-  config.live_check = live_check;
-  return config;
-}
-
-std::unique_ptr<DeviceMemory> make_memory(MockDevice &mock, BudgetConfig config) {
-  REQUIRE(config.caching);
-  auto memory = DeviceMemory::create(mock, config);
-  REQUIRE(memory);
-  return std::move(*memory);
-}
-
-uint64_t charged(DeviceMemory &memory, MemoryCategory category) {
-  return memory.in_use_by_category()[static_cast<std::size_t>(category)];
-}
 
 uint64_t cached_bytes(DeviceMemory &memory) { return charged(memory, MemoryCategory::pool_cache); }
 

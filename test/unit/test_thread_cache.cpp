@@ -29,6 +29,7 @@
 #include "kiln/rhi/result.h"
 #include "kiln/runtime/memory/caching_pool.h"
 #include "kiln/runtime/memory/device_memory.h"
+#include "memory_test_support.h"
 
 using kiln::DeviceAllocation;
 using kiln::FaultPlan;
@@ -43,40 +44,12 @@ using kiln::runtime::BudgetConfig;
 using kiln::runtime::CachingPool;
 using kiln::runtime::DeviceMemory;
 using kiln::runtime::MemoryStats;
+using namespace kiln::test::memory;
 
 namespace {
 
-constexpr uint64_t operator""_KiB(unsigned long long n) { return n << 10; }
-constexpr uint64_t operator""_MiB(unsigned long long n) { return n << 20; }
-constexpr uint64_t operator""_GiB(unsigned long long n) { return n << 30; }
-
 constexpr std::size_t idx(MemoryCategory category) { return static_cast<std::size_t>(category); }
 constexpr std::size_t kPool = idx(MemoryCategory::pool_cache);
-
-MockDeviceOptions mock_options(uint64_t capacity_bytes) {
-  MockDeviceOptions options;
-  options.capacity_bytes = capacity_bytes;
-  return options;
-}
-
-BudgetConfig cached(uint64_t limit_bytes, uint64_t reserve_bytes = 0, bool live_check = true) {
-  BudgetConfig config;
-  config.limit_bytes = limit_bytes;
-  config.reserve_bytes = reserve_bytes;
-  config.live_check = live_check;
-  return config;
-}
-
-std::unique_ptr<DeviceMemory> make_memory(MockDevice &mock, BudgetConfig config) {
-  REQUIRE(config.caching);
-  auto memory = DeviceMemory::create(mock, config);
-  REQUIRE(memory);
-  return std::move(*memory);
-}
-
-uint64_t charged(DeviceMemory &memory, MemoryCategory category) {
-  return memory.in_use_by_category()[idx(category)];
-}
 
 uint64_t peak(const MemoryStats &stats, MemoryCategory category) {
   return stats.ledger.peak_bytes[idx(category)];
@@ -247,6 +220,17 @@ void check_worker_cache_works(Worker &worker, DeviceMemory &memory, MockDevice &
   CHECK(o.driver_after == o.driver_before);
   for (const uint64_t id : o.second) CHECK(contains(o.first, id));
   CHECK(o.second[0] != o.second[1]);
+}
+
+// The end of an eviction test: the evicted worker's cache still works, and once `big` is freed
+// and the caches released the device holds nothing.
+void after_eviction(Worker &worker, DeviceMemory &memory, MockDevice &mock, DeviceAllocation big) {
+  check_worker_cache_works(worker, memory, mock);
+  check_ledger(memory, mock, 1);
+  REQUIRE(memory.free(big));
+  memory.release_cached();
+  CHECK(mock.held_bytes() == 0);
+  CHECK(memory.in_use_bytes() == 0);
 }
 
 }  // namespace
@@ -612,12 +596,7 @@ TEST_CASE("another live thread's cached bytes never cause a budget refusal, its 
   CHECK(mock.high_water_bytes() <= 16_MiB);
   check_ledger(*memory, mock, 1);
 
-  check_worker_cache_works(a, *memory, mock);
-  check_ledger(*memory, mock, 1);
-  REQUIRE(memory->free(*big));
-  memory->release_cached();
-  CHECK(mock.held_bytes() == 0);
-  CHECK(memory->in_use_bytes() == 0);
+  after_eviction(a, *memory, mock, *big);
 }
 
 TEST_CASE("another live thread's cached bytes never cause a live-check refusal",
@@ -642,11 +621,7 @@ TEST_CASE("another live thread's cached bytes never cause a live-check refusal",
   CHECK(mock.held_bytes() == 12_MiB);
   check_ledger(*memory, mock, 1);
 
-  check_worker_cache_works(a, *memory, mock);
-  check_ledger(*memory, mock, 1);
-  REQUIRE(memory->free(*big));
-  memory->release_cached();
-  CHECK(mock.held_bytes() == 0);
+  after_eviction(a, *memory, mock, *big);
 }
 
 TEST_CASE("another live thread's cached bytes never cause a driver refusal",
@@ -668,11 +643,7 @@ TEST_CASE("another live thread's cached bytes never cause a driver refusal",
   CHECK(mock.held_bytes() == 8_MiB);
   check_ledger(*memory, mock, 1);
 
-  check_worker_cache_works(a, *memory, mock);
-  check_ledger(*memory, mock, 1);
-  REQUIRE(memory->free(*big));
-  memory->release_cached();
-  CHECK(mock.held_bytes() == 0);
+  after_eviction(a, *memory, mock, *big);
 }
 
 TEST_CASE("a thread's cache emptied over and over while its owner allocates and frees stays exact",
