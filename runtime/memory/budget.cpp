@@ -80,6 +80,8 @@ RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> 
   uint64_t total = 0;
   bool overflow = false;
   for (const CategoryRequest &r : requests) {
+    if (index(r.category) >= kNumMemoryCategories)
+      return std::unexpected(invalid_usage("kiln", "MemoryBudget::reserve", "no such memory category"));
     bytes[index(r.category)] += r.size_bytes;
     overflow |= total + r.size_bytes < total;
     total += r.size_bytes;
@@ -109,6 +111,7 @@ void MemoryBudget::give_back(const CategoryBytes &bytes) {
 }
 
 void MemoryBudget::release(MemoryCategory category, uint64_t size_bytes) {
+  if (index(category) >= kNumMemoryCategories) return;  // nothing was ever charged there
   std::lock_guard lock(mutex_);
   auto &current = current_bytes_[index(category)];
   const uint64_t n =

@@ -110,11 +110,11 @@ RhiExpected<Reservation> DeviceMemory::reserve_growth(std::span<const CategoryRe
   auto reservation = budget_.reserve(growth);
   // Cached bytes never cause a refusal on their own: when evicting them would make room, evict
   // and ask once more (a request too large even for an empty pool keeps the cache).
-  // The retry happens even when this thread evicted nothing: another thread may have just
-  // drained the pool, and its bytes come back to the ledger right after.
+  // The retry happens even when this thread evicted nothing: evict_for_retry returns only once
+  // any eviction another thread was running has given its bytes back to the ledger.
   if (!reservation && reservation.error().result == RhiResult::out_of_memory &&
       evicting_would_fit(reservation.error().requested_bytes, budget_.limit_bytes())) {
-    release_cached();
+    (void)evict_for_retry();
     retries_.fetch_add(1, std::memory_order_relaxed);
     reservation = budget_.reserve(growth);
   }
@@ -130,7 +130,7 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate_block(const AllocRequest &r
   auto alloc = device_.allocate_runtime(params);
   if (!alloc && alloc.error().result == RhiResult::out_of_memory) {
     driver_ooms_.fetch_add(1, std::memory_order_relaxed);
-    if (release_cached() > 0) {  // the driver said no: give the cache back and try once more
+    if (evict_for_retry()) {  // the driver said no: give the cache back and try once more
       retries_.fetch_add(1, std::memory_order_relaxed);
       alloc = device_.allocate_runtime(params);
       if (!alloc && alloc.error().result == RhiResult::out_of_memory)
@@ -187,7 +187,7 @@ RhiStatus DeviceMemory::check_fault_plan(std::span<const AllocRequest> requests)
 RhiStatus DeviceMemory::check_live_with_eviction(uint64_t growth_bytes, MemoryCategory category,
                                                  uint64_t requested_bytes) {
   auto live = check_live_free(growth_bytes, category);
-  if (!live && live.error().result == RhiResult::out_of_memory && release_cached() > 0) {
+  if (!live && live.error().result == RhiResult::out_of_memory && evict_for_retry()) {
     // Evicting gave cached blocks back to the device: ask the device once more.
     retries_.fetch_add(1, std::memory_order_relaxed);
     live = check_live_free(growth_bytes, category);
@@ -428,7 +428,13 @@ RhiStatus DeviceMemory::free_locked_path(DeviceAllocation alloc) {
 }
 
 RhiStatus DeviceMemory::charge(MemoryCategory category, uint64_t size_bytes) {
-  if (category == MemoryCategory::pool_cache) KILN_RETURN_IF_ERROR(validate(category, size_bytes));
+  if (category >= MemoryCategory::pool_cache) {  // the pool's own, or no category at all
+    Failure f = invalid_usage(device_.name(), "DeviceMemory::charge",
+                              fmt::format("cannot charge category {}", to_string(category)));
+    f.category = category;
+    f.requested_bytes = size_bytes;
+    return std::unexpected(std::move(f));
+  }
   const CategoryRequest request{category, size_bytes};
   auto reservation = reserve_growth(std::span<const CategoryRequest>(&request, 1));
   if (!reservation) {
@@ -444,7 +450,7 @@ RhiStatus DeviceMemory::charge(MemoryCategory category, uint64_t size_bytes) {
 }
 
 void DeviceMemory::uncharge(MemoryCategory category, uint64_t size_bytes) {
-  budget_.release(category, size_bytes);
+  if (category < MemoryCategory::pool_cache) budget_.release(category, size_bytes);
 }
 
 uint64_t DeviceMemory::add_oom_observer(OomObserver observer) {

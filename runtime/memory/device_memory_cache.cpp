@@ -375,7 +375,23 @@ void DeviceMemory::reopen_cache_locked(Cache &cache) {
   cache.drain_requested.store(0, std::memory_order_release);
 }
 
+bool DeviceMemory::evict_for_retry() {
+  // Another thread evicting right now: wait until its bytes are back with the device and the
+  // ledger, and let the caller retry as if this thread had evicted them.
+  std::unique_lock evicting(evict_mutex_, std::try_to_lock);
+  if (!evicting.owns_lock()) {
+    evicting.lock();
+    return true;
+  }
+  return release_cached_holding_evict_lock() > 0;
+}
+
 uint64_t DeviceMemory::release_cached() {
+  std::lock_guard evicting(evict_mutex_);
+  return release_cached_holding_evict_lock();
+}
+
+uint64_t DeviceMemory::release_cached_holding_evict_lock() {
   std::vector<Record *> records;
   {
     std::lock_guard lock(mutex_);

@@ -5,6 +5,7 @@
 namespace kiln::runtime {
 
 void RequestFaultPlan::fail_nth_allocation(uint64_t n) {
+  std::lock_guard lock(settings_mutex_);
   fast_baseline_.store(memory_.cache_request_count(), std::memory_order_relaxed);
   plan_.fail_nth_allocation(n);
   fail_at_.store(n, std::memory_order_relaxed);
@@ -12,12 +13,14 @@ void RequestFaultPlan::fail_nth_allocation(uint64_t n) {
 }
 
 void RequestFaultPlan::fail_sizes_at_least(uint64_t size_bytes) {
+  std::lock_guard lock(settings_mutex_);
   plan_.fail_sizes_at_least(size_bytes);
   fail_size_.store(size_bytes, std::memory_order_relaxed);
   update_armed();
 }
 
 void RequestFaultPlan::clear() {
+  std::lock_guard lock(settings_mutex_);
   plan_.clear();
   fail_at_.store(kNever, std::memory_order_relaxed);
   fail_size_.store(kNever, std::memory_order_relaxed);

@@ -1300,3 +1300,57 @@ TEST_CASE("after fork() the child's allocators work on the locked path and never
   // The parent goes on lock-free.
   CHECK(lock_free_hits_over(*memory, one, 10) == 10);
 }
+
+TEST_CASE("two threads that both need the cache evicted both get their memory",
+          "[thread_cache][concurrency]") {
+  // 15 MiB cached in the shared pool under a 16 MiB limit; two 8 MiB requests at once. The one
+  // that finds the eviction already under way must wait for its bytes, not be refused by them.
+  constexpr int kRounds = 60;
+  int refused = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    MockDevice mock(mock_options(1_GiB));
+    auto memory = make_memory(mock, cached(16_MiB, 0, /*live_check=*/false));
+    {
+      Worker filler;  // exits: its cache goes to the shared pool
+      std::vector<Ask> asks(240, Ask{MemoryCategory::ndarray, 64_KiB});
+      REQUIRE(filler.run([&] { return fill_and_free(*memory, asks, 1); }) == 0);
+    }
+    REQUIRE(memory->stats().cached_bytes == 15_MiB);
+    Worker other;
+    std::atomic<bool> go{false};
+    auto theirs = other.post([&] {
+      while (!go.load(std::memory_order_acquire)) {
+      }
+      return memory->allocate(MemoryCategory::ndarray, 8_MiB);
+    });
+    go.store(true, std::memory_order_release);
+    auto mine = memory->allocate(MemoryCategory::ndarray, 8_MiB);
+    auto their_block = theirs.get();
+    refused += !mine + !their_block;
+    if (mine) REQUIRE(memory->free(*mine));
+    if (their_block) REQUIRE(other.run([&] { return memory->free(*their_block).has_value(); }));
+  }
+  CHECK(refused == 0);
+}
+
+TEST_CASE("charge refuses what is no category and changes nothing", "[thread_cache]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(512_MiB));
+  (void)lock_free_hits_over(*memory, Pattern{"", {{MemoryCategory::ndarray, 4_KiB}}}, 3);
+  const MemoryStats before = memory->stats();
+  const uint64_t requests = memory->fault_plan().allocation_count();
+  for (const auto category : {MemoryCategory::pool_cache, static_cast<MemoryCategory>(7),
+                              static_cast<MemoryCategory>(255)}) {
+    auto charged_bytes = memory->charge(category, 4096);
+    REQUIRE_FALSE(charged_bytes);
+    CHECK(charged_bytes.error().result == RhiResult::invalid_usage);
+    memory->uncharge(category, 4096);  // ignored
+  }
+  const MemoryStats after = memory->stats();
+  CHECK(memory->in_use_bytes() == before.ledger.current_total_bytes());
+  CHECK(after.ledger.current_bytes == before.ledger.current_bytes);
+  CHECK(after.ledger.peak_bytes == before.ledger.peak_bytes);
+  CHECK(after.lock_free_hits == before.lock_free_hits);
+  CHECK(memory->fault_plan().allocation_count() == requests);
+  check_ledger(*memory, mock, 0);
+}

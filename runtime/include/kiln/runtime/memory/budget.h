@@ -67,7 +67,8 @@ class MemoryBudget {
  public:
   explicit MemoryBudget(uint64_t limit_bytes) : limit_bytes_(limit_bytes) {}
 
-  /// Reserves `size_bytes` in `category`. Errors: out_of_memory with oom_source budget (the
+  /// Reserves `size_bytes` in `category`. Errors: invalid_usage for a value that is no category;
+  /// out_of_memory with oom_source budget (the
   /// failure carries the limit and the in-use bytes per category) when it does not fit.
   [[nodiscard]] RhiExpected<Reservation> reserve(MemoryCategory category, uint64_t size_bytes);
   /// Reserves every request in one step: all of them, or none (the failure names the total).

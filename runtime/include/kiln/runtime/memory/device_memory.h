@@ -98,6 +98,7 @@ class RequestFaultPlan {
   explicit RequestFaultPlan(DeviceMemory &memory) : memory_(memory) {}
   void update_armed();
   DeviceMemory &memory_;
+  std::mutex settings_mutex_;  // one setter at a time: armed_ and the fast path follow the settings
   FaultPlan plan_;  // counts the locked path's requests
   std::atomic<uint64_t> fail_at_{kNever}, fail_size_{kNever};
   std::atomic<uint64_t> fast_baseline_{0};  // thread caches' requests at the last reset
@@ -113,7 +114,9 @@ class RequestFaultPlan {
 /// empties a cache with a membarrier(2) handshake, never waiting on a lock the owner holds). A
 /// thread's cache goes back to the shared pool when the thread exits. A free from another thread
 /// takes the lock (and, if the owner's thread is alive, one membarrier to stop its fast path).
-/// Without membarrier(2), and in a child after fork(), every operation takes the lock.
+/// Without membarrier(2), and in a child after fork(), every operation takes the lock. (As POSIX
+/// warns for any library with locks, a child forked while another thread was inside a locked
+/// operation may block on that lock; a child of an idle or single-threaded parent works.)
 class DeviceMemory {
  public:
   /// Reads total memory from the device and sets the limit per `config`.
@@ -148,7 +151,8 @@ class DeviceMemory {
   bool remove_oom_observer(uint64_t id);
 
   /// Charges bytes that live outside device allocations (e.g. JIT code objects) to `category`.
-  /// Errors: as allocate, oom_source budget. Release with uncharge().
+  /// Errors: out_of_memory (oom_source budget) as allocate; invalid_usage for pool_cache or a
+  /// value that is no category. Release with uncharge() (which ignores such categories).
   [[nodiscard]] RhiStatus charge(MemoryCategory category, uint64_t size_bytes);
   void uncharge(MemoryCategory category, uint64_t size_bytes);
 
@@ -218,6 +222,10 @@ class DeviceMemory {
   [[nodiscard]] bool evicting_would_fit(uint64_t size_bytes, uint64_t limit_bytes) const;
   [[nodiscard]] RhiExpected<Reservation> reserve_growth(std::span<const CategoryRequest> growth);
   [[nodiscard]] RhiStatus check_live_free(uint64_t size_bytes, MemoryCategory category);
+  /// Evicts every cache so that a refused request may be retried: true when this call released
+  /// bytes, or when another thread's eviction was under way (this call waited for it to finish).
+  [[nodiscard]] bool evict_for_retry();
+  [[nodiscard]] uint64_t release_cached_holding_evict_lock();
   [[nodiscard]] RhiExpected<DeviceAllocation> allocate_block(const AllocRequest &request,
                                                              uint64_t class_bytes);
   bool notify_observers(const Failure &failure);
@@ -254,6 +262,7 @@ class DeviceMemory {
   const bool asymmetric_barrier_;  // membarrier(2) works: the fast path may open
   // caching_ && asymmetric_barrier_ && no fault plan armed.
   std::atomic<bool> fast_path_{false};
+  std::mutex evict_mutex_;    // one eviction at a time, from draining to the ledger's release
   mutable std::mutex mutex_;  // guards everything below it up to the counters
   std::unique_ptr<detail::BlockRegistry> blocks_;  // every block held, live or cached
   CachingPool pool_;  // the shared pool
