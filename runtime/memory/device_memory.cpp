@@ -237,7 +237,8 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate_locked_path(MemoryCategory 
       const DeviceAllocation block{&device_, record->alloc_id.load(std::memory_order_relaxed)};
       if (request.zero_fill) {
         if (auto cleared = device_.fill_zero(block); !cleared) {
-          (void)free_locked_path(block);
+          std::lock_guard lock(mutex_);  // handed back, as the group path does (not a free)
+          cache_freed_locked(cache, record, request.category);
           return std::unexpected(std::move(cleared).error());
         }
       }
@@ -278,12 +279,8 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
   auto fail = [&](Failure f) -> RhiExpected<std::vector<DeviceAllocation>> {
     for (DeviceAllocation a : grown) (void)device_.dealloc_memory(a);
     std::lock_guard lock(mutex_);  // the hits go back to the cache, charged as cache again
-    for (std::size_t i = 0; i < n; ++i) {
-      if (hit[i] == nullptr) continue;
-      const bool kept_here = keep_cached_locked(cache, hit[i]);
-      move_locked(kept_here ? cache : nullptr, requests[i].category, MemoryCategory::pool_cache,
-                  classes[i]);
-    }
+    for (std::size_t i = 0; i < n; ++i)
+      if (hit[i] != nullptr) cache_freed_locked(cache, hit[i], requests[i].category);
     return std::unexpected(std::move(f));
   };
   for (std::size_t i = 0; i < n; ++i) {
@@ -300,7 +297,7 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
       growth_bytes += classes[i];
       requested_bytes += requests[i].size_bytes;
     }
-  std::size_t hits = n - growth.size();
+  const std::size_t hits = n - growth.size();
   if (!growth.empty()) {
     auto reservation = reserve_growth(growth);
     if (!reservation) {
@@ -374,55 +371,56 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_admitted(
   return result;
 }
 
+// Stops another thread's fast path on `cache` for a scope (mutex_ held throughout), then trims
+// the cache's headroom to what it still owns and lets it go on. Null: nothing to stop.
+class DeviceMemory::QuiescedCache {
+ public:
+  QuiescedCache(DeviceMemory &memory, Cache *cache) : memory_(memory), cache_(cache) {
+    if (cache_ != nullptr) memory_.quiesce_cache_locked(*cache_);
+  }
+  ~QuiescedCache() {
+    if (cache_ == nullptr) return;
+    memory_.trim_headroom_locked(cache_);
+    memory_.reopen_cache_locked(*cache_);
+  }
+  QuiescedCache(const QuiescedCache &) = delete;
+  QuiescedCache &operator=(const QuiescedCache &) = delete;
+
+ private:
+  DeviceMemory &memory_;
+  Cache *cache_;
+};
+
 RhiStatus DeviceMemory::free_locked_path(DeviceAllocation alloc) {
   Cache *cache = caching_ ? bind_cache() : nullptr;
   Record *record = nullptr;
   MemoryCategory category{};
-  uint64_t class_bytes = 0;
   {
     std::lock_guard lock(mutex_);
     record = alloc.device == &device_ ? blocks_->find(alloc.alloc_id) : nullptr;
     // A block another live thread's cache owns: that thread may be freeing it lock-free this
     // very moment (a racing double free). Stop its fast path first, so one of the two frees
-    // sees the other.
-    // (With caching off no fast path runs: nothing to stop.)
+    // sees the other. (With caching off no fast path runs: nothing to stop.)
     Cache *owner = record != nullptr ? record->owner.load(std::memory_order_relaxed) : nullptr;
-    const bool foreign = caching_ && owner != nullptr && owner != cache;
-    if (foreign) quiesce_cache_locked(*owner);
+    const QuiescedCache quiesced(*this, caching_ && owner != cache ? owner : nullptr);
     if (record == nullptr ||
-        record->category.load(std::memory_order_relaxed) == MemoryCategory::pool_cache) {
-      if (foreign) reopen_cache_locked(*owner);
+        record->category.load(std::memory_order_relaxed) == MemoryCategory::pool_cache)
       return std::unexpected(invalid_usage(
           device_.name(), "DeviceMemory::free",
           fmt::format("allocation {} is not live here (freed twice, or never allocated)",
                       alloc.alloc_id)));
-    }
     category = record->category.load(std::memory_order_relaxed);
-    class_bytes = record->class_bytes.load(std::memory_order_relaxed);
     count(kFrees);
     if (caching_) {
-      const bool kept_here = keep_cached_locked(cache, record);
-      move_locked(kept_here ? cache : nullptr, category, MemoryCategory::pool_cache, class_bytes);
-      if (foreign) {
-        trim_headroom_locked(owner);  // it owns less now
-        reopen_cache_locked(*owner);
-      }
+      cache_freed_locked(cache, record, category);
       return {};
     }
     set_owner_locked(record, nullptr);
     blocks_->remove(record);
-    if (foreign) {
-      trim_headroom_locked(owner);
-      reopen_cache_locked(*owner);
-    }
   }
   auto freed = device_.dealloc_memory(alloc);  // device first, then the ledger (see release_cached)
   std::lock_guard lock(mutex_);
-  if (freed) {  // a failed free stays charged
-    moves_[static_cast<std::size_t>(category)] -= static_cast<int64_t>(class_bytes);
-    moves_[static_cast<std::size_t>(record->charged)] += static_cast<int64_t>(class_bytes);
-    budget_.release(record->charged, class_bytes);
-  }
+  if (freed) release_charge_locked(*record, category);  // a failed free stays charged
   blocks_->recycle(record);
   return freed;
 }

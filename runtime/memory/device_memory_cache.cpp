@@ -175,15 +175,9 @@ void DeviceMemory::retire_cache(Cache *cache) {
   for (Record *r : blocks_->all())
     if (r->owner.load(std::memory_order_relaxed) == cache)
       r->owner.store(nullptr, std::memory_order_relaxed);
-  for (uint32_t b = 0; b < detail::kCacheBins; ++b) {
-    auto &bin = cache->bins[b];
-    for (uint32_t i = 0; i < bin.count.load(std::memory_order_relaxed); ++i) {
-      Record *r = bin.blocks[i];
-      pool_.put(DeviceAllocation{&device_, r->alloc_id.load(std::memory_order_relaxed)},
-                r->class_bytes.load(std::memory_order_relaxed));
-    }
-    bin.count.store(0, std::memory_order_relaxed);
-  }
+  for (Record *r : take_bins_locked(*cache))
+    pool_.put(DeviceAllocation{&device_, r->alloc_id.load(std::memory_order_relaxed)},
+              r->class_bytes.load(std::memory_order_relaxed));
   for (std::size_t k = 0; k < kNumMemoryCategories; ++k)
     moves_[k] += cache->grant[k].load(std::memory_order_relaxed) -
                  cache->headroom[k].load(std::memory_order_relaxed);
@@ -335,6 +329,31 @@ bool DeviceMemory::keep_cached_locked(Cache *cache, Record *record) {
   return false;
 }
 
+void DeviceMemory::cache_freed_locked(Cache *cache, Record *record, MemoryCategory category) {
+  const bool kept_here = keep_cached_locked(cache, record);
+  // Headroom is credited only to the cache that now holds the block.
+  move_locked(kept_here ? cache : nullptr, category, MemoryCategory::pool_cache,
+              record->class_bytes.load(std::memory_order_relaxed));
+}
+
+std::vector<DeviceMemory::Record *> DeviceMemory::take_bins_locked(Cache &cache) {
+  std::vector<Record *> records;
+  for (auto &slot : cache.bins) {
+    const uint32_t count = slot.count.load(std::memory_order_relaxed);
+    records.insert(records.end(), slot.blocks.begin(), slot.blocks.begin() + count);
+    slot.count.store(0, std::memory_order_relaxed);
+  }
+  return records;
+}
+
+void DeviceMemory::release_charge_locked(const Record &record, MemoryCategory category) {
+  // Back to the category the budget charged at growth, then out of the budget.
+  const uint64_t class_bytes = record.class_bytes.load(std::memory_order_relaxed);
+  moves_[index(category)] -= to_signed(class_bytes);
+  moves_[index(record.charged)] += to_signed(class_bytes);
+  budget_.release(record.charged, class_bytes);
+}
+
 void DeviceMemory::register_block_locked(Cache *cache, DeviceAllocation block,
                                          MemoryCategory category, uint64_t class_bytes) {
   Record *record = blocks_->add(block.alloc_id, class_bytes, category, nullptr);
@@ -353,7 +372,7 @@ void DeviceMemory::quiesce_caches_locked() {
 }
 
 void DeviceMemory::reopen_caches_locked() {
-  for (const auto &cache : caches_) cache->drain_requested.store(0, std::memory_order_release);
+  for (const auto &cache : caches_) reopen_cache_locked(*cache);
 }
 
 void DeviceMemory::quiesce_cache_locked(Cache &cache) {
@@ -397,11 +416,9 @@ uint64_t DeviceMemory::release_cached_holding_evict_lock() {
     std::lock_guard lock(mutex_);
     quiesce_caches_locked();
     for (const auto &cache : caches_) {
-      for (auto &slot : cache->bins) {
-        const uint32_t count = slot.count.load(std::memory_order_relaxed);
-        for (uint32_t i = 0; i < count; ++i) set_owner_locked(slot.blocks[i], nullptr);
-        records.insert(records.end(), slot.blocks.begin(), slot.blocks.begin() + count);
-        slot.count.store(0, std::memory_order_relaxed);
+      for (Record *r : take_bins_locked(*cache)) {
+        set_owner_locked(r, nullptr);
+        records.push_back(r);
       }
       trim_headroom_locked(cache.get());  // quiesced: its headroom may be written here
     }
@@ -423,11 +440,8 @@ uint64_t DeviceMemory::release_cached_holding_evict_lock() {
   for (std::size_t i = 0; i < records.size(); ++i) {
     Record *r = records[i];
     if (freed[i]) {
-      const uint64_t class_bytes = r->class_bytes.load(std::memory_order_relaxed);
-      moves_[kPoolCache] -= to_signed(class_bytes);
-      moves_[index(r->charged)] += to_signed(class_bytes);
-      budget_.release(r->charged, class_bytes);
-      released += class_bytes;
+      release_charge_locked(*r, MemoryCategory::pool_cache);
+      released += r->class_bytes.load(std::memory_order_relaxed);
     }
     blocks_->recycle(r);
   }

@@ -8,29 +8,23 @@ void RequestFaultPlan::fail_nth_allocation(uint64_t n) {
   std::lock_guard lock(settings_mutex_);
   fast_baseline_.store(memory_.cache_request_count(), std::memory_order_relaxed);
   plan_.fail_nth_allocation(n);
-  fail_at_.store(n, std::memory_order_relaxed);
   update_armed();
 }
 
 void RequestFaultPlan::fail_sizes_at_least(uint64_t size_bytes) {
   std::lock_guard lock(settings_mutex_);
   plan_.fail_sizes_at_least(size_bytes);
-  fail_size_.store(size_bytes, std::memory_order_relaxed);
   update_armed();
 }
 
 void RequestFaultPlan::clear() {
   std::lock_guard lock(settings_mutex_);
   plan_.clear();
-  fail_at_.store(kNever, std::memory_order_relaxed);
-  fail_size_.store(kNever, std::memory_order_relaxed);
   update_armed();
 }
 
 void RequestFaultPlan::update_armed() {
-  armed_.store(fail_at_.load(std::memory_order_relaxed) != kNever ||
-                   fail_size_.load(std::memory_order_relaxed) != kNever,
-               std::memory_order_relaxed);
+  armed_.store(plan_.armed(), std::memory_order_relaxed);
   memory_.update_fast_path();
 }
 

@@ -69,6 +69,17 @@ TEST_CASE("reserve beyond the budget refuses and leaves the ledger unchanged", "
   CHECK_FALSE(budget.reserve(MemoryCategory::ndarray, 1));
 }
 
+TEST_CASE("a value that is no category is invalid_usage and charges nothing", "[budget]") {
+  MemoryBudget budget(10_MiB);
+  auto r = budget.reserve(static_cast<MemoryCategory>(kiln::kNumMemoryCategories), 1_MiB);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().result == RhiResult::invalid_usage);
+  CHECK(budget.in_use_bytes() == 0);
+  CHECK(budget.stats().refusals == 0);  // bad input, not a budget refusal
+  budget.release(static_cast<MemoryCategory>(255), 1_MiB);  // ignored
+  CHECK(budget.in_use_bytes() == 0);
+}
+
 TEST_CASE("a single request larger than the limit is refused", "[budget]") {
   MemoryBudget budget(4_MiB);
   auto r = budget.reserve(MemoryCategory::ndarray, 4_MiB + 1);

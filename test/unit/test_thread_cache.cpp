@@ -1333,7 +1333,7 @@ TEST_CASE("two threads that both need the cache evicted both get their memory",
   CHECK(refused == 0);
 }
 
-TEST_CASE("charge refuses what is no category and changes nothing", "[thread_cache]") {
+TEST_CASE("charge and allocate refuse what is no category and change nothing", "[thread_cache]") {
   MockDevice mock(mock_options(1_GiB));
   auto memory = make_memory(mock, cached(512_MiB));
   (void)lock_free_hits_over(*memory, Pattern{"", {{MemoryCategory::ndarray, 4_KiB}}}, 3);
@@ -1345,6 +1345,11 @@ TEST_CASE("charge refuses what is no category and changes nothing", "[thread_cac
     REQUIRE_FALSE(charged_bytes);
     CHECK(charged_bytes.error().result == RhiResult::invalid_usage);
     memory->uncharge(category, 4096);  // ignored
+  }
+  for (const auto category : {MemoryCategory::pool_cache, static_cast<MemoryCategory>(7)}) {
+    auto block = memory->allocate(category, 4096);  // the fast path must refuse it too
+    REQUIRE_FALSE(block);
+    CHECK(block.error().result == RhiResult::invalid_usage);
   }
   const MemoryStats after = memory->stats();
   CHECK(memory->in_use_bytes() == before.ledger.current_total_bytes());

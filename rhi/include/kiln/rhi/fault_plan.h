@@ -33,6 +33,11 @@ class FaultPlan {
     return n == fail_at_.load(std::memory_order_relaxed) ||
            size_bytes >= fail_size_.load(std::memory_order_relaxed);
   }
+  /// Whether any fault is set (a count or a size).
+  [[nodiscard]] bool armed() const {
+    return fail_at_.load(std::memory_order_relaxed) != kNever ||
+           fail_size_.load(std::memory_order_relaxed) != kNever;
+  }
   /// Allocation attempts counted since the last fail_nth_allocation (or construction).
   [[nodiscard]] uint64_t allocation_count() const { return allocations_.load(std::memory_order_relaxed); }
 

@@ -100,7 +100,6 @@ class RequestFaultPlan {
   DeviceMemory &memory_;
   std::mutex settings_mutex_;  // one setter at a time: armed_ and the fast path follow the settings
   FaultPlan plan_;  // counts the locked path's requests
-  std::atomic<uint64_t> fail_at_{kNever}, fail_size_{kNever};
   std::atomic<uint64_t> fast_baseline_{0};  // thread caches' requests at the last reset
   std::atomic<bool> armed_{false};
 };
@@ -236,6 +235,12 @@ class DeviceMemory {
                                            uint64_t class_bytes);
   /// Caches a freed block: in `cache`'s bin when it has room (true), else the shared pool.
   bool keep_cached_locked(Cache *cache, Record *record);
+  /// Caches a block that was live in `category` (freed, or a hit handed back), charged as cache.
+  void cache_freed_locked(Cache *cache, Record *record, MemoryCategory category);
+  /// Empties `cache`'s bins (the caller owns it or quiesced it); returns their records.
+  std::vector<Record *> take_bins_locked(Cache &cache);
+  /// The ledger's side of a block the device let go of, last in `category`.
+  void release_charge_locked(const Record &record, MemoryCategory category);
   void register_block_locked(Cache *cache, DeviceAllocation block, MemoryCategory category,
                              uint64_t class_bytes);
   void move_locked(Cache *cache, MemoryCategory from, MemoryCategory to, uint64_t size_bytes);
@@ -245,6 +250,7 @@ class DeviceMemory {
   void quiesce_caches_locked();
   void reopen_caches_locked();
   void quiesce_cache_locked(Cache &cache);
+  class QuiescedCache;  // quiesces a cache for a scope (device_memory_cache.cpp)
   static void wait_not_busy(const Cache &cache);
   void reopen_cache_locked(Cache &cache);
   void trim_headroom_locked(Cache *cache);
