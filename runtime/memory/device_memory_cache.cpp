@@ -330,6 +330,9 @@ bool DeviceMemory::keep_cached_locked(Cache *cache, Record *record) {
 }
 
 void DeviceMemory::cache_freed_locked(Cache *cache, Record *record, MemoryCategory category) {
+  // pool_cache's peak is raised below wherever the block goes: first give up this thread's own
+  // pool_cache headroom, else the bound counts it on top of what is held.
+  reclaim_headroom_locked(cache, MemoryCategory::pool_cache);
   const bool kept_here = keep_cached_locked(cache, record);
   // Headroom is credited only to the cache that now holds the block.
   move_locked(kept_here ? cache : nullptr, category, MemoryCategory::pool_cache,

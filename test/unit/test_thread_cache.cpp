@@ -1359,3 +1359,18 @@ TEST_CASE("charge and allocate refuse what is no category and change nothing", "
   CHECK(memory->fault_plan().allocation_count() == requests);
   check_ledger(*memory, mock, 0);
 }
+
+TEST_CASE("one thread whose frees overflow into the shared pool keeps exact peaks",
+          "[thread_cache]") {
+  // 4 MiB blocks: a thread cache's bin holds one, the second freed goes to the shared pool. Each
+  // round holds two blocks, then caches both: every peak stays at what one round holds.
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(64_MiB));
+  const Pattern two{"", {{MemoryCategory::ndarray, 4_MiB}, {MemoryCategory::ndarray, 4_MiB}}};
+  (void)lock_free_hits_over(*memory, two, 20);
+  const MemoryStats s = memory->stats();
+  CHECK(peak(s, MemoryCategory::ndarray) == 8_MiB);
+  CHECK(peak(s, MemoryCategory::pool_cache) == 8_MiB);
+  CHECK(s.ledger.peak_total_bytes == 8_MiB);
+  check_ledger(*memory, mock, 0);
+}
