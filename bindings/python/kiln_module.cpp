@@ -83,6 +83,7 @@ py::object make_exception(const Failure &failure) {
     fields["total_bytes"] = failure.memory.total_bytes;
     fields["limit_bytes"] = failure.memory.limit_bytes;
     fields["reserve_bytes"] = failure.memory.reserve_bytes;
+    fields["live_age_ms"] = failure.memory.live_age_ms;
     fields["in_use_bytes"] = category_bytes(failure.memory.in_use_bytes);
   }
   return cls(failure.message(), **fields);

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kiln/rhi/cpu_device.h"
+#include "kiln/rhi/coarse_clock.h"
 
 #include <algorithm>
 
@@ -48,11 +49,6 @@ Device::MemoryInfo apply_cgroup_limit(Device::MemoryInfo info) {
 
 namespace {
 constexpr auto kRelaxed = std::memory_order_relaxed;
-int64_t coarse_now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
 constexpr int64_t kReuseNs = std::chrono::nanoseconds(CpuDevice::kReadingReuse).count();
 }  // namespace
 

@@ -7,8 +7,10 @@ namespace kiln::runtime {
 uint64_t CachingPool::size_class(uint64_t size_bytes) {
   constexpr uint64_t kMinClass = 512;
   if (size_bytes <= kMinClass) return kMinClass;
-  const uint64_t step = std::bit_floor(size_bytes) / 4;
-  const uint64_t rounded = (size_bytes + step - 1) / step * step;
+  // Quarter steps of the power of two: shifts, not a division.
+  const unsigned shift = static_cast<unsigned>(std::bit_width(size_bytes)) - 3;
+  const uint64_t quarters = (size_bytes >> shift) + ((size_bytes & ((1ull << shift) - 1)) != 0);
+  const uint64_t rounded = quarters << shift;  // 0 when it passes 2^64
   return rounded < size_bytes ? 0 : rounded;
 }
 

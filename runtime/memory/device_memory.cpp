@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "kiln/rhi/coarse_clock.h"
 #include "thread_cache.h"
 
 namespace kiln::runtime {
@@ -54,16 +55,32 @@ MemorySnapshot DeviceMemory::snapshot() {
   return m;
 }
 
+void DeviceMemory::fill_live_figures(MemorySnapshot &memory, bool may_reuse) {
+  const int64_t now_ns = coarse_now_ns();
+  if (may_reuse) {
+    const int64_t time_ns = reading_time_ns_.load(std::memory_order_acquire);
+    if (time_ns >= 0 && now_ns - time_ns < std::chrono::nanoseconds(kLiveReadingReuse).count()) {
+      memory.free_bytes = reading_free_bytes_.load(std::memory_order_relaxed);
+      memory.total_bytes = reading_total_bytes_.load(std::memory_order_relaxed);
+      memory.live_age_ms = static_cast<uint64_t>(std::max<int64_t>(now_ns - time_ns, 0)) / 1'000'000;
+      return;
+    }
+  }
+  auto info = device_.memory_info();
+  if (!info) return;  // the picture goes without the device's figures
+  memory.free_bytes = info->free_bytes;
+  memory.total_bytes = info->total_bytes;
+  memory.live_age_ms = 0;
+  reading_free_bytes_.store(info->free_bytes, std::memory_order_relaxed);
+  reading_total_bytes_.store(info->total_bytes, std::memory_order_relaxed);
+  reading_time_ns_.store(now_ns, std::memory_order_release);
+}
+
 void DeviceMemory::annotate(Failure &failure) {
   if (failure.device.empty()) failure.device = device_.name();
   if (failure.result != RhiResult::out_of_memory) return;
-  if (!failure.has_memory || failure.memory.total_bytes == 0) {
-    // Ask the device only when the failure has no live picture yet.
-    if (auto info = device_.memory_info()) {
-      failure.memory.free_bytes = info->free_bytes;
-      failure.memory.total_bytes = info->total_bytes;
-    }
-  }
+  if (!failure.has_memory || failure.memory.total_bytes == 0)
+    fill_live_figures(failure.memory, failure.oom_source == OomSource::budget);
   failure.memory.limit_bytes = budget_.limit_bytes();
   failure.memory.in_use_bytes = in_use_by_category();
   failure.has_memory = true;
@@ -97,13 +114,40 @@ RhiStatus DeviceMemory::check_live_free(uint64_t size_bytes, MemoryCategory cate
   return std::unexpected(std::move(f));
 }
 
-bool DeviceMemory::evicting_would_fit(uint64_t size_bytes, uint64_t limit_bytes) const {
+bool DeviceMemory::evicting_would_fit(uint64_t size_bytes, uint64_t limit_bytes,
+                                      const CategoryBytes &in_use) {
   if (size_bytes > limit_bytes) return false;  // not even an empty device would do
-  const CategoryBytes in_use = in_use_by_category();
   uint64_t held = 0;  // what eviction cannot give back
   for (std::size_t i = 0; i < in_use.size(); ++i)
     if (i != static_cast<std::size_t>(MemoryCategory::pool_cache)) held += in_use[i];
   return held <= limit_bytes && size_bytes <= limit_bytes - held;
+}
+
+bool DeviceMemory::refused_outright(uint64_t class_bytes, CategoryBytes &in_use) const {
+  if (budget_.fits(class_bytes) || observer_count_.load(std::memory_order_acquire) != 0)
+    return false;
+  in_use = in_use_by_category();  // the refusal's picture, too
+  return !evicting_would_fit(class_bytes, budget_.limit_bytes(), in_use);
+}
+
+RhiExpected<DeviceAllocation> DeviceMemory::budget_refusal(const AllocRequest &request,
+                                                           const CategoryBytes &in_use) {
+  // The failure is made in place, in the caller's return slot: a refusal in a loop costs about
+  // what a locked pool operation does.
+  RhiExpected<DeviceAllocation> refused(std::unexpect);
+  Failure &f = refused.error();
+  f.result = RhiResult::out_of_memory;
+  f.oom_source = OomSource::budget;
+  f.category = request.category;
+  f.requested_bytes = request.size_bytes;
+  f.device = device_.name();
+  f.site = "MemoryBudget::reserve";
+  f.has_memory = true;
+  f.memory.limit_bytes = budget_.limit_bytes();
+  f.memory.in_use_bytes = in_use;
+  fill_live_figures(f.memory, true);
+  count(kBudgetRefusals);
+  return refused;
 }
 
 RhiExpected<Reservation> DeviceMemory::reserve_growth(std::span<const CategoryRequest> growth) {
@@ -113,7 +157,9 @@ RhiExpected<Reservation> DeviceMemory::reserve_growth(std::span<const CategoryRe
   // The retry happens even when this thread evicted nothing: evict_for_retry returns only once
   // any eviction another thread was running has given its bytes back to the ledger.
   if (!reservation && reservation.error().result == RhiResult::out_of_memory &&
-      evicting_would_fit(reservation.error().requested_bytes, budget_.limit_bytes())) {
+      reservation.error().requested_bytes <= budget_.limit_bytes() &&
+      evicting_would_fit(reservation.error().requested_bytes, budget_.limit_bytes(),
+                         in_use_by_category())) {
     (void)evict_for_retry();
     retries_.fetch_add(1, std::memory_order_relaxed);
     reservation = budget_.reserve(growth);
@@ -143,7 +189,8 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate_block(const AllocRequest &r
 }
 
 RhiStatus DeviceMemory::validate(MemoryCategory category, uint64_t size_bytes) const {
-  KILN_RETURN_IF_ERROR(device_.check_alive("DeviceMemory::allocate"));  // cached blocks too
+  if (device_.is_lost())  // cached blocks too
+    KILN_RETURN_IF_ERROR(device_.check_alive("DeviceMemory::allocate"));
   const char *why = nullptr;
   if (size_bytes == 0) why = "allocation of 0 bytes";
   if (category == MemoryCategory::pool_cache) why = "pool_cache is the pool's own category";
@@ -247,6 +294,8 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate_locked_path(MemoryCategory 
       return block;
     }
   }
+  if (CategoryBytes in_use{}; refused_outright(class_of(request.size_bytes), in_use))
+    return budget_refusal(request, in_use);
   auto block = grow_one(request);
   if (block) return block;
   annotate(block.error());

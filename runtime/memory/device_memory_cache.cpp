@@ -159,7 +159,15 @@ DeviceMemory::Cache *DeviceMemory::bind_cache() {
   Cache *cache = nullptr;
   {
     std::lock_guard lock(mutex_);
-    cache = caches_.emplace_back(std::make_unique<Cache>()).get();
+    if (!free_caches_.empty()) {
+      cache = free_caches_.back();  // a retired thread's: empty, its shares and counts zero
+      free_caches_.pop_back();
+      cache->bound = true;
+    } else {
+      cache = caches_.emplace_back(std::make_unique<Cache>()).get();
+      cache->next.store(cache_list_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      cache_list_.store(cache, std::memory_order_release);
+    }
   }
   t_binding.caches.emplace_back(id_, cache);
   bind_fast(id_, cache);
@@ -168,30 +176,35 @@ DeviceMemory::Cache *DeviceMemory::bind_cache() {
 
 void DeviceMemory::retire_cache(Cache *cache) {
   // Called by the cache's own thread as it exits: nothing else uses the cache's fast path now.
+  // The cache stays listed (lock-free readers may be walking the list), empty and zeroed, for the
+  // next thread.
   std::lock_guard lock(mutex_);
-  auto it =
-      std::find_if(caches_.begin(), caches_.end(), [&](const auto &c) { return c.get() == cache; });
-  if (it == caches_.end()) return;
+  if (!cache->bound) return;
   for (Record *r : blocks_->all())
     if (r->owner.load(std::memory_order_relaxed) == cache)
       r->owner.store(nullptr, std::memory_order_relaxed);
+  cache->owned_bytes.store(0, std::memory_order_relaxed);
   for (Record *r : take_bins_locked(*cache))
     pool_.put(DeviceAllocation{&device_, r->alloc_id.load(std::memory_order_relaxed)},
               r->class_bytes.load(std::memory_order_relaxed));
-  for (std::size_t k = 0; k < kNumMemoryCategories; ++k)
-    moves_[k] += cache->grant[k].load(std::memory_order_relaxed) -
-                 cache->headroom[k].load(std::memory_order_relaxed);
-  const uint64_t fast_allocations = cache->fast_allocations.load(std::memory_order_relaxed);
-  retired_requests_ += fast_allocations + cache->requests.load(std::memory_order_relaxed);
+  for (std::size_t k = 0; k < kNumMemoryCategories; ++k) {
+    Cache::add(moves_[k], cache->grant[k].load(std::memory_order_relaxed) -
+                              cache->headroom[k].load(std::memory_order_relaxed));
+    cache->grant[k].store(0, std::memory_order_relaxed);
+    cache->headroom[k].store(0, std::memory_order_relaxed);
+  }
+  const uint64_t fast_allocations = cache->fast_allocations.exchange(0, std::memory_order_relaxed);
+  retired_requests_ += fast_allocations + cache->requests.exchange(0, std::memory_order_relaxed);
   counters_[kAllocations].fetch_add(fast_allocations, std::memory_order_relaxed);
   counters_[kCacheHits].fetch_add(fast_allocations, std::memory_order_relaxed);
   counters_[kLockFreeHits].fetch_add(fast_allocations, std::memory_order_relaxed);
-  counters_[kFrees].fetch_add(cache->fast_frees.load(std::memory_order_relaxed),
+  counters_[kFrees].fetch_add(cache->fast_frees.exchange(0, std::memory_order_relaxed),
                               std::memory_order_relaxed);
   for (std::size_t c = 0; c < kNumCounters; ++c)
-    counters_[c].fetch_add(cache->counters[c].load(std::memory_order_relaxed),
+    counters_[c].fetch_add(cache->counters[c].exchange(0, std::memory_order_relaxed),
                            std::memory_order_relaxed);
-  caches_.erase(it);
+  cache->bound = false;
+  free_caches_.push_back(cache);
 }
 
 // --- the fast path: only this thread's cache, no lock, no read-modify-write ------------------
@@ -215,7 +228,7 @@ void DeviceMemory::retire_cache(Cache *cache) {
     Cache &cache, MemoryCategory category, uint64_t size_bytes) {
   const auto [bin, class_bytes] = detail::bin_of_size(size_bytes);
   if (bin >= detail::kCacheBins) return nullptr;
-  cache.busy.store(1, std::memory_order_relaxed);
+  const uint32_t pass = cache.enter_fast();
   detail::light_barrier();
   Record *record = nullptr;
   auto &slot = cache.bins[bin];
@@ -230,12 +243,12 @@ void DeviceMemory::retire_cache(Cache *cache) {
     Cache::add(cache.headroom[kPoolCache], to_signed(class_bytes));
     Cache::add(cache.fast_allocations, uint64_t{1});
   }
-  cache.busy.store(0, std::memory_order_release);
+  cache.leave_fast(pass);
   return record;
 }
 
 [[gnu::always_inline]] inline bool DeviceMemory::fast_free(Cache &cache, uint64_t alloc_id) {
-  cache.busy.store(1, std::memory_order_relaxed);
+  const uint32_t pass = cache.enter_fast();
   detail::light_barrier();
   bool freed = false;
   Record *record = blocks_->find_fast(alloc_id);  // never null: an empty slot has a dummy
@@ -261,7 +274,7 @@ void DeviceMemory::retire_cache(Cache *cache) {
       }
     }
   }
-  cache.busy.store(0, std::memory_order_release);
+  cache.leave_fast(pass);
   return freed;
 }
 
@@ -352,8 +365,8 @@ std::vector<DeviceMemory::Record *> DeviceMemory::take_bins_locked(Cache &cache)
 void DeviceMemory::release_charge_locked(const Record &record, MemoryCategory category) {
   // Back to the category the budget charged at growth, then out of the budget.
   const uint64_t class_bytes = record.class_bytes.load(std::memory_order_relaxed);
-  moves_[index(category)] -= to_signed(class_bytes);
-  moves_[index(record.charged)] += to_signed(class_bytes);
+  Cache::add(moves_[index(category)], -to_signed(class_bytes));
+  Cache::add(moves_[index(record.charged)], to_signed(class_bytes));
   budget_.release(record.charged, class_bytes);
 }
 
@@ -367,14 +380,19 @@ void DeviceMemory::register_block_locked(Cache *cache, DeviceAllocation block,
 
 // --- eviction ----------------------------------------------------------------------------------
 
-void DeviceMemory::quiesce_caches_locked() {
-  if (caches_.empty()) return;
-  for (const auto &cache : caches_) cache->drain_requested.store(1, std::memory_order_relaxed);
+void DeviceMemory::quiesce_caches_locked() const {
+  // Retired caches have no thread to stop (and their drain request keeps a stale fast path out).
+  bool any_bound = false;
+  for (const auto &cache : caches_) {
+    cache->drain_requested.store(1, std::memory_order_relaxed);
+    any_bound |= cache->bound;
+  }
+  if (!any_bound) return;
   detail::heavy_barrier();  // now every owner either sees the request or is seen busy
   for (const auto &cache : caches_) wait_not_busy(*cache);
 }
 
-void DeviceMemory::reopen_caches_locked() {
+void DeviceMemory::reopen_caches_locked() const {
   for (const auto &cache : caches_) reopen_cache_locked(*cache);
 }
 
@@ -387,7 +405,7 @@ void DeviceMemory::quiesce_cache_locked(Cache &cache) {
 void DeviceMemory::wait_not_busy(const Cache &cache) {
   // The owner leaves its fast path within a few instructions; after fork() it never will (it
   // is gone), and no fast path runs in the child.
-  while (cache.busy.load(std::memory_order_acquire) != 0) {
+  while (cache.busy.load(std::memory_order_acquire) % 2 != 0) {
     if (g_forked_child.load(std::memory_order_relaxed)) return;
     std::this_thread::yield();
   }

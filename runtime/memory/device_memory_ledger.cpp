@@ -59,33 +59,57 @@ void DeviceMemory::move_locked(Cache *cache, MemoryCategory from, MemoryCategory
     Cache::add(cache->grant[index(to)], to_signed(size_bytes));
     trim_headroom_locked(cache);
   } else {
-    moves_[index(from)] -= to_signed(size_bytes);
-    moves_[index(to)] += to_signed(size_bytes);
+    Cache::add(moves_[index(from)], -to_signed(size_bytes));
+    Cache::add(moves_[index(to)], to_signed(size_bytes));
   }
   raise_peak_locked(to);
 }
 
 void DeviceMemory::raise_peak_locked(MemoryCategory category) {
   const std::size_t k = index(category);
-  int64_t bound = to_signed(budget_.in_use_by_category()[k]) + moves_[k];
+  int64_t bound =
+      to_signed(budget_.in_use_by_category()[k]) + moves_[k].load(std::memory_order_relaxed);
   for (const auto &cache : caches_) bound += cache->grant[k].load(std::memory_order_relaxed);
   peaks_[k] = std::max(peaks_[k], static_cast<uint64_t>(std::max<int64_t>(bound, 0)));
 }
 
-CategoryBytes DeviceMemory::in_use_by_category_locked() const {
+bool DeviceMemory::view_bytes(CategoryBytes &out, bool quiesced) const {
   const CategoryBytes charged = budget_.in_use_by_category();
-  CategoryBytes out{};
-  for (std::size_t k = 0; k < kNumMemoryCategories; ++k) {
-    int64_t bytes = to_signed(charged[k]) + moves_[k];
-    for (const auto &cache : caches_)
-      bytes += cache->grant[k].load(std::memory_order_relaxed) -
-               cache->headroom[k].load(std::memory_order_relaxed);
-    out[k] = static_cast<uint64_t>(std::max<int64_t>(bytes, 0));
+  std::array<int64_t, kNumMemoryCategories> bytes{}, shares{};
+  for (std::size_t k = 0; k < kNumMemoryCategories; ++k)
+    bytes[k] = to_signed(charged[k]) + moves_[k].load(std::memory_order_relaxed);
+  for (const Cache *cache = cache_list_.load(std::memory_order_acquire); cache != nullptr;
+       cache = cache->next.load(std::memory_order_relaxed)) {
+    if (quiesced)
+      cache->read_quiesced_shares(shares);
+    else if (!cache->read_shares(shares))
+      return false;
+    for (std::size_t k = 0; k < kNumMemoryCategories; ++k) bytes[k] += shares[k];
   }
+  for (std::size_t k = 0; k < kNumMemoryCategories; ++k)
+    out[k] = static_cast<uint64_t>(std::max<int64_t>(bytes[k], 0));
+  return true;
+}
+
+CategoryBytes DeviceMemory::in_use_by_category_locked() const {
+  CategoryBytes out{};
+  if (view_bytes(out)) return out;
+  // An owner kept passing through its fast path: stop every fast path for one reading.
+  quiesce_caches_locked();
+  (void)view_bytes(out, true);
+  reopen_caches_locked();
   return out;
 }
 
 CategoryBytes DeviceMemory::in_use_by_category() const {
+  // Lock-free while no locked operation is under way: a refusal's picture and stats pollers do
+  // not wait for (or hold up) the allocating threads. A few tries, then the lock.
+  CategoryBytes out{};
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    const uint64_t seq = mutex_.read_begin();
+    if (seq % 2 != 0) continue;
+    if (view_bytes(out) && mutex_.read_valid(seq)) return out;
+  }
   std::lock_guard lock(mutex_);
   return in_use_by_category_locked();
 }
@@ -154,6 +178,7 @@ MemoryStats DeviceMemory::stats() const {
   s.live_refusals = live_refusals_.load();
   s.driver_ooms = driver_ooms_.load();
   s.retries = retries_.load();
+  s.ledger.refusals += counters[kBudgetRefusals];
   return s;
 }
 

@@ -77,6 +77,30 @@ uint64_t ThreadCache::cached_blocks() const {
   return blocks;
 }
 
+bool ThreadCache::read_shares(std::array<int64_t, kNumMemoryCategories> &shares) const {
+  // A fast-path pass takes a few ns: a reader that finds the owner inside waits a moment.
+  constexpr int kTries = 64;
+  for (int attempt = 0; attempt < kTries; ++attempt) {
+    const uint32_t count = busy.load(std::memory_order_acquire);
+    if (count % 2 != 0) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      continue;
+    }
+    read_quiesced_shares(shares);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (busy.load(std::memory_order_relaxed) == count) return true;
+  }
+  return false;
+}
+
+void ThreadCache::read_quiesced_shares(std::array<int64_t, kNumMemoryCategories> &shares) const {
+  for (std::size_t k = 0; k < kNumMemoryCategories; ++k)
+    shares[k] =
+        grant[k].load(std::memory_order_relaxed) - headroom[k].load(std::memory_order_relaxed);
+}
+
 bool init_asymmetric_barrier() {
   static std::once_flag once;
   std::call_once(once, [] {

@@ -123,9 +123,14 @@ class BlockRegistry {
 
 /// A thread's cache of freed blocks for one DeviceMemory, plus its share of the ledger.
 ///
-/// Who touches what: the owner thread, between `busy = 1` and `busy = 0` with no drain
+/// Who touches what: the owner thread, between enter_fast() and leave_fast() with no drain
 /// requested, or while it holds DeviceMemory's mutex; any thread holding the mutex after
-/// quiescing it (drain_requested set, busy seen 0). Counters read by stats are atomics.
+/// quiescing it (drain_requested set, busy seen even). Counters read by stats are atomics.
+///
+/// `busy` counts the owner's passes through its fast path, two per pass, so it is odd while the
+/// owner is inside. The drainer waits for it to be even; a reader of the ledger share reads the
+/// headroom between two equal even readings of it (a per-cache seqlock: read_shares), so every
+/// cache's share is read whole although its owner takes no lock.
 ///
 /// The ledger share: DeviceMemory's per-category figures add, for every cache, grant − headroom.
 /// The owner moves bytes between categories on the fast path by changing only its headroom
@@ -154,10 +159,30 @@ class ThreadCache {
   /// them itself while armed).
   std::atomic<uint64_t> requests{0};
   /// The locked path's counters for this thread (DeviceMemory::Counter indexes them).
-  std::array<std::atomic<uint64_t>, 5> counters{};
+  std::array<std::atomic<uint64_t>, 6> counters{};
   std::array<Bin, kCacheBins> bins{};
+  /// The next cache of the same DeviceMemory (its lock-free list); set once, before publication.
+  std::atomic<ThreadCache *> next{nullptr};
+  /// Bound to a live thread (false once retired, until the next thread takes it). Mutex only.
+  bool bound = true;
 
   /// Plain add to an atomic only its owner writes (no read-modify-write instruction).
+  /// The owner enters its fast path: returns the even count to hand to leave_fast.
+  [[gnu::always_inline]] uint32_t enter_fast() {
+    const uint32_t count = busy.load(std::memory_order_relaxed);
+    busy.store(count + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);  // no instruction on x86
+    return count;
+  }
+  [[gnu::always_inline]] void leave_fast(uint32_t count) {
+    busy.store(count + 2, std::memory_order_release);
+  }
+  /// grant - headroom per category, read whole (no fast-path pass ran meanwhile). False when the
+  /// owner kept passing through its fast path for all of a few tries.
+  [[nodiscard]] bool read_shares(std::array<int64_t, kNumMemoryCategories> &shares) const;
+  /// The same, when the cache is quiesced (nothing moves its share; `busy` may still tick).
+  void read_quiesced_shares(std::array<int64_t, kNumMemoryCategories> &shares) const;
+
   [[gnu::always_inline]] static void add(std::atomic<int64_t> &counter, int64_t delta) {
     counter.store(counter.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
   }

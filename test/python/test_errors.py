@@ -77,6 +77,7 @@ def test_a_real_budget_refusal_survives_pickle_with_its_memory_picture():
         assert back.limit_bytes == e.limit_bytes > 0
         assert back.in_use_bytes == e.in_use_bytes and back.in_use_bytes["runtime_heap"] > 0
         assert back.site == e.site and back.context == e.context
+        assert back.live_age_ms == e.live_age_ms and back.total_bytes == e.total_bytes > 0
 
 
 def test_exceptions_can_be_made_by_hand_with_defaults():

@@ -5,12 +5,14 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "kiln/rhi/mock_device.h"
@@ -458,4 +460,52 @@ TEST_CASE("a driver refusal's memory picture does not count the refused request 
   CHECK(refused.error().memory.in_use_bytes[static_cast<std::size_t>(MemoryCategory::staging)] ==
         0);
   REQUIRE(memory->free(*held));
+}
+
+// A budget refusal is the ledger's verdict; the device's free/total only complete its picture.
+// They come from a reading at most one kernel tick old (DeviceMemory::kLiveReadingReuse), so
+// refusing in a loop does not ask the device each time; anything older is read again.
+TEST_CASE("budget refusals reuse a live reading of this tick and read again once it is older",
+          "[device_memory][live]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, fixed_limit(10_MiB));
+  const uint64_t queries_before = mock.memory_info_count();
+  const uint64_t refusals_before = memory->stats().ledger.refusals;
+  constexpr int kRefusals = 200;
+  for (int i = 0; i < kRefusals; ++i) {
+    auto refused = memory->allocate(MemoryCategory::ndarray, 20_MiB);
+    REQUIRE_FALSE(refused);
+    REQUIRE(refused.error().oom_source == OomSource::budget);
+    REQUIRE(refused.error().has_memory);
+    CHECK(refused.error().memory.total_bytes == 1_GiB);
+    CHECK(refused.error().memory.free_bytes == 1_GiB);
+    CHECK(refused.error().memory.limit_bytes == 10_MiB);
+    CHECK(refused.error().device == "mock");
+  }
+  CHECK(memory->stats().ledger.refusals == refusals_before + kRefusals);
+  // A few ticks may pass during the loop; every refusal asking would make it kRefusals.
+  CHECK(mock.memory_info_count() - queries_before < 10);
+
+  // Other processes grow; once the reading is older than the reuse window the next refusal sees it.
+  mock.set_other_process_bytes(512_MiB);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // past any kernel tick (HZ >= 100)
+  auto refused = memory->allocate(MemoryCategory::ndarray, 20_MiB);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().memory.free_bytes == 512_MiB);
+  CHECK(refused.error().memory.live_age_ms == 0);
+}
+
+TEST_CASE("a driver refusal reads the device now, not a budget refusal's reading",
+          "[device_memory][live]") {
+  MockDevice mock(mock_options(1_GiB));
+  BudgetConfig config = fixed_limit(1_GiB);
+  config.live_check = false;
+  auto memory = make_memory(mock, config);
+  REQUIRE_FALSE(memory->allocate(MemoryCategory::ndarray, 2_GiB));  // a reading: 1 GiB free
+  mock.set_other_process_bytes(960_MiB);
+  auto refused = memory->allocate(MemoryCategory::ndarray, 128_MiB);
+  REQUIRE_FALSE(refused);
+  REQUIRE(refused.error().oom_source == OomSource::driver);
+  CHECK(refused.error().memory.free_bytes == 64_MiB);
+  CHECK(refused.error().memory.live_age_ms == 0);
 }

@@ -80,6 +80,18 @@ TEST_CASE("a driver out-of-memory message names the bytes, the driver status and
                     Catch::Contains("while running axpy"));
 }
 
+TEST_CASE("a budget refusal's message says how old a reused device reading is", "[errors]") {
+  Failure f = oom(OomSource::budget);
+  f.has_memory = true;
+  f.memory.free_bytes = 3ull << 30;
+  f.memory.total_bytes = 80ull << 30;
+  f.memory.limit_bytes = 1ull << 30;
+  CHECK_THAT(f.message(), Catch::Contains("3.00 GiB free of 80.00 GiB;") &&
+                              !Catch::Contains("ms before"));
+  f.memory.live_age_ms = 4;
+  CHECK_THAT(f.message(), Catch::Contains("3.00 GiB free of 80.00 GiB (read 4 ms before);"));
+}
+
 TEST_CASE("value_or_throw returns the value or throws the named error", "[errors]") {
   CHECK(value_or_throw(RhiExpected<int>(7)) == 7);
   CHECK_THROWS_AS(value_or_throw(RhiExpected<int>(std::unexpected(oom(OomSource::budget)))),

@@ -1374,3 +1374,86 @@ TEST_CASE("one thread whose frees overflow into the shared pool keeps exact peak
   CHECK(s.ledger.peak_total_bytes == 8_MiB);
   check_ledger(*memory, mock, 0);
 }
+
+// A thread's cache outlives the thread: it is emptied, its ledger share and counts are folded
+// into the allocator's, and the next new thread takes it. Nothing may be counted twice.
+TEST_CASE("threads that come and go take over retired caches with nothing counted twice",
+          "[thread_cache][concurrency]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(100_MiB));
+  const std::array<Ask, 3> asks{{{MemoryCategory::ndarray, 4_KiB},
+                                 {MemoryCategory::staging, 4_KiB},
+                                 {MemoryCategory::ndarray, 4_KiB}}};
+  constexpr int kThreads = 20;
+  for (int t = 0; t < kThreads; ++t) {
+    // Round 1 grows (first thread) or takes the shared pool's blocks; round 2 hits lock-free.
+    Worker w;
+    REQUIRE(w.run([&] { return fill_and_free(*memory, asks, 2); }) == 0);
+    w.stop();
+    const MemoryStats s = memory->stats();
+    CAPTURE(t);
+    const uint64_t done = static_cast<uint64_t>(t + 1);
+    CHECK(s.allocations == done * 2 * asks.size());
+    CHECK(s.frees == done * 2 * asks.size());
+    CHECK(s.cache_hits == done * 2 * asks.size() - asks.size());
+    CHECK(s.lock_free_hits == done * asks.size());
+    CHECK(s.cached_blocks == asks.size());
+    CHECK(mock.driver_allocation_count() == asks.size());
+    check_ledger(*memory, mock, 0);
+  }
+  const MemoryStats s = memory->stats();
+  CHECK(s.ledger.peak_bytes[idx(MemoryCategory::ndarray)] == 8_KiB);
+  CHECK(s.ledger.peak_bytes[idx(MemoryCategory::staging)] == 4_KiB);
+  CHECK(s.ledger.peak_total_bytes == 12_KiB);
+}
+
+// in_use_by_category() reads the ledger view without the lock while threads allocate, free, exit
+// and hand their caches on. Every reading must add up to what is held: no cache's share is read
+// half-way through a move, and no locked operation is seen half done.
+TEST_CASE("the ledger view read without a lock while threads come and go stays within the held bytes",
+          "[thread_cache][concurrency]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(100_MiB));
+  constexpr uint64_t kBlock = 4_KiB;
+  constexpr int kChurners = 2;
+  // Seven small blocks go through the thread caches (lock-free), the 8 MiB one through the
+  // shared pool (the locked path, which moves a cache's share in two steps).
+  const std::array<Ask, 8> asks{{{MemoryCategory::ndarray, kBlock}, {MemoryCategory::ndarray, kBlock},
+                                 {MemoryCategory::staging, kBlock}, {MemoryCategory::ndarray, kBlock},
+                                 {MemoryCategory::staging, kBlock}, {MemoryCategory::ndarray, kBlock},
+                                 {MemoryCategory::ndarray, kBlock}, {MemoryCategory::staging, 8_MiB}}};
+  // Every block the churners will ever hold at once is grown first, on a thread whose exit hands
+  // them to the shared pool: afterwards nothing grows, so the held bytes stay put.
+  {
+    std::array<Ask, 2 * asks.size()> all{};
+    for (std::size_t i = 0; i < all.size(); ++i) all[i] = asks[i % asks.size()];
+    Worker warm;
+    REQUIRE(warm.run([&] { return fill_and_free(*memory, all, 1); }) == 0);
+  }
+  const uint64_t held = memory->in_use_bytes();
+  const uint64_t driver_calls = mock.driver_allocation_count();
+  std::atomic<int> finished{0}, failures{0};
+  std::vector<std::thread> churners;
+  for (int c = 0; c < kChurners; ++c)
+    churners.emplace_back([&] {
+      for (int generation = 0; generation < 1000; ++generation)
+        std::thread([&] { failures += fill_and_free(*memory, asks, 20); }).join();
+      ++finished;
+    });
+  uint64_t readings = 0, out_of_bounds = 0;
+  while (finished.load() < kChurners) {
+    const auto view = memory->in_use_by_category();
+    uint64_t sum = 0;
+    for (const uint64_t bytes : view) sum += bytes;
+    // Every cache's share is read whole, and caches change only their own share between locked
+    // operations: the categories add up to what is held.
+    if (sum != held) ++out_of_bounds;
+    ++readings;
+  }
+  for (std::thread &t : churners) t.join();
+  CHECK(failures == 0);
+  CHECK(mock.driver_allocation_count() == driver_calls);
+  CHECK(readings > 0);
+  CHECK(out_of_bounds == 0);
+  check_ledger(*memory, mock, 0);
+}

@@ -84,12 +84,13 @@ class MemoryBudget {
   [[nodiscard]] LedgerStats stats() const;
   /// Forgets the peaks (sets them to the current values).
   void reset_peaks();
+  /// Whether `total_bytes` more would fit now (no lock; a reservation decides for good).
+  [[nodiscard]] bool fits(uint64_t total_bytes) const;
 
  private:
   friend class Reservation;
   void give_back(const CategoryBytes &bytes);
   [[nodiscard]] Failure refusal(uint64_t requested_bytes, MemoryCategory category);
-  [[nodiscard]] bool fits(uint64_t total_bytes) const;
 
   mutable std::mutex mutex_;  // serializes charges; the figures below are read without it
   std::atomic<uint64_t> limit_bytes_;

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <functional>
 #include <string>
@@ -73,6 +74,34 @@ namespace detail {
 struct BlockRecord;
 class BlockRegistry;
 class ThreadCache;
+
+/// A mutex that also publishes a sequence number, odd while it is held, so that a reader may read
+/// the atomics it guards without taking it: read, then check that the number is even and did not
+/// move (a seqlock; Boehm, "Can seqlocks get along with programming language memory models?",
+/// MSPC 2012). Lockable, for std::lock_guard.
+class SeqMutex {
+ public:
+  void lock() {
+    mutex_.lock();
+    seq_.store(seq_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+  }
+  void unlock() {
+    seq_.store(seq_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    mutex_.unlock();
+  }
+  /// Starts a read: the number to give read_valid.
+  [[nodiscard]] uint64_t read_begin() const { return seq_.load(std::memory_order_acquire); }
+  /// Whether what was read since read_begin returned `seq` is whole: no holder came or went.
+  [[nodiscard]] bool read_valid(uint64_t seq) const {
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return seq % 2 == 0 && seq_.load(std::memory_order_relaxed) == seq;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::atomic<uint64_t> seq_{0};
+};
 }  // namespace detail
 
 class DeviceMemory;
@@ -182,8 +211,14 @@ class DeviceMemory {
   [[nodiscard]] std::string summary() const;
   /// A picture for failure details: live free/total (asked now), limit, in-use per category.
   [[nodiscard]] MemorySnapshot snapshot();
-  /// Fills the memory picture and device name of an out-of-memory failure.
+  /// Fills the memory picture and device name of an out-of-memory failure: limit, in-use per
+  /// category and, where the failure has none, the device's free/total. A budget refusal (the
+  /// ledger's verdict, where those figures are only context) reuses a reading younger than
+  /// kLiveReadingReuse on CLOCK_MONOTONIC_COARSE, i.e. at most one kernel tick old, and says its
+  /// age (MemorySnapshot::live_age_ms): refusing stays cheap, even in a loop. Every other
+  /// failure asks the device now. Takes no lock.
   void annotate(Failure &failure);
+  static constexpr std::chrono::microseconds kLiveReadingReuse{1000};
 
  private:
   friend class RequestFaultPlan;
@@ -218,7 +253,16 @@ class DeviceMemory {
   [[nodiscard]] RhiStatus check_fault_plan(std::span<const AllocRequest> requests);
   [[nodiscard]] RhiStatus validate(MemoryCategory category, uint64_t size_bytes) const;
   [[nodiscard]] uint64_t class_of(uint64_t size_bytes) const;
-  [[nodiscard]] bool evicting_would_fit(uint64_t size_bytes, uint64_t limit_bytes) const;
+  /// Whether evicting every cached block would make room for `size_bytes` under `limit_bytes`,
+  /// given the bytes held per category now.
+  [[nodiscard]] static bool evicting_would_fit(uint64_t size_bytes, uint64_t limit_bytes,
+                                               const CategoryBytes &in_use);
+  /// The budget refuses a growth of `class_bytes` and no eviction could make room: true, with the
+  /// bytes held per category in `in_use`. (No observer registered: they take the general path.)
+  [[nodiscard]] bool refused_outright(uint64_t class_bytes, CategoryBytes &in_use) const;
+  /// That refusal, built once where the caller returns it (no lock, no device call).
+  [[nodiscard]] RhiExpected<DeviceAllocation> budget_refusal(const AllocRequest &request,
+                                                             const CategoryBytes &in_use);
   [[nodiscard]] RhiExpected<Reservation> reserve_growth(std::span<const CategoryRequest> growth);
   [[nodiscard]] RhiStatus check_live_free(uint64_t size_bytes, MemoryCategory category);
   /// Evicts every cache so that a refused request may be retried: true when this call released
@@ -247,12 +291,16 @@ class DeviceMemory {
   void reclaim_headroom_locked(Cache *cache, MemoryCategory category);
   void raise_peak_locked(MemoryCategory category);
   [[nodiscard]] CategoryBytes in_use_by_category_locked() const;
-  void quiesce_caches_locked();
-  void reopen_caches_locked();
+  /// The view's sum into `out`; false when a cache's share could not be read whole (its owner
+  /// kept moving it). mutex_ held, or its sequence number checked after. `quiesced`: every
+  /// cache is (mutex_ held), so shares are read as they are.
+  [[nodiscard]] bool view_bytes(CategoryBytes &out, bool quiesced = false) const;
+  void quiesce_caches_locked() const;
+  void reopen_caches_locked() const;
   void quiesce_cache_locked(Cache &cache);
   class QuiescedCache;  // quiesces a cache for a scope (device_memory_cache.cpp)
   static void wait_not_busy(const Cache &cache);
-  void reopen_cache_locked(Cache &cache);
+  static void reopen_cache_locked(Cache &cache);
   void trim_headroom_locked(Cache *cache);
   void set_owner_locked(Record *record, Cache *owner);
   void retire_cache(Cache *cache);  // a thread exits (thread_cache binding in device_memory.cpp)
@@ -269,14 +317,28 @@ class DeviceMemory {
   // caching_ && asymmetric_barrier_ && no fault plan armed.
   std::atomic<bool> fast_path_{false};
   std::mutex evict_mutex_;    // one eviction at a time, from draining to the ledger's release
-  mutable std::mutex mutex_;  // guards everything below it up to the counters
+  // Guards everything below it up to the counters. The ledger view (moves_, the caches' grants
+  // and headroom, the cache list) is also read without it, under its sequence number.
+  mutable detail::SeqMutex mutex_;
   std::unique_ptr<detail::BlockRegistry> blocks_;  // every block held, live or cached
   CachingPool pool_;  // the shared pool
+  // Every cache made here, bound to a thread or retired (then empty, its shares zero, and in
+  // free_caches_ for the next thread). Never freed before this object, so cache_list_, the same
+  // caches linked for lock-free readers, is always safe to walk.
   std::vector<std::unique_ptr<Cache>> caches_;
-  std::array<int64_t, kNumMemoryCategories> moves_{};  // category moves made outside caches
+  std::vector<Cache *> free_caches_;
+  std::atomic<Cache *> cache_list_{nullptr};
+  // Category moves made outside caches. Written under mutex_, read by the lock-free view.
+  std::array<std::atomic<int64_t>, kNumMemoryCategories> moves_{};
   CategoryBytes peaks_{};
   uint64_t retired_requests_ = 0;  // requests counted by caches whose thread exited
   RequestFaultPlan fault_plan_;
+  // The device's free/total as last read for a failure's picture, and when (coarse clock; -1:
+  // never). Written in that order by whoever reads the device, read without a lock: a reader may
+  // mix two readings of the same tick, either of which it would have accepted.
+  std::atomic<uint64_t> reading_free_bytes_{0}, reading_total_bytes_{0};
+  std::atomic<int64_t> reading_time_ns_{-1};
+  void fill_live_figures(MemorySnapshot &memory, bool may_reuse);
   std::mutex observers_mutex_;
   std::vector<std::pair<uint64_t, OomObserver>> observers_;
   std::atomic<std::size_t> observer_count_{0};  // lets a refusal skip the lock when 0
@@ -291,6 +353,7 @@ class DeviceMemory {
     kCacheHits,
     kLiveChecks,
     kLockFreeHits,
+    kBudgetRefusals,  // by refused_outright; the budget counts those it refuses itself
     kNumCounters
   };
   void count(Counter counter, uint64_t n = 1);
