@@ -51,12 +51,6 @@ using detail::index;
 using detail::kPoolCache;
 using detail::to_signed;
 
-constexpr std::array<uint32_t, detail::kCacheBins> kBinDepths = [] {
-  std::array<uint32_t, detail::kCacheBins> depths{};
-  for (uint32_t b = 0; b < detail::kCacheBins; ++b) depths[b] = detail::bin_depth(b);
-  return depths;
-}();
-
 }  // namespace
 
 // Every cache this thread has, for every DeviceMemory; hands them back when the thread exits.
@@ -262,7 +256,7 @@ void DeviceMemory::retire_cache(Cache *cache) {
       auto &slot = cache.bins[bin];
       const uint32_t count = slot.count.load(std::memory_order_relaxed);
       const int64_t class_bytes = to_signed(record->class_bytes.load(std::memory_order_relaxed));
-      if (count < kBinDepths[bin] &&
+      if (count < slot.depth &&
           cache.headroom[kPoolCache].load(std::memory_order_relaxed) >= class_bytes) {
         record->category.store(MemoryCategory::pool_cache, std::memory_order_relaxed);
         slot.blocks[count] = record;
@@ -278,25 +272,21 @@ void DeviceMemory::retire_cache(Cache *cache) {
   return freed;
 }
 
-RhiExpected<DeviceAllocation> DeviceMemory::allocate(MemoryCategory category, uint64_t size_bytes,
-                                                     bool zero_fill) {
-  if (zero_fill || !fast_path_open(category, size_bytes)) [[unlikely]]
-    return allocate_locked_path(category, size_bytes, zero_fill);
-  if (Cache *cache = fast_cache(); cache != nullptr) [[likely]] {
-    if (Record *record = fast_allocate(*cache, category, size_bytes); record != nullptr) [[likely]]
-      return DeviceAllocation{&device_, record->alloc_id.load(std::memory_order_relaxed)};
-  }
-  return allocate_locked_path(category, size_bytes, false);
+uint64_t DeviceMemory::try_allocate_lock_free(MemoryCategory category, uint64_t size_bytes) {
+  if (!fast_path_open(category, size_bytes)) [[unlikely]]
+    return 0;
+  Cache *cache = fast_cache();
+  if (cache == nullptr) [[unlikely]]
+    return 0;
+  Record *record = fast_allocate(*cache, category, size_bytes);
+  return record != nullptr ? record->alloc_id.load(std::memory_order_relaxed) : 0;
 }
 
-RhiStatus DeviceMemory::free(DeviceAllocation alloc) {
+bool DeviceMemory::try_free_lock_free(DeviceAllocation alloc) {
   if (alloc.device != &device_ || !fast_path_.load(std::memory_order_relaxed)) [[unlikely]]
-    return free_locked_path(alloc);
-  // Only the id stays live through the fast path (the device is known): fewer registers to save.
-  const uint64_t alloc_id = alloc.alloc_id;
-  if (Cache *cache = fast_cache(); cache != nullptr && fast_free(*cache, alloc_id)) [[likely]]
-    return {};
-  return free_locked_path(DeviceAllocation{&device_, alloc_id});
+    return false;
+  Cache *cache = fast_cache();
+  return cache != nullptr && fast_free(*cache, alloc.alloc_id);
 }
 
 // --- the locked path's cache operations (mutex_ held) -----------------------------------------
@@ -329,7 +319,7 @@ bool DeviceMemory::keep_cached_locked(Cache *cache, Record *record) {
   if (cache != nullptr && bin != detail::kNoBin) {
     auto &slot = cache->bins[bin];
     if (const uint32_t count = slot.count.load(std::memory_order_relaxed);
-        count < kBinDepths[bin]) {
+        count < slot.depth) {
       slot.blocks[count] = record;
       slot.count.store(count + 1, std::memory_order_relaxed);
       set_owner_locked(record, cache);

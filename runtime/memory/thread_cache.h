@@ -141,8 +141,14 @@ class ThreadCache {
  public:
   struct alignas(64) Bin {
     std::atomic<uint32_t> count{0};
+    uint32_t depth = 0;  ///< bin_depth of this bin (in the line's padding: no table to load)
     std::array<BlockRecord *, kMaxBinDepth> blocks{};
   };
+  static_assert(sizeof(Bin) == 64);
+
+  ThreadCache() {
+    for (uint32_t b = 0; b < kCacheBins; ++b) bins[b].depth = bin_depth(b);
+  }
 
   // The fast path's fields first (busy, drain_requested, headroom: one cache line; its
   // counters start the next), the locked path's after.

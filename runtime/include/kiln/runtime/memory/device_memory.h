@@ -160,7 +160,15 @@ class DeviceMemory {
   ///         oom_source driver: the driver refused), invalid_usage (size 0, category pool_cache
   ///         or out of range), device_lost. Out-of-memory failures carry a MemorySnapshot.
   [[nodiscard]] RhiExpected<DeviceAllocation> allocate(MemoryCategory category, uint64_t size_bytes,
-                                                       bool zero_fill = false);
+                                                       bool zero_fill = false) {
+    // A hit in this thread's cache is one call that returns the block's id (the result is built
+    // here, in the caller); everything else takes the locked path.
+    if (!zero_fill)
+      if (const uint64_t alloc_id = try_allocate_lock_free(category, size_bytes); alloc_id != 0)
+          [[likely]]
+        return DeviceAllocation{&device_, alloc_id};
+    return allocate_locked_path(category, size_bytes, zero_fill);
+  }
   /// Allocates every request, or none: reserves the total in one step first, then allocates;
   /// any failure frees what the group already got. Same errors as allocate.
   [[nodiscard]] RhiExpected<std::vector<DeviceAllocation>> allocate_group(
@@ -168,7 +176,11 @@ class DeviceMemory {
   /// Frees an allocation made here: with caching on, the block is kept for reuse (its charge
   /// moves to pool_cache); otherwise it goes back to the device. Errors: invalid_usage (not live
   /// here: freed twice, never allocated, or another device's).
-  [[nodiscard]] RhiStatus free(DeviceAllocation alloc);
+  [[nodiscard]] RhiStatus free(DeviceAllocation alloc) {
+    if (try_free_lock_free(alloc)) [[likely]]
+      return {};
+    return free_locked_path(alloc);
+  }
   /// Gives every cached block (the shared pool and every thread's cache) back to the device;
   /// returns the bytes released.
   uint64_t release_cached();
@@ -236,6 +248,11 @@ class DeviceMemory {
   void update_fast_path();  // after the fault plan changed
   static void install_fork_handler();
   [[nodiscard]] Record *fast_allocate(Cache &cache, MemoryCategory category, uint64_t size_bytes);
+  /// The lock-free hit: the block's alloc id, or 0 (ids start at 1) when it cannot serve it.
+  [[nodiscard, gnu::noinline]] uint64_t try_allocate_lock_free(MemoryCategory category,
+                                                               uint64_t size_bytes);
+  /// The lock-free free into this thread's cache; false when it cannot take it.
+  [[nodiscard, gnu::noinline]] bool try_free_lock_free(DeviceAllocation alloc);
   [[nodiscard]] bool fast_free(Cache &cache, uint64_t alloc_id);
 
   // The locked path.
