@@ -1,12 +1,16 @@
 #include "cgroup_memory.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <charconv>
 #include <fstream>
 #include <sstream>
 
 namespace kiln::cgroup {
 namespace {
 
-// The first line of a file, or nullopt.
+// The first line of a file, or nullopt (used once, to find the files).
 std::optional<std::string> first_line(const std::string &path) {
   std::ifstream file(path);
   std::string line;
@@ -14,17 +18,32 @@ std::optional<std::string> first_line(const std::string &path) {
   return line;
 }
 
-std::optional<uint64_t> read_bytes(const std::string &path) {
-  auto line = first_line(path);
-  if (!line || line->empty() || line->front() < '0' || line->front() > '9') return std::nullopt;
-  return std::stoull(*line);
+// The number a file starts with, read without touching the heap (the live check reads these on
+// every refresh, between the allocations of the program it guards). nullopt when there is none
+// ("max", empty, unreadable).
+std::optional<uint64_t> read_bytes(const char *path) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  char text[64];
+  const ssize_t n = ::read(fd, text, sizeof text);
+  ::close(fd);
+  if (n <= 0) return std::nullopt;
+  uint64_t value = 0;
+  const auto [end, ec] = std::from_chars(text, text + n, value);
+  if (ec != std::errc() || end == text) return std::nullopt;
+  return value;
 }
 
-std::optional<MemoryLimit> limit_at(const std::string &dir, const char *limit_file,
-                                    const char *usage_file) {
+// Where a cgroup's limit lives: the two files' full paths.
+struct LimitFiles {
+  std::string limit_path;
+  std::string usage_path;
+};
+
+std::optional<MemoryLimit> limit_at(const LimitFiles &files) {
   constexpr uint64_t kUnlimited = uint64_t{1} << 60;  // v1 writes ~2^63 rounded to pages
-  auto limit = read_bytes(dir + "/" + limit_file);   // v2 "max" does not parse: unlimited
-  auto usage = read_bytes(dir + "/" + usage_file);
+  auto limit = read_bytes(files.limit_path.c_str());  // v2 "max" does not parse: unlimited
+  auto usage = read_bytes(files.usage_path.c_str());
   if (!limit || !usage || *limit >= kUnlimited) return std::nullopt;
   return MemoryLimit{*limit, *usage};
 }
@@ -32,13 +51,6 @@ std::optional<MemoryLimit> limit_at(const std::string &dir, const char *limit_fi
 }  // namespace
 
 namespace {
-
-// Where this process's cgroup limit lives: the directory and the two file names.
-struct LimitFiles {
-  std::string dir;
-  const char *limit_file = nullptr;
-  const char *usage_file = nullptr;
-};
 
 std::optional<LimitFiles> find_limit_files(const std::string &proc_self_cgroup,
                                            const std::string &cgroup_root);
@@ -49,7 +61,7 @@ std::optional<MemoryLimit> read_memory_limit(const std::string &proc_self_cgroup
                                              const std::string &cgroup_root) {
   auto files = find_limit_files(proc_self_cgroup, cgroup_root);
   if (!files) return std::nullopt;
-  return limit_at(files->dir, files->limit_file, files->usage_file);
+  return limit_at(*files);
 }
 
 namespace {
@@ -72,10 +84,14 @@ std::optional<LimitFiles> find_limit_files(const std::string &proc_self_cgroup,
       if (name == "memory") v1_path = path;
   }
   // v2 when its files are there (a limit of "max" still means v2 answers: no limit), else v1.
-  if (v2_path && first_line(cgroup_root + *v2_path + "/memory.max"))
-    return LimitFiles{cgroup_root + *v2_path, "memory.max", "memory.current"};
-  if (v1_path)
-    return LimitFiles{cgroup_root + "/memory" + *v1_path, "memory.limit_in_bytes", "memory.usage_in_bytes"};
+  if (v2_path && first_line(cgroup_root + *v2_path + "/memory.max")) {
+    const std::string dir = cgroup_root + *v2_path;
+    return LimitFiles{dir + "/memory.max", dir + "/memory.current"};
+  }
+  if (v1_path) {
+    const std::string dir = cgroup_root + "/memory" + *v1_path;
+    return LimitFiles{dir + "/memory.limit_in_bytes", dir + "/memory.usage_in_bytes"};
+  }
   return std::nullopt;
 }
 
@@ -90,7 +106,7 @@ std::optional<MemoryLimit> own_memory_limit() {
     return find_limit_files(text.str(), "/sys/fs/cgroup");
   }();
   if (!files) return std::nullopt;
-  return limit_at(files->dir, files->limit_file, files->usage_file);
+  return limit_at(*files);
 }
 
 }  // namespace kiln::cgroup

@@ -1,7 +1,6 @@
 #include <sys/sysinfo.h>
 #include <time.h>
 
-#include <cstdio>
 #include <cstring>
 
 #include "kiln/rhi/cpu_device.h"
@@ -10,29 +9,10 @@
 #include <algorithm>
 
 #include "cgroup_memory.h"
+#include "meminfo.h"
 
 namespace kiln {
 namespace {
-
-// MemTotal and MemAvailable from /proc/meminfo, in bytes; false if the file cannot be read.
-bool read_meminfo(uint64_t *total_bytes, uint64_t *available_bytes) {
-  std::FILE *file = std::fopen("/proc/meminfo", "r");
-  if (file == nullptr) return false;
-  char line[256];
-  int found = 0;
-  while (found < 2 && std::fgets(line, sizeof line, file) != nullptr) {
-    unsigned long long kib = 0;
-    if (std::sscanf(line, "MemTotal: %llu kB", &kib) == 1) {
-      *total_bytes = kib * 1024;
-      ++found;
-    } else if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
-      *available_bytes = kib * 1024;
-      ++found;
-    }
-  }
-  std::fclose(file);
-  return found == 2;
-}
 
 // A container's memory limit caps what the host reports.
 Device::MemoryInfo apply_cgroup_limit(Device::MemoryInfo info) {
@@ -52,7 +32,8 @@ constexpr auto kRelaxed = std::memory_order_relaxed;
 constexpr int64_t kReuseNs = std::chrono::nanoseconds(CpuDevice::kReadingReuse).count();
 }  // namespace
 
-bool CpuDevice::reuse_reading(int64_t now_ns, MemoryInfo *info) const {
+[[gnu::always_inline]] inline bool CpuDevice::reuse_reading(int64_t now_ns,
+                                                        MemoryInfo *info) const {
   // A sequence lock (the Linux kernel's seqlock_t, as in Boehm, "Can seqlocks get along with
   // programming language memory models?", MSPC 2012): read, then check nobody wrote meanwhile.
   const uint32_t seq = reading_seq_.load(std::memory_order_acquire);
@@ -97,7 +78,7 @@ RhiExpected<Device::MemoryInfo> CpuDevice::memory_info() {
 
 RhiExpected<Device::MemoryInfo> CpuDevice::read_memory_info() {
   MemoryInfo info;
-  if (read_meminfo(&info.total_bytes, &info.free_bytes)) return apply_cgroup_limit(info);
+  if (meminfo::read(&info.total_bytes, &info.free_bytes)) return apply_cgroup_limit(info);
   struct sysinfo si {};
   if (sysinfo(&si) != 0)
     return std::unexpected(failure(RhiResult::error, "sysinfo", std::strerror(errno)));

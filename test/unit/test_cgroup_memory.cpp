@@ -1,11 +1,14 @@
-// The CPU device's view of a container's memory limit (rhi/cpu/cgroup_memory.cpp).
+// The CPU device's view of memory: a container's limit (rhi/cpu/cgroup_memory.cpp) and the
+// host's /proc/meminfo (rhi/cpu/meminfo.cpp).
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "cgroup_memory.h"
+#include "meminfo.h"
 
 namespace fs = std::filesystem;
 using kiln::cgroup::read_memory_limit;
@@ -59,4 +62,50 @@ TEST_CASE("no readable cgroup files means no limit", "[cgroup]") {
   TempRoot t;
   CHECK_FALSE(read_memory_limit("0::/nowhere\n", t.root.string()));
   CHECK_FALSE(read_memory_limit("garbage", t.root.string()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The host's side: /proc/meminfo (rhi/cpu/meminfo.cpp).
+
+TEST_CASE("meminfo: MemTotal and MemAvailable in bytes, wherever their lines are", "[cgroup]") {
+  uint64_t total = 0, available = 0;
+  REQUIRE(kiln::meminfo::parse("MemTotal:       24684092 kB\nMemFree:        21497404 kB\n"
+                               "MemAvailable:   23980240 kB\nBuffers: 1 kB\n",
+                               &total, &available));
+  CHECK(total == 24684092ull * 1024);
+  CHECK(available == 23980240ull * 1024);
+  REQUIRE(kiln::meminfo::parse("Buffers: 1 kB\nMemAvailable: 7 kB\nMemTotal: 9 kB\n", &total,
+                               &available));
+  CHECK(total == 9 * 1024);
+  CHECK(available == 7 * 1024);
+}
+
+TEST_CASE("meminfo: a missing or broken field is no reading, and changes nothing", "[cgroup]") {
+  uint64_t total = 1, available = 2;
+  CHECK_FALSE(kiln::meminfo::parse("MemTotal: 9 kB\nMemFree: 5 kB\n", &total, &available));  // < 3.14
+  CHECK_FALSE(kiln::meminfo::parse("MemTotal: x kB\nMemAvailable: 7 kB\n", &total, &available));
+  CHECK_FALSE(kiln::meminfo::parse("MemTotal: 9 kB\nMemAvailable:", &total, &available));  // cut off
+  CHECK_FALSE(kiln::meminfo::parse("XMemTotal: 9 kB\nMemAvailable: 7 kB\n", &total, &available));
+  CHECK_FALSE(kiln::meminfo::parse("MemTotal: 99999999999999999999 kB\nMemAvailable: 7 kB\n",
+                                   &total, &available));
+  CHECK_FALSE(kiln::meminfo::parse("", &total, &available));
+  CHECK(total == 1);
+  CHECK(available == 2);
+}
+
+TEST_CASE("meminfo: this host's /proc/meminfo reads as the file says", "[cgroup]") {
+  std::ifstream file("/proc/meminfo");
+  REQUIRE(file);
+  uint64_t file_total_kib = 0;
+  for (std::string key; file >> key;) {
+    if (key == "MemTotal:") {
+      file >> file_total_kib;
+      break;
+    }
+  }
+  uint64_t total = 0, available = 0;
+  REQUIRE(kiln::meminfo::read(&total, &available));
+  CHECK(total == file_total_kib * 1024);  // constant while the machine runs
+  CHECK(available > 0);
+  CHECK(available <= total);
 }
