@@ -135,6 +135,22 @@ DeviceMemory::~DeviceMemory() {
 
 // --- binding a thread to its cache -----------------------------------------------------------
 
+[[gnu::always_inline]] inline DeviceMemory::Cache *DeviceMemory::fast_cache() const {
+  if (t_fast[0].memory_id == id_) [[likely]]
+    return t_fast[0].cache;
+  return t_fast[1].memory_id == id_ ? t_fast[1].cache : nullptr;
+}
+
+void DeviceMemory::count(Counter counter, uint64_t n) {
+  static_assert(std::tuple_size_v<decltype(Cache::counters)> == kNumCounters);
+  Cache *cache = fast_cache();  // the usual case, inline; else look the binding up
+  if (cache == nullptr) cache = my_cache();
+  if (cache != nullptr)
+    Cache::add(cache->counters[counter], n);  // only this thread writes its cache's counters
+  else
+    counters_[counter].fetch_add(n, std::memory_order_relaxed);
+}
+
 DeviceMemory::Cache *DeviceMemory::my_cache() const {
   if (Cache *cache = fast_cache(); cache != nullptr) return cache;
   if (t_exiting) return nullptr;
@@ -206,11 +222,6 @@ void DeviceMemory::retire_cache(Cache *cache) {
 // request, a fault plan armed, zero_fill, not enough headroom) goes to the locked path, which
 // keeps its stack frame and its calls out of the fast path's way.
 
-[[gnu::always_inline]] inline DeviceMemory::Cache *DeviceMemory::fast_cache() const {
-  if (t_fast[0].memory_id == id_) [[likely]]
-    return t_fast[0].cache;
-  return t_fast[1].memory_id == id_ ? t_fast[1].cache : nullptr;
-}
 
 [[gnu::always_inline]] inline bool DeviceMemory::fast_path_open(MemoryCategory category,
                                                                 uint64_t size_bytes) const {

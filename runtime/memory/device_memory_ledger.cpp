@@ -125,14 +125,6 @@ void DeviceMemory::reset_peaks() {
     raise_peak_locked(static_cast<MemoryCategory>(k));
 }
 
-void DeviceMemory::count(Counter counter, uint64_t n) {
-  static_assert(std::tuple_size_v<decltype(Cache::counters)> == kNumCounters);
-  if (Cache *cache = my_cache(); cache != nullptr)
-    Cache::add(cache->counters[counter], n);  // only this thread writes its cache's counters
-  else
-    counters_[counter].fetch_add(n, std::memory_order_relaxed);
-}
-
 // --- stats ---------------------------------------------------------------------------------------
 
 uint64_t DeviceMemory::cache_request_count() const {
