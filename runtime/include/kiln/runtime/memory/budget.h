@@ -61,7 +61,7 @@ struct LedgerStats {
 
 /// A budget over one ledger: reservations succeed while in-use + request <= limit.
 /// Thread-safe: every member may be called from any thread. A refusal takes no lock (the check
-/// that refuses reads one atomic total), so refusing stays about as cheap as a pool hit; the
+/// that refuses reads one atomic total), so refusing threads do not wait on each other; the
 /// bytes themselves are charged under the lock, so in-use never passes the limit.
 class MemoryBudget {
  public:
