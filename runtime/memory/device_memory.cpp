@@ -152,14 +152,17 @@ RhiExpected<DeviceAllocation> DeviceMemory::budget_refusal(const AllocRequest &r
 
 RhiExpected<Reservation> DeviceMemory::reserve_growth(std::span<const CategoryRequest> growth) {
   auto reservation = budget_.reserve(growth);
-  // Cached bytes never cause a refusal on their own: when evicting them would make room, evict
-  // and ask once more (a request too large even for an empty pool keeps the cache).
+  // Cached bytes never cause a refusal on their own: while evicting them would make room, evict
+  // and ask again. Other threads may take the room an eviction made and cache their blocks again
+  // before this one asks, so this goes a few rounds, each evicting what they cached meanwhile.
   // The retry happens even when this thread evicted nothing: evict_for_retry returns only once
   // any eviction another thread was running has given its bytes back to the ledger.
-  if (!reservation && reservation.error().result == RhiResult::out_of_memory &&
-      reservation.error().requested_bytes <= budget_.limit_bytes() &&
-      evicting_would_fit(reservation.error().requested_bytes, budget_.limit_bytes(),
-                         in_use_by_category())) {
+  for (int round = 0; round < kEvictionRounds && !reservation &&
+                      reservation.error().result == RhiResult::out_of_memory &&
+                      reservation.error().requested_bytes <= budget_.limit_bytes() &&
+                      evicting_would_fit(reservation.error().requested_bytes,
+                                         budget_.limit_bytes(), in_use_by_category());
+       ++round) {
     (void)evict_for_retry();
     retries_.fetch_add(1, std::memory_order_relaxed);
     reservation = budget_.reserve(growth);

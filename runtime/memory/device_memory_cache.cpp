@@ -382,7 +382,7 @@ void DeviceMemory::register_block_locked(Cache *cache, DeviceAllocation block,
 // --- eviction ----------------------------------------------------------------------------------
 
 void DeviceMemory::quiesce_caches_locked() const {
-  // Retired caches have no thread to stop (and their drain request keeps a stale fast path out).
+  // Retired caches have no thread to stop: no barrier is needed for them alone.
   bool any_bound = false;
   for (const auto &cache : caches_) {
     cache->drain_requested.store(1, std::memory_order_relaxed);

@@ -1457,3 +1457,46 @@ TEST_CASE("the ledger view read without a lock while threads come and go stays w
   CHECK(out_of_bounds == 0);
   check_ledger(*memory, mock, 0);
 }
+
+// Cached bytes never cause a refusal on their own, even while other threads keep growing and
+// caching again right after an eviction made room: the refused thread evicts and retries for a
+// few rounds (DeviceMemory::kEvictionRounds), not once. Live bytes here never pass the limit.
+TEST_CASE("a refusal evicts again while other threads re-cache the room an eviction made",
+          "[thread_cache]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(24_MiB, 0, /*live_check=*/false));
+  std::atomic<bool> stop{false};
+  std::atomic<int> refusals{0};
+  std::vector<std::thread> threads;
+  // Three chains of short-lived threads, at most 4 MiB live each; their caches keep what they free.
+  for (int c = 0; c < 3; ++c)
+    threads.emplace_back([&] {
+      while (!stop.load())
+        std::thread([&] {
+          const std::array<Ask, 4> asks{{{MemoryCategory::ndarray, 1_MiB},
+                                         {MemoryCategory::staging, 1_MiB},
+                                         {MemoryCategory::ndarray, 1_MiB},
+                                         {MemoryCategory::staging, 1_MiB}}};
+          for (int round = 0; round < 200 && !stop.load(); ++round)
+            refusals += fill_and_free(*memory, asks, 1);
+        }).join();
+    });
+  threads.emplace_back([&] {  // and a poller of the ledger view
+    while (!stop.load()) (void)memory->in_use_by_category();
+  });
+  // This thread: up to 12 MiB live, so live bytes stay within the 24 MiB limit.
+  constexpr std::array<uint64_t, 3> kSizes{8_MiB, 10_MiB, 12_MiB};
+  for (int i = 0; i < 100000; ++i) {
+    auto a = memory->allocate(MemoryCategory::ndarray, kSizes[i % kSizes.size()]);
+    if (!a) {
+      ++refusals;
+      continue;
+    }
+    REQUIRE(memory->free(*a));
+  }
+  stop = true;
+  for (std::thread &t : threads) t.join();
+  CHECK(refusals == 0);
+  CHECK(memory->in_use_bytes() == mock.held_bytes());
+  CHECK(mock.driver_oom_count() == 0);
+}

@@ -207,7 +207,9 @@ class DeviceMemory {
   void set_limit_bytes(uint64_t limit_bytes) { budget_.set_limit_bytes(limit_bytes); }
   /// Bytes held on the device now (live and cached), as the budget counts them. O(1).
   [[nodiscard]] uint64_t in_use_bytes() const { return budget_.in_use_bytes(); }
-  /// Bytes held now per category (cached blocks under pool_cache).
+  /// Bytes held now per category (cached blocks under pool_cache); they add up to the held
+  /// bytes. Read without a lock unless locked operations or a thread's fast path keep moving
+  /// the figures for a few tries: then under the lock, stopping the fast paths if need be.
   [[nodiscard]] CategoryBytes in_use_by_category() const;
   /// Sets every peak to the current figure.
   void reset_peaks();
@@ -225,10 +227,11 @@ class DeviceMemory {
   [[nodiscard]] MemorySnapshot snapshot();
   /// Fills the memory picture and device name of an out-of-memory failure: limit, in-use per
   /// category and, where the failure has none, the device's free/total. A budget refusal (the
-  /// ledger's verdict, where those figures are only context) reuses a reading younger than
-  /// kLiveReadingReuse on CLOCK_MONOTONIC_COARSE, i.e. at most one kernel tick old, and says its
-  /// age (MemorySnapshot::live_age_ms): refusing stays cheap, even in a loop. Every other
-  /// failure asks the device now. Takes no lock.
+  /// ledger's verdict, where those figures are only context) reuses a reading while
+  /// CLOCK_MONOTONIC_COARSE has moved less than kLiveReadingReuse since it, i.e. within the same
+  /// kernel tick (1 to 10 ms), and says how old it may be (MemorySnapshot::live_age_ms):
+  /// refusing stays cheap, even in a loop. Every other failure asks the device now. Normally
+  /// takes no lock (see in_use_by_category).
   void annotate(Failure &failure);
   static constexpr std::chrono::microseconds kLiveReadingReuse{1000};
 
@@ -280,7 +283,10 @@ class DeviceMemory {
   /// That refusal, built once where the caller returns it (no lock, no device call).
   [[nodiscard]] RhiExpected<DeviceAllocation> budget_refusal(const AllocRequest &request,
                                                              const CategoryBytes &in_use);
+  /// Reserves growth; a budget refusal that evicting would cure evicts and retries, for at most
+  /// kEvictionRounds rounds.
   [[nodiscard]] RhiExpected<Reservation> reserve_growth(std::span<const CategoryRequest> growth);
+  static constexpr int kEvictionRounds = 8;
   [[nodiscard]] RhiStatus check_live_free(uint64_t size_bytes, MemoryCategory category);
   /// Evicts every cache so that a refused request may be retried: true when this call released
   /// bytes, or when another thread's eviction was under way (this call waited for it to finish).
