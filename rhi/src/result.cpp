@@ -73,7 +73,7 @@ std::string format_in_use(const CategoryBytes &in_use) {
 
 std::string memory_clause(const MemorySnapshot &m) {
   const std::string age =
-      m.live_age_ms == 0 ? std::string() : fmt::format(" (read {} ms before)", m.live_age_ms);
+      m.live_age_ms == 0 ? std::string() : fmt::format(" (read up to {} ms before)", m.live_age_ms);
   return fmt::format("device has {} free of {}{}; kiln holds {} ({})", format_bytes(m.free_bytes),
                      format_bytes(m.total_bytes), age, format_bytes(m.in_use_total_bytes()),
                      format_in_use(m.in_use_bytes));

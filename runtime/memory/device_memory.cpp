@@ -62,7 +62,9 @@ void DeviceMemory::fill_live_figures(MemorySnapshot &memory, bool may_reuse) {
     if (time_ns >= 0 && now_ns - time_ns < std::chrono::nanoseconds(kLiveReadingReuse).count()) {
       memory.free_bytes = reading_free_bytes_.load(std::memory_order_relaxed);
       memory.total_bytes = reading_total_bytes_.load(std::memory_order_relaxed);
-      memory.live_age_ms = static_cast<uint64_t>(std::max<int64_t>(now_ns - time_ns, 0)) / 1'000'000;
+      // The clock moves a tick at a time: the reading is younger than what it says plus a tick.
+      const int64_t bound_ns = std::max<int64_t>(now_ns - time_ns, 0) + coarse_resolution_ns();
+      memory.live_age_ms = static_cast<uint64_t>((bound_ns + 999'999) / 1'000'000);
       return;
     }
   }

@@ -472,11 +472,15 @@ TEST_CASE("budget refusals reuse a live reading of this tick and read again once
   const uint64_t queries_before = mock.memory_info_count();
   const uint64_t refusals_before = memory->stats().ledger.refusals;
   constexpr int kRefusals = 200;
+  uint64_t fresh = 0;  // refusals whose reading was taken for them (age 0)
   for (int i = 0; i < kRefusals; ++i) {
     auto refused = memory->allocate(MemoryCategory::ndarray, 20_MiB);
     REQUIRE_FALSE(refused);
     REQUIRE(refused.error().oom_source == OomSource::budget);
     REQUIRE(refused.error().has_memory);
+    // A reused reading says how old it may be: at least 1 ms, at most a tick (<= 10 ms).
+    fresh += refused.error().memory.live_age_ms == 0;
+    CHECK(refused.error().memory.live_age_ms <= 10);
     CHECK(refused.error().memory.total_bytes == 1_GiB);
     CHECK(refused.error().memory.free_bytes == 1_GiB);
     CHECK(refused.error().memory.limit_bytes == 10_MiB);
@@ -485,6 +489,7 @@ TEST_CASE("budget refusals reuse a live reading of this tick and read again once
   CHECK(memory->stats().ledger.refusals == refusals_before + kRefusals);
   // A few ticks may pass during the loop; every refusal asking would make it kRefusals.
   CHECK(mock.memory_info_count() - queries_before < 10);
+  CHECK(fresh == mock.memory_info_count() - queries_before);
 
   // Other processes grow; once the reading is older than the reuse window the next refusal sees it.
   mock.set_other_process_bytes(512_MiB);

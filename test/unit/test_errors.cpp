@@ -89,7 +89,7 @@ TEST_CASE("a budget refusal's message says how old a reused device reading is", 
   CHECK_THAT(f.message(), Catch::Contains("3.00 GiB free of 80.00 GiB;") &&
                               !Catch::Contains("ms before"));
   f.memory.live_age_ms = 4;
-  CHECK_THAT(f.message(), Catch::Contains("3.00 GiB free of 80.00 GiB (read 4 ms before);"));
+  CHECK_THAT(f.message(), Catch::Contains("3.00 GiB free of 80.00 GiB (read up to 4 ms before);"));
 }
 
 TEST_CASE("value_or_throw returns the value or throws the named error", "[errors]") {

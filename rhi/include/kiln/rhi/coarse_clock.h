@@ -16,6 +16,16 @@ namespace kiln {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
+/// How far apart the clock's readings are (one kernel tick), in ns; asked once.
+[[nodiscard]] inline int64_t coarse_resolution_ns() {
+  static const int64_t resolution_ns = [] {
+    timespec ts{};
+    if (clock_getres(CLOCK_MONOTONIC_COARSE, &ts) != 0) return int64_t{10'000'000};  // HZ=100
+    return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  }();
+  return resolution_ns;
+}
+
 }  // namespace kiln
 
 #endif  // KILN_RHI_COARSE_CLOCK_H_

@@ -67,8 +67,9 @@ struct MemorySnapshot {
   uint64_t total_bytes = 0;  ///< total device memory reported by the device
   uint64_t limit_bytes = 0;  ///< kiln's budget limit for the device (0 if no budget applied)
   uint64_t reserve_bytes = 0;  ///< headroom kept free (set when live free memory refused)
-  /// How long before the failure free/total were read, in ms: 0 when read for this failure. A
-  /// budget refusal may reuse a reading up to one kernel tick old (see DeviceMemory::annotate).
+  /// At most how long before the failure free/total were read, in whole ms rounded up: 0 when
+  /// read for this failure. A budget refusal may reuse a reading of the same kernel tick (see
+  /// DeviceMemory::annotate); it then says the tick's length (1 to 10 ms).
   uint64_t live_age_ms = 0;
   CategoryBytes in_use_bytes{};  ///< what kiln holds, per category
   [[nodiscard]] uint64_t in_use_total_bytes() const;
