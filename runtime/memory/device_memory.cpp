@@ -11,6 +11,11 @@
 
 namespace kiln::runtime {
 
+namespace {
+// The site of a refusal by live free memory (count_refusal tells the two budget refusals apart).
+constexpr const char *kLiveCheckSite = "DeviceMemory::check_live_free";
+}  // namespace
+
 uint64_t default_reserve_bytes(uint64_t total_bytes) {
   constexpr uint64_t kFloor = 64ull << 20;
   return std::max(kFloor, total_bytes / 20);
@@ -108,7 +113,7 @@ RhiStatus DeviceMemory::check_live_free(uint64_t size_bytes, MemoryCategory cate
   f.category = category;
   f.requested_bytes = size_bytes;
   f.device = device_.name();
-  f.site = "DeviceMemory::check_live_free";
+  f.site = kLiveCheckSite;
   f.has_memory = true;
   f.memory.free_bytes = info.free_bytes;
   f.memory.total_bytes = info.total_bytes;
@@ -245,10 +250,19 @@ RhiStatus DeviceMemory::check_live_with_eviction(uint64_t growth_bytes, MemoryCa
     live = check_live_free(growth_bytes, category);
   }
   if (live) return {};
-  live_refusals_.fetch_add(live.error().result == RhiResult::out_of_memory,
-                           std::memory_order_relaxed);
   live.error().requested_bytes = requested_bytes;
   return live;
+}
+
+std::unique_lock<std::mutex> DeviceMemory::serialize_growth() {
+  return live_check_ ? std::unique_lock<std::mutex>(growth_mutex_) : std::unique_lock<std::mutex>();
+}
+
+RhiExpected<DeviceAllocation> DeviceMemory::checked_allocate_block(const AllocRequest &request,
+                                                                   uint64_t class_bytes) {
+  const auto growing = serialize_growth();
+  KILN_RETURN_IF_ERROR(check_live_with_eviction(class_bytes, request.category, request.size_bytes));
+  return allocate_block(request, class_bytes);
 }
 
 RhiExpected<DeviceAllocation> DeviceMemory::grow_one(const AllocRequest &request) {
@@ -260,8 +274,7 @@ RhiExpected<DeviceAllocation> DeviceMemory::grow_one(const AllocRequest &request
     reservation.error().requested_bytes = request.size_bytes;
     return std::unexpected(std::move(reservation).error());
   }
-  KILN_RETURN_IF_ERROR(check_live_with_eviction(class_bytes, request.category, request.size_bytes));
-  KILN_ASSIGN_OR_RETURN(const DeviceAllocation block, allocate_block(request, class_bytes));
+  KILN_ASSIGN_OR_RETURN(const DeviceAllocation block, checked_allocate_block(request, class_bytes));
   reservation->commit();
   Cache *cache = bind_cache();
   std::lock_guard lock(mutex_);
@@ -302,13 +315,15 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate_locked_path(MemoryCategory 
   if (CategoryBytes in_use{}; refused_outright(class_of(request.size_bytes), in_use))
     return budget_refusal(request, in_use);
   auto block = grow_one(request);
-  if (block) return block;
-  annotate(block.error());
-  if (block.error().result != RhiResult::out_of_memory || !notify_observers(block.error()))
-    return block;
-  retries_.fetch_add(1, std::memory_order_relaxed);
-  block = grow_one(request);
-  if (!block) annotate(block.error());
+  if (!block) {
+    annotate(block.error());
+    if (block.error().result == RhiResult::out_of_memory && notify_observers(block.error())) {
+      retries_.fetch_add(1, std::memory_order_relaxed);
+      block = grow_one(request);
+      if (!block) annotate(block.error());
+    }
+  }
+  if (!block) count_refusal(block.error());
   return block;
 }
 
@@ -348,8 +363,10 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
   for (std::size_t i = 0; i < n; ++i)
     if (hit[i] == nullptr) {
       growth.push_back({requests[i].category, classes[i]});
-      growth_bytes += classes[i];
-      requested_bytes += requests[i].size_bytes;
+      growth_bytes += classes[i];  // the budget refuses a sum that wraps before it is used
+      requested_bytes = requests[i].size_bytes > UINT64_MAX - requested_bytes
+                            ? UINT64_MAX
+                            : requested_bytes + requests[i].size_bytes;
     }
   const std::size_t hits = n - growth.size();
   if (!growth.empty()) {
@@ -359,6 +376,7 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
       f.requested_bytes = requested_bytes;
       return fail(std::move(f));
     }
+    const auto growing = serialize_growth();  // held until every block is allocated
     if (auto live =
             check_live_with_eviction(growth_bytes, growth.front().category, requested_bytes);
         !live)
@@ -415,14 +433,24 @@ RhiStatus DeviceMemory::admit(std::span<const AllocRequest> requests) {
 RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_admitted(
     std::span<const AllocRequest> requests) {
   auto result = try_allocate_group(requests);
-  if (result) return result;
-  annotate(result.error());
-  if (result.error().result != RhiResult::out_of_memory || !notify_observers(result.error()))
-    return result;
-  retries_.fetch_add(1, std::memory_order_relaxed);
-  result = try_allocate_group(requests);
-  if (!result) annotate(result.error());
+  if (!result) {
+    annotate(result.error());
+    if (result.error().result == RhiResult::out_of_memory && notify_observers(result.error())) {
+      retries_.fetch_add(1, std::memory_order_relaxed);
+      result = try_allocate_group(requests);
+      if (!result) annotate(result.error());
+    }
+  }
+  if (!result) count_refusal(result.error());
   return result;
+}
+
+void DeviceMemory::count_refusal(const Failure &failure) {
+  if (failure.result != RhiResult::out_of_memory || failure.oom_source != OomSource::budget) return;
+  if (failure.site == kLiveCheckSite)
+    live_refusals_.fetch_add(1, std::memory_order_relaxed);
+  else
+    count(kBudgetRefusals);
 }
 
 // Stops another thread's fast path on `cache` for a scope (mutex_ held throughout), then trims
@@ -491,6 +519,7 @@ RhiStatus DeviceMemory::charge(MemoryCategory category, uint64_t size_bytes) {
   auto reservation = reserve_growth(std::span<const CategoryRequest>(&request, 1));
   if (!reservation) {
     annotate(reservation.error());
+    count_refusal(reservation.error());
     return std::unexpected(std::move(reservation).error());
   }
   reservation->commit();

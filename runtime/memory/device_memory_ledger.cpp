@@ -170,7 +170,7 @@ MemoryStats DeviceMemory::stats() const {
   s.live_refusals = live_refusals_.load();
   s.driver_ooms = driver_ooms_.load();
   s.retries = retries_.load();
-  s.ledger.refusals += counters[kBudgetRefusals];
+  s.ledger.refusals = counters[kBudgetRefusals];  // not the budget's: those include cured ones
   return s;
 }
 

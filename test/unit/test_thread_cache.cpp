@@ -1500,3 +1500,81 @@ TEST_CASE("a refusal evicts again while other threads re-cache the room an evict
   CHECK(memory->in_use_bytes() == mock.held_bytes());
   CHECK(mock.driver_oom_count() == 0);
 }
+
+// The live check and the driver call are one step per growing thread: two threads can no longer
+// both fit in the same free memory and leave the driver to refuse one of them.
+TEST_CASE("threads growing at once against live free memory never reach a driver refusal",
+          "[thread_cache][concurrency]") {
+  MockDevice mock(mock_options(64_MiB));
+  BudgetConfig config = cached(1_GiB);  // the budget never refuses: free memory does
+  config.caching = false;               // every allocation grows
+  auto created = DeviceMemory::create(mock, config);
+  REQUIRE(created);
+  auto &memory = *created;
+  std::atomic<int> driver_refusals{0}, other_failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t)
+    threads.emplace_back([&, t] {
+      constexpr std::array<uint64_t, 3> kSizes{12_MiB, 16_MiB, 20_MiB};
+      std::vector<DeviceAllocation> held;
+      for (int i = 0; i < 100000; ++i) {
+        auto a = memory->allocate(MemoryCategory::ndarray, kSizes[(i + t) % kSizes.size()]);
+        if (a) held.push_back(*a);
+        else if (a.error().oom_source == OomSource::driver) ++driver_refusals;
+        else if (a.error().oom_source != OomSource::budget) ++other_failures;
+        if (held.size() == 2 || !a) {
+          for (const DeviceAllocation &b : held) other_failures += !memory->free(b);
+          held.clear();
+        }
+      }
+      for (const DeviceAllocation &b : held) other_failures += !memory->free(b);
+    });
+  for (std::thread &t : threads) t.join();
+  CHECK(driver_refusals == 0);
+  CHECK(other_failures == 0);
+  CHECK(mock.driver_oom_count() == 0);
+  memory->release_cached();
+  CHECK(memory->in_use_bytes() == 0);
+  CHECK(mock.held_bytes() == 0);
+}
+
+// stats() counts the refusals a caller gets, not the budget's answers that a retry cured.
+TEST_CASE("refusals that eviction or an observer cured are not counted as refusals",
+          "[thread_cache]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(16_MiB));
+  // 12 MiB cached (8 MiB blocks have no thread-cache bin: the shared pool keeps them).
+  auto a = memory->allocate(MemoryCategory::ndarray, 12_MiB);
+  REQUIRE(a);
+  REQUIRE(memory->free(*a));
+  REQUIRE(memory->stats().cached_bytes == 12_MiB);
+
+  // 8 MiB fits once the cache is evicted: one retry, no refusal.
+  auto cured = memory->allocate(MemoryCategory::staging, 8_MiB);
+  REQUIRE(cured);
+  MemoryStats s = memory->stats();
+  CHECK(s.retries == 1);
+  CHECK(s.ledger.refusals == 0);
+
+  // An observer that frees the 8 MiB: the 12 MiB request then fits on its retry.
+  std::optional<DeviceAllocation> held = *cured;
+  const uint64_t id = memory->add_oom_observer([&](const kiln::Failure &) {
+    if (held) (void)memory->free(*std::exchange(held, std::nullopt));
+  });
+  auto blocked = memory->charge(MemoryCategory::code_object, 4_MiB);  // 12 MiB held now
+  REQUIRE(blocked);
+  auto after_observer = memory->allocate(MemoryCategory::ndarray, 12_MiB);
+  REQUIRE(after_observer);
+  s = memory->stats();
+  CHECK(s.ledger.refusals == 0);
+
+  // A refusal the caller gets is counted once.
+  REQUIRE(memory->remove_oom_observer(id));
+  auto refused = memory->allocate(MemoryCategory::ndarray, 8_MiB);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().oom_source == OomSource::budget);
+  CHECK(memory->stats().ledger.refusals == 1);
+  CHECK(memory->stats().live_refusals == 0);
+  REQUIRE(memory->free(*after_observer));
+  memory->uncharge(MemoryCategory::code_object, 4_MiB);
+}

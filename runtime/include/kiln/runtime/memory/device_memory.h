@@ -51,7 +51,9 @@ struct AllocRequest {
 
 /// Counters and bytes for one device (a snapshot). `get_*`-cheap: no device call.
 struct MemoryStats {
-  LedgerStats ledger;           ///< current/peak bytes per category, limit, budget refusals
+  /// Current/peak bytes per category, the limit, and budget refusals returned to callers (a
+  /// refusal that eviction or an observer cured, and then succeeded, does not count).
+  LedgerStats ledger;
   uint64_t reserve_bytes = 0;   ///< headroom kept free on the device
   uint64_t allocations = 0;     ///< successful allocations (cache hits included)
   uint64_t frees = 0;
@@ -61,7 +63,7 @@ struct MemoryStats {
   uint64_t cached_blocks = 0;
   uint64_t evictions = 0;       ///< cached blocks given back to the device under pressure
   uint64_t live_checks = 0;     ///< live free-memory queries made
-  uint64_t live_refusals = 0;   ///< refusals because live free memory was short
+  uint64_t live_refusals = 0;   ///< refusals by live free memory returned to callers
   uint64_t driver_ooms = 0;     ///< out_of_memory answers from the driver
   uint64_t retries = 0;         ///< allocations retried after evicting the cache or an observer
 };
@@ -268,6 +270,12 @@ class DeviceMemory {
   [[nodiscard]] RhiExpected<std::vector<DeviceAllocation>> try_allocate_group(
       std::span<const AllocRequest> requests);
   [[nodiscard]] RhiExpected<DeviceAllocation> grow_one(const AllocRequest &request);
+  /// With the live check on, one growing thread at a time from the device's answer to the
+  /// driver's (else two could both fit in the same free memory); an empty lock otherwise.
+  [[nodiscard]] std::unique_lock<std::mutex> serialize_growth();
+  /// The live check, then the driver allocation, under serialize_growth.
+  [[nodiscard]] RhiExpected<DeviceAllocation> checked_allocate_block(const AllocRequest &request,
+                                                                     uint64_t class_bytes);
   [[nodiscard]] RhiStatus check_live_with_eviction(uint64_t growth_bytes, MemoryCategory category,
                                                    uint64_t requested_bytes);
   [[nodiscard]] RhiStatus check_fault_plan(std::span<const AllocRequest> requests);
@@ -295,6 +303,9 @@ class DeviceMemory {
   [[nodiscard]] RhiExpected<DeviceAllocation> allocate_block(const AllocRequest &request,
                                                              uint64_t class_bytes);
   bool notify_observers(const Failure &failure);
+  /// Counts a refusal by the budget or by live free memory that is returned to the caller (one
+  /// a retry cured is not a refusal).
+  void count_refusal(const Failure &failure);
 
   // Under mutex_.
   [[nodiscard]] Cache *my_cache_locked();
@@ -339,6 +350,7 @@ class DeviceMemory {
   const bool asymmetric_barrier_;  // membarrier(2) works: the fast path may open
   // caching_ && asymmetric_barrier_ && no fault plan armed.
   std::atomic<bool> fast_path_{false};
+  std::mutex growth_mutex_;   // serialize_growth; taken before evict_mutex_ and mutex_
   std::mutex evict_mutex_;    // one eviction at a time, from draining to the ledger's release
   // Guards everything below it up to the counters. The ledger view (moves_, the caches' grants
   // and headroom, the cache list) is also read without it, under its sequence number.
@@ -376,7 +388,7 @@ class DeviceMemory {
     kCacheHits,
     kLiveChecks,
     kLockFreeHits,
-    kBudgetRefusals,  // by refused_outright; the budget counts those it refuses itself
+    kBudgetRefusals,  // budget refusals returned to the caller (stats().ledger.refusals)
     kNumCounters
   };
   void count(Counter counter, uint64_t n = 1);
