@@ -45,6 +45,18 @@ inline std::unique_ptr<runtime::DeviceMemory> make_memory(MockDevice &mock,
   return std::move(*memory);
 }
 
+/// Whether this build runs under AddressSanitizer or ThreadSanitizer: thread creation and every
+/// memory access are many times slower there (AddressSanitizer also poisons the shadow of every
+/// MiB-sized block the mock allocates), so stress tests do fewer rounds.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
+/// `full` rounds of a stress loop, or a two-hundredth of them under a sanitizer.
+inline constexpr int stress_rounds(int full) { return kSanitized ? full / 200 : full; }
+
 /// The bytes `memory` holds in `category` now.
 inline uint64_t charged(runtime::DeviceMemory &memory, MemoryCategory category) {
   return memory.in_use_by_category()[static_cast<std::size_t>(category)];

@@ -1436,7 +1436,7 @@ TEST_CASE("the ledger view read without a lock while threads come and go stays w
   std::vector<std::thread> churners;
   for (int c = 0; c < kChurners; ++c)
     churners.emplace_back([&] {
-      for (int generation = 0; generation < 1000; ++generation)
+      for (int generation = 0; generation < stress_rounds(1000); ++generation)
         std::thread([&] { failures += fill_and_free(*memory, asks, 20); }).join();
       ++finished;
     });
@@ -1486,7 +1486,7 @@ TEST_CASE("a refusal evicts again while other threads re-cache the room an evict
   });
   // This thread: up to 12 MiB live, so live bytes stay within the 24 MiB limit.
   constexpr std::array<uint64_t, 3> kSizes{8_MiB, 10_MiB, 12_MiB};
-  for (int i = 0; i < 100000; ++i) {
+  for (int i = 0; i < stress_rounds(100000); ++i) {
     auto a = memory->allocate(MemoryCategory::ndarray, kSizes[i % kSizes.size()]);
     if (!a) {
       ++refusals;
@@ -1517,7 +1517,7 @@ TEST_CASE("threads growing at once against live free memory never reach a driver
     threads.emplace_back([&, t] {
       constexpr std::array<uint64_t, 3> kSizes{12_MiB, 16_MiB, 20_MiB};
       std::vector<DeviceAllocation> held;
-      for (int i = 0; i < 100000; ++i) {
+      for (int i = 0; i < stress_rounds(100000); ++i) {
         auto a = memory->allocate(MemoryCategory::ndarray, kSizes[(i + t) % kSizes.size()]);
         if (a) held.push_back(*a);
         else if (a.error().oom_source == OomSource::driver) ++driver_refusals;
