@@ -283,6 +283,21 @@ RhiExpected<DeviceAllocation> DeviceMemory::grow_one(const AllocRequest &request
   return block;
 }
 
+template <class Attempt>
+auto DeviceMemory::with_observer_retry(Attempt attempt) -> decltype(attempt()) {
+  auto result = attempt();
+  if (!result) {
+    annotate(result.error());
+    if (result.error().result == RhiResult::out_of_memory && notify_observers(result.error())) {
+      retries_.fetch_add(1, std::memory_order_relaxed);
+      result = attempt();
+      if (!result) annotate(result.error());
+    }
+  }
+  if (!result) count_refusal(result.error());
+  return result;
+}
+
 RhiExpected<DeviceAllocation> DeviceMemory::allocate_locked_path(MemoryCategory category,
                                                                  uint64_t size_bytes,
                                                                  bool zero_fill) {
@@ -314,17 +329,7 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate_locked_path(MemoryCategory 
   }
   if (CategoryBytes in_use{}; refused_outright(class_of(request.size_bytes), in_use))
     return budget_refusal(request, in_use);
-  auto block = grow_one(request);
-  if (!block) {
-    annotate(block.error());
-    if (block.error().result == RhiResult::out_of_memory && notify_observers(block.error())) {
-      retries_.fetch_add(1, std::memory_order_relaxed);
-      block = grow_one(request);
-      if (!block) annotate(block.error());
-    }
-  }
-  if (!block) count_refusal(block.error());
-  return block;
+  return with_observer_retry([&] { return grow_one(request); });
 }
 
 RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
@@ -432,17 +437,7 @@ RhiStatus DeviceMemory::admit(std::span<const AllocRequest> requests) {
 
 RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_admitted(
     std::span<const AllocRequest> requests) {
-  auto result = try_allocate_group(requests);
-  if (!result) {
-    annotate(result.error());
-    if (result.error().result == RhiResult::out_of_memory && notify_observers(result.error())) {
-      retries_.fetch_add(1, std::memory_order_relaxed);
-      result = try_allocate_group(requests);
-      if (!result) annotate(result.error());
-    }
-  }
-  if (!result) count_refusal(result.error());
-  return result;
+  return with_observer_retry([&] { return try_allocate_group(requests); });
 }
 
 void DeviceMemory::count_refusal(const Failure &failure) {

@@ -303,6 +303,10 @@ class DeviceMemory {
   [[nodiscard]] RhiExpected<DeviceAllocation> allocate_block(const AllocRequest &request,
                                                              uint64_t class_bytes);
   bool notify_observers(const Failure &failure);
+  /// Runs `attempt`; an out-of-memory failure goes to the observers and, if they freed memory,
+  /// `attempt` runs once more. The failure returned is annotated and counted (count_refusal).
+  template <class Attempt>
+  auto with_observer_retry(Attempt attempt) -> decltype(attempt());
   /// Counts a refusal by the budget or by live free memory that is returned to the caller (one
   /// a retry cured is not a refusal).
   void count_refusal(const Failure &failure);
