@@ -51,10 +51,7 @@ RhiExpected<std::unique_ptr<DeviceMemory>> DeviceMemory::create(LlvmDevice &devi
 
 MemorySnapshot DeviceMemory::snapshot() {
   MemorySnapshot m;
-  if (auto info = device_.memory_info()) {
-    m.free_bytes = info->free_bytes;
-    m.total_bytes = info->total_bytes;
-  }
+  fill_live_figures(m, false);
   m.limit_bytes = budget_.limit_bytes();
   m.in_use_bytes = in_use_by_category();
   return m;
@@ -84,12 +81,18 @@ void DeviceMemory::fill_live_figures(MemorySnapshot &memory, bool may_reuse) {
 }
 
 void DeviceMemory::annotate(Failure &failure) {
+  if (failure.result == RhiResult::out_of_memory)
+    fill_picture(failure, in_use_by_category());
+  else if (failure.device.empty())
+    failure.device = device_.name();
+}
+
+void DeviceMemory::fill_picture(Failure &failure, const CategoryBytes &in_use) {
   if (failure.device.empty()) failure.device = device_.name();
-  if (failure.result != RhiResult::out_of_memory) return;
   if (!failure.has_memory || failure.memory.total_bytes == 0)
     fill_live_figures(failure.memory, failure.oom_source == OomSource::budget);
   failure.memory.limit_bytes = budget_.limit_bytes();
-  failure.memory.in_use_bytes = in_use_by_category();
+  failure.memory.in_use_bytes = in_use;
   failure.has_memory = true;
 }
 
@@ -147,12 +150,8 @@ RhiExpected<DeviceAllocation> DeviceMemory::budget_refusal(const AllocRequest &r
   f.oom_source = OomSource::budget;
   f.category = request.category;
   f.requested_bytes = request.size_bytes;
-  f.device = device_.name();
   f.site = "MemoryBudget::reserve";
-  f.has_memory = true;
-  f.memory.limit_bytes = budget_.limit_bytes();
-  f.memory.in_use_bytes = in_use;
-  fill_live_figures(f.memory, true);
+  fill_picture(f, in_use);  // the view refused_outright took: not read twice
   count(kBudgetRefusals);
   return refused;
 }

@@ -378,6 +378,8 @@ class DeviceMemory {
   std::atomic<uint64_t> reading_free_bytes_{0}, reading_total_bytes_{0};
   std::atomic<int64_t> reading_time_ns_{-1};
   void fill_live_figures(MemorySnapshot &memory, bool may_reuse);
+  /// annotate's work for an out-of-memory failure, with the bytes held per category given.
+  void fill_picture(Failure &failure, const CategoryBytes &in_use);
   std::mutex observers_mutex_;
   std::vector<std::pair<uint64_t, OomObserver>> observers_;
   std::atomic<std::size_t> observer_count_{0};  // lets a refusal skip the lock when 0
