@@ -30,6 +30,11 @@ uint64_t MockDevice::other_process_bytes() {
 
 RhiExpected<Device::MemoryInfo> MockDevice::memory_info() {
   memory_info_count_.fetch_add(1);
+  if (fail_memory_info_.load(std::memory_order_relaxed)) [[unlikely]] {
+    Failure f = failure(RhiResult::error, "MockDevice::memory_info", "the query failed");
+    f.driver_status = "MOCK_ERROR_UNKNOWN";
+    return std::unexpected(std::move(f));
+  }
   const uint64_t used = held_bytes_.load() + other_process_bytes();
   return MemoryInfo{used >= capacity_bytes_ ? 0 : capacity_bytes_ - used, capacity_bytes_};
 }

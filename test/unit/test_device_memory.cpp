@@ -514,3 +514,38 @@ TEST_CASE("a driver refusal reads the device now, not a budget refusal's reading
   CHECK(refused.error().memory.free_bytes == 64_MiB);
   CHECK(refused.error().memory.live_age_ms == 0);
 }
+
+// When the device cannot say how much memory it has free, a refusal still names what kiln
+// knows (limit, bytes held per category), and the live check refuses growth it cannot check.
+TEST_CASE("a failing device query: the budget refusal keeps its picture, growth is refused",
+          "[device_memory][live]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, fixed_limit(10_MiB));
+  auto held = memory->allocate(MemoryCategory::ndarray, 4_MiB);
+  REQUIRE(held);
+  mock.fail_memory_info(true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // no reading of this tick left
+
+  auto refused = memory->allocate(MemoryCategory::ndarray, 20_MiB);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().oom_source == OomSource::budget);
+  CHECK(refused.error().has_memory);
+  CHECK(refused.error().memory.total_bytes == 0);  // unknown, not made up
+  CHECK(refused.error().memory.limit_bytes == 10_MiB);
+  CHECK(refused.error().memory.in_use_total_bytes() == 4_MiB);
+  CHECK_THAT(refused.error().message(), Catch::Contains("budget"));
+
+  auto grow = memory->allocate(MemoryCategory::ndarray, 2_MiB);  // fits the budget: asks
+  REQUIRE_FALSE(grow);
+  CHECK(grow.error().result == RhiResult::error);
+  CHECK(std::string(grow.error().driver_status) == "MOCK_ERROR_UNKNOWN");
+  CHECK(memory->in_use_bytes() == 4_MiB);  // nothing held for it
+
+  mock.fail_memory_info(false);
+  auto fine = memory->allocate(MemoryCategory::ndarray, 2_MiB);
+  REQUIRE(fine);
+  REQUIRE(memory->free(*fine));
+  REQUIRE(memory->free(*held));
+  CHECK(memory->in_use_bytes() == 0);
+  CHECK(mock.held_bytes() == 0);
+}

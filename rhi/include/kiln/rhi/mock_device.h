@@ -29,6 +29,9 @@ class MockDevice final : public HostMemoryDevice {
 
   /// Sets other processes' usage directly (replaces the script).
   void set_other_process_bytes(uint64_t bytes);
+  /// While true, memory_info() fails (RhiResult::error, driver status MOCK_ERROR_UNKNOWN), as a
+  /// driver whose query breaks; it is still counted.
+  void fail_memory_info(bool fail) { fail_memory_info_.store(fail); }
   /// Bytes the driver holds for kiln now, and the most it ever held at once.
   [[nodiscard]] uint64_t held_bytes() const { return held_bytes_.load(); }
   [[nodiscard]] uint64_t high_water_bytes() const { return high_water_bytes_.load(); }
@@ -55,6 +58,7 @@ class MockDevice final : public HostMemoryDevice {
   std::atomic<uint64_t> memory_info_count_{0};
   std::atomic<uint64_t> current_other_bytes_{0};
   std::atomic<bool> script_done_{false};  // the script has no value left to hand out
+  std::atomic<bool> fail_memory_info_{false};
 };
 
 }  // namespace kiln
