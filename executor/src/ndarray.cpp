@@ -21,29 +21,38 @@ std::string describe_array(DataType dtype, std::span<const int64_t> shape) {
 }
 
 RhiExpected<ShapeInfo> compute_shape_info(DataType dtype, std::span<const int64_t> shape) {
+  if (!is_valid(dtype))
+    return std::unexpected(invalid_usage(
+        "kiln", "compute_shape_info",
+        fmt::format("dtype value {} is not a kiln dtype (f32, f64, i32, i64)",
+                    static_cast<int>(dtype))));
+  if (shape.size() > kMaxDimensions)
+    return std::unexpected(invalid_usage(
+        "kiln", "compute_shape_info",
+        fmt::format("shape has {} dimensions; kiln arrays have at most {} (numpy's limit)",
+                    shape.size(), kMaxDimensions)));
   ShapeInfo info;
-  info.num_elements = 1;
   for (int64_t dim : shape) {
     if (dim < 0)
       return std::unexpected(invalid_usage(
           "kiln", "compute_shape_info",
           fmt::format("shape {} has a negative dimension", describe_array(dtype, shape))));
   }
-  // A zero dimension makes a zero-size array whatever the others are: no product can overflow.
-  const bool zero_size = std::find(shape.begin(), shape.end(), 0) != shape.end();
+  // numpy's rule: the byte count of the non-zero dimensions must fit in int64, zero-size or not,
+  // so that every kiln array has a numpy twin (to_numpy, np.asarray).
+  uint64_t nonzero_bytes = itemsize(dtype);
   bool overflow = false;
-  if (zero_size) {
-    info.num_elements = 0;
-  } else {
-    for (int64_t dim : shape)
-      overflow |= __builtin_mul_overflow(info.num_elements, static_cast<uint64_t>(dim), &info.num_elements);
-  }
-  overflow |= __builtin_mul_overflow(info.num_elements, itemsize(dtype), &info.size_bytes);
-  if (overflow || info.num_elements > static_cast<uint64_t>(INT64_MAX))
+  for (int64_t dim : shape)
+    if (dim != 0) overflow |= __builtin_mul_overflow(nonzero_bytes, static_cast<uint64_t>(dim), &nonzero_bytes);
+  if (overflow || nonzero_bytes > static_cast<uint64_t>(INT64_MAX))
     return std::unexpected(invalid_usage(
         "kiln", "compute_shape_info",
-        fmt::format("shape {} overflows: its byte count does not fit in 64 bits",
+        fmt::format("shape {} overflows: the byte count of its non-zero dimensions does not fit "
+                    "in int64 (numpy's limit, also for zero-size arrays)",
                     describe_array(dtype, shape))));
+  const bool zero_size = std::find(shape.begin(), shape.end(), 0) != shape.end();
+  info.size_bytes = zero_size ? 0 : nonzero_bytes;
+  info.num_elements = info.size_bytes / itemsize(dtype);
   // Row-major strides in elements; a zero-size array's strides treat 0 as 1 and saturate to 0
   // where that product would overflow (they address nothing).
   info.strides.assign(shape.size(), 1);

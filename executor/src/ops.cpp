@@ -105,20 +105,32 @@ RhiExpected<Scalar> LlvmRuntimeExecutor::reduce_sum(const Ndarray &x) {
   return sum;
 }
 
+RhiExpected<std::array<int64_t, 2>> LlvmRuntimeExecutor::matmul_output_shape(const Ndarray &a,
+                                                                             const Ndarray &b) const {
+  for (const Ndarray *m : {&a, &b}) KILN_RETURN_IF_ERROR(check_usable("matmul", *m));
+  const auto bad = [&](std::string_view why) {
+    return std::unexpected(invalid_usage(
+        device().name(), "matmul", fmt::format("matmul {} @ {}: {}", a.describe(), b.describe(), why)));
+  };
+  if (a.shape().size() != 2 || b.shape().size() != 2) return bad("operands must be 2-D");
+  if (a.dtype() != b.dtype()) return bad("operands must share a dtype");
+  if (b.shape()[0] != a.shape()[1]) return bad("shapes do not agree (need (m,k) @ (k,n) -> (m,n))");
+  return std::array<int64_t, 2>{a.shape()[0], b.shape()[1]};
+}
+
 RhiStatus LlvmRuntimeExecutor::matmul(const Ndarray &c, const Ndarray &a, const Ndarray &b) {
-  for (const Ndarray *m : {&c, &a, &b}) KILN_RETURN_IF_ERROR(check_usable("matmul", *m));
+  KILN_RETURN_IF_ERROR(check_usable("matmul", c));
+  KILN_ASSIGN_OR_RETURN(const auto out_shape, matmul_output_shape(a, b));
   const auto bad = [&](std::string why) -> RhiStatus {
     return std::unexpected(invalid_usage(device().name(), "matmul",
                                          fmt::format("matmul {} = {} @ {}: {}", c.describe(),
                                                      a.describe(), b.describe(), why)));
   };
-  if (a.shape().size() != 2 || b.shape().size() != 2 || c.shape().size() != 2)
-    return bad("operands must be 2-D");
-  if (a.dtype() != b.dtype() || a.dtype() != c.dtype()) return bad("operands must share a dtype");
-  const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
-  if (b.shape()[0] != k || c.shape()[0] != m || c.shape()[1] != n)
-    return bad("shapes do not agree (need (m,k) @ (k,n) -> (m,n))");
+  if (c.dtype() != a.dtype()) return bad("the output must have the operands' dtype");
+  if (c.shape().size() != 2 || c.shape()[0] != out_shape[0] || c.shape()[1] != out_shape[1])
+    return bad("the output must be (m, n) for (m,k) @ (k,n)");
   if (c.same_as(a) || c.same_as(b)) return bad("the output must not be an operand");
+  const int64_t m = out_shape[0], k = a.shape()[1], n = out_shape[1];
   if (c.num_elements() == 0) return {};
   if (k == 0) return fill(c, Scalar{});
   LaunchSpec spec;

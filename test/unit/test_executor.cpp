@@ -292,16 +292,70 @@ TEST_CASE("launches use every core unless num_threads says otherwise", "[executo
   CHECK(make_executor(one)->worker_threads() == 1);
 }
 
-TEST_CASE("a zero dimension beside huge ones is a zero-size array, not an overflow", "[executor]") {
+TEST_CASE("a zero dimension beside large ones is a zero-size array, not an overflow", "[executor]") {
   auto ex = make_executor();
-  const int64_t shape[3] = {int64_t{1} << 40, int64_t{1} << 40, 0};
+  const int64_t shape[3] = {int64_t{1} << 20, int64_t{1} << 20, 0};
   auto a = ex->ndarray(DataType::f64, shape);
   REQUIRE(a);
   CHECK(a->nbytes() == 0);
-  const int64_t leading_zero[3] = {0, int64_t{1} << 40, int64_t{1} << 40};
+  const int64_t leading_zero[3] = {0, int64_t{1} << 20, int64_t{1} << 20};
   auto b = ex->ndarray(DataType::f64, leading_zero);
   REQUIRE(b);
   CHECK(b->num_elements() == 0);
+}
+
+TEST_CASE("a zero-size shape whose other dimensions overflow numpy's int64 is InvalidUsage",
+          "[executor][bad-input]") {
+  auto ex = make_executor();
+  const uint64_t allocations = ex->memory().stats().allocations;
+  const int64_t zero_and_huge[2] = {0, int64_t{1} << 62};  // 2**62 f32 elements: 2**64 bytes
+  auto a = ex->ndarray(DataType::f32, zero_and_huge);
+  REQUIRE_FALSE(a);
+  CHECK(kind_of(a.error()) == ErrorKind::invalid_usage);
+  CHECK_THAT(a.error().message(), Catch::Contains("non-zero dimensions"));
+  const int64_t huge_then_zero[3] = {int64_t{1} << 40, int64_t{1} << 40, 0};
+  CHECK_FALSE(ex->ndarray(DataType::f64, huge_then_zero));
+  CHECK(ex->memory().stats().allocations == allocations);
+}
+
+TEST_CASE("more than 32 dimensions is InvalidUsage; 32 are fine", "[executor][bad-input]") {
+  auto ex = make_executor();
+  const std::vector<int64_t> ones32(kMaxDimensions, 1), ones33(kMaxDimensions + 1, 1);
+  CHECK(ex->ndarray(DataType::i32, ones32));
+  auto too_many = ex->ndarray(DataType::i32, ones33);
+  REQUIRE_FALSE(too_many);
+  CHECK(kind_of(too_many.error()) == ErrorKind::invalid_usage);
+  CHECK_THAT(too_many.error().message(), Catch::Contains("at most 32"));
+}
+
+TEST_CASE("a dtype value outside DataType is InvalidUsage", "[executor][bad-input]") {
+  auto ex = make_executor();
+  const auto bogus = static_cast<DataType>(4);
+  CHECK_FALSE(is_valid(bogus));
+  auto a = ex->ndarray(bogus, kShape8);
+  REQUIRE_FALSE(a);
+  CHECK(kind_of(a.error()) == ErrorKind::invalid_usage);
+}
+
+TEST_CASE("matmul_output_shape checks a matmul whole before its output exists",
+          "[executor][bad-input]") {
+  auto ex = make_executor();
+  const int64_t s_tall[2] = {100000, 1}, s_wide[2] = {2, 100000}, s23[2] = {2, 3}, s34[2] = {3, 4};
+  Ndarray tall = value_or_throw(ex->ndarray(DataType::f32, s_tall));
+  Ndarray wide = value_or_throw(ex->ndarray(DataType::f32, s_wide));
+  Ndarray a = value_or_throw(ex->ndarray(DataType::f32, s23));
+  Ndarray b = value_or_throw(ex->ndarray(DataType::f32, s34));
+  Ndarray b64 = value_or_throw(ex->ndarray(DataType::f64, s34));
+  const uint64_t allocations = ex->memory().stats().allocations;
+  auto mismatched = ex->matmul_output_shape(tall, wide);  // (100000,1) @ (2,100000): k 1 vs 2
+  REQUIRE_FALSE(mismatched);
+  CHECK(kind_of(mismatched.error()) == ErrorKind::invalid_usage);
+  CHECK_FALSE(ex->matmul_output_shape(a, b64));                  // dtypes differ
+  CHECK_FALSE(ex->matmul_output_shape(a, value_or_throw(ex->ndarray(DataType::f32, kShape8))));
+  CHECK(ex->memory().stats().allocations == allocations + 1);  // only the 1-D operand above
+  auto ok = ex->matmul_output_shape(a, b);
+  REQUIRE(ok);
+  CHECK(*ok == std::array<int64_t, 2>{2, 4});
 }
 
 TEST_CASE("matmul into one of its own operands is InvalidUsage", "[executor][bad-input]") {

@@ -13,6 +13,12 @@ enum class DataType : uint8_t { f32, f64, i32, i64 };
 inline constexpr DataType kAllDataTypes[] = {DataType::f32, DataType::f64, DataType::i32,
                                              DataType::i64};
 
+/// Whether `dtype` is one of kAllDataTypes (a value cast from an integer may not be).
+[[nodiscard]] constexpr bool is_valid(DataType dtype) {
+  for (DataType d : kAllDataTypes)
+    if (d == dtype) return true;
+  return false;
+}
 /// Bytes per element.
 [[nodiscard]] constexpr uint64_t itemsize(DataType dtype) {
   return (dtype == DataType::f32 || dtype == DataType::i32) ? 4 : 8;

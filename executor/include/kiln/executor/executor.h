@@ -3,6 +3,7 @@
 #ifndef KILN_EXECUTOR_EXECUTOR_H_
 #define KILN_EXECUTOR_EXECUTOR_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -83,7 +84,12 @@ class LlvmRuntimeExecutor {
                                          const Ndarray &y);
   /// Sum of all elements (floating: accumulated in f64; integers: wrapping i64).
   [[nodiscard]] RhiExpected<Scalar> reduce_sum(const Ndarray &x);
-  /// c = a @ b for 2-D arrays: a (m, k), b (k, n), c (m, n), one dtype.
+  /// The shape (m, n) of a @ b for a (m, k) and b (k, n) of one dtype, both usable arrays of
+  /// this executor. Allocates nothing: callers check a matmul with it before they allocate its
+  /// output, so a usage mistake is never reported as out-of-memory. Errors: invalid_usage.
+  [[nodiscard]] RhiExpected<std::array<int64_t, 2>> matmul_output_shape(const Ndarray &a,
+                                                                        const Ndarray &b) const;
+  /// c = a @ b for 2-D arrays: a (m, k), b (k, n), c (m, n), one dtype; c is neither a nor b.
   [[nodiscard]] RhiStatus matmul(const Ndarray &c, const Ndarray &a, const Ndarray &b);
   /// The elements of x that are > 0, in order, as a new 1-D array. The kernel allocates its
   /// output from the device heap while it runs. Errors: out_of_memory with oom_source
@@ -98,13 +104,16 @@ class LlvmRuntimeExecutor {
   [[nodiscard]] Program &program() const { return *program_; }
   /// CPU threads a launch runs on (ExecutorConfig::num_threads, or all cores when 0).
   [[nodiscard]] unsigned worker_threads() const;
+  /// Whether `a` can be used by `op` here: not freed, not default-constructed, made by this
+  /// executor. Touches no memory; callers check with it before they allocate for a call.
+  /// Errors: invalid_usage.
+  [[nodiscard]] RhiStatus check_usable(const char *op, const Ndarray &a) const;
 
  private:
   LlvmRuntimeExecutor(ExecutorConfig config, std::shared_ptr<DeviceContext> context,
                       std::shared_ptr<Program> program);
   [[nodiscard]] RhiStatus init_runtime();
   [[nodiscard]] RhiStatus check_same(const char *op, const Ndarray &a, const Ndarray &b) const;
-  [[nodiscard]] RhiStatus check_usable(const char *op, const Ndarray &a) const;
 
   ExecutorConfig config_;
   std::shared_ptr<DeviceContext> context_;

@@ -25,8 +25,12 @@ struct ShapeInfo {
   uint64_t size_bytes = 0;
   std::vector<int64_t> strides;  ///< in elements, row-major
 };
-/// Errors: invalid_usage for a negative dimension, or when the element count or the byte count
-/// does not fit in 64 bits (never wraps to a small allocation). A zero dimension gives a
+/// The most dimensions an ndarray may have: numpy's limit (NPY_MAXDIMS on numpy 1.x), so that
+/// every kiln array has a numpy twin.
+inline constexpr std::size_t kMaxDimensions = 32;
+/// Errors: invalid_usage for a dtype value outside DataType, more than kMaxDimensions
+/// dimensions, a negative dimension, or when the byte count of the non-zero dimensions does not
+/// fit in int64 (numpy's rule; never wraps to a small allocation). A zero dimension gives a
 /// zero-size array: allowed, and it allocates nothing.
 [[nodiscard]] RhiExpected<ShapeInfo> compute_shape_info(DataType dtype, std::span<const int64_t> shape);
 /// "f32[2, 3]".
