@@ -2,12 +2,22 @@
 // locked path (FaultPlan) and by the thread caches (lock-free hits and disarmed requests).
 #include "kiln/runtime/memory/device_memory.h"
 
+#include <algorithm>
+
 namespace kiln::runtime {
 
 void RequestFaultPlan::fail_nth_allocation(uint64_t n) {
   std::lock_guard lock(settings_mutex_);
   fast_baseline_.store(memory_.cache_request_count(), std::memory_order_relaxed);
   plan_.fail_nth_allocation(n);
+  update_armed();
+}
+
+void RequestFaultPlan::fail_at_count(uint64_t count) {
+  std::lock_guard lock(settings_mutex_);
+  // allocation_count() = the plan's own count + the thread caches' requests since the baseline.
+  const uint64_t cached = memory_.cache_request_count() - fast_baseline_.load(std::memory_order_relaxed);
+  plan_.fail_at_count(count - std::min(count, cached));
   update_armed();
 }
 

@@ -549,3 +549,23 @@ TEST_CASE("a failing device query: the budget refusal keeps its picture, growth 
   CHECK(memory->in_use_bytes() == 0);
   CHECK(mock.held_bytes() == 0);
 }
+
+TEST_CASE("fail_at_count arms a count without resetting it, so nested plans count on",
+          "[device_memory][fault]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, fixed_limit(100_MiB));
+  memory->fault_plan().fail_nth_allocation(3);  // the outer plan: its 3rd request fails
+  auto first = memory->allocate(MemoryCategory::ndarray, 1_MiB);
+  REQUIRE(first);
+  memory->fault_plan().fail_at_count(memory->fault_plan().allocation_count() + 1);  // inner: next
+  auto second = memory->allocate(MemoryCategory::ndarray, 1_MiB);
+  REQUIRE_FALSE(second);
+  CHECK(memory->fault_plan().allocation_count() == 2);  // not reset by the inner plan
+  memory->fault_plan().fail_at_count(3);                // the outer plan again
+  auto third = memory->allocate(MemoryCategory::ndarray, 1_MiB);
+  REQUIRE_FALSE(third);
+  CHECK(memory->fault_plan().allocation_count() == 3);
+  auto fourth = memory->allocate(MemoryCategory::ndarray, 1_MiB);
+  CHECK(fourth);
+  memory->fault_plan().clear();
+}

@@ -20,6 +20,9 @@ class FaultPlan {
     allocations_.store(0, std::memory_order_relaxed);
     fail_at_.store(n, std::memory_order_relaxed);
   }
+  /// The allocation that brings allocation_count() to `count` fails; the count goes on (no
+  /// reset), so nested plans (kiln.testing.fail_allocation blocks) count consistently.
+  void fail_at_count(uint64_t count) { fail_at_.store(count, std::memory_order_relaxed); }
   /// Every allocation of at least `size_bytes` fails; kNever disarms.
   void fail_sizes_at_least(uint64_t size_bytes) { fail_size_.store(size_bytes, std::memory_order_relaxed); }
   void clear() {

@@ -117,6 +117,9 @@ class RequestFaultPlan {
   static constexpr uint64_t kNever = FaultPlan::kNever;
   /// The `n`-th request from now (1-based) fails; kNever disarms. Resets the count.
   void fail_nth_allocation(uint64_t n);
+  /// The request that brings allocation_count() to `count` fails; the count goes on (no reset),
+  /// so nested plans (kiln.testing.fail_allocation blocks) count consistently.
+  void fail_at_count(uint64_t count);
   /// Every request of at least `size_bytes` fails; kNever disarms.
   void fail_sizes_at_least(uint64_t size_bytes);
   void clear();
