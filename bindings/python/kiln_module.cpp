@@ -49,6 +49,10 @@ constexpr std::array kAllErrorKinds = {
 // The class of each ErrorKind, looked up once by error_name() in kiln._errors. Strong references
 // kept for the life of the process (never released: no Py_DECREF after the interpreter is gone).
 PyObject *g_error_classes[kAllErrorKinds.size()] = {};
+// kiln.InvalidTypeError (an InvalidUsageError that is also a TypeError) and kiln._errors._recast,
+// for invalid_usage failures whose cause is the type of an argument. Kept like the classes above.
+PyObject *g_invalid_type_class = nullptr;
+PyObject *g_recast = nullptr;
 
 void load_error_classes() {
   py::module_ errors = py::module_::import("kiln._errors");
@@ -56,6 +60,8 @@ void load_error_classes() {
     py::object cls = errors.attr(std::string(error_name(kind)).c_str());
     g_error_classes[static_cast<std::size_t>(kind)] = cls.release().ptr();
   }
+  g_invalid_type_class = py::object(errors.attr("InvalidTypeError")).release().ptr();
+  g_recast = py::object(errors.attr("_recast")).release().ptr();
 }
 
 py::dict category_bytes(const CategoryBytes &bytes) {
@@ -100,6 +106,23 @@ py::object make_exception(const Failure &failure) {
   raise_failure(invalid_usage(device, site, std::move(detail)));
 }
 
+/// Raises kiln.InvalidTypeError (InvalidUsageError and TypeError): an argument of `site` has a
+/// type it cannot use. `detail` names the argument, what it must be and what it got.
+[[noreturn]] void raise_invalid_type(const char *site, std::string detail) {
+  py::object exc = make_exception(invalid_usage("kiln", site, std::move(detail)));
+  py::object typed = py::handle(g_recast)(py::handle(g_invalid_type_class), exc);
+  PyErr_SetObject(g_invalid_type_class, typed.ptr());
+  throw py::error_already_set();
+}
+
+/// "int", "numpy.ndarray": the type of `value` as a message names it.
+std::string type_name(py::handle value) {
+  py::handle type = py::type::handle_of(value);
+  const std::string module = py::str(type.attr("__module__"));
+  const std::string name = py::str(type.attr("__qualname__"));
+  return module == "builtins" ? name : module + "." + name;
+}
+
 void check(const RhiStatus &status) {
   if (!status) raise_failure(status.error());
 }
@@ -125,6 +148,14 @@ T check(RhiExpected<T> expected) {
 
 std::shared_ptr<LlvmRuntimeExecutor> g_executor;  // guarded by the GIL
 std::vector<uint64_t> g_observer_ids;              // observers added from Python to g_executor
+/// The open kiln.testing.fail_allocation blocks, innermost last: the FaultPlan count at which
+/// each one's `at`-th allocation fails. Guarded by the GIL; cleared when the executor is replaced.
+struct FaultBlock {
+  uint64_t start_count;  // the plan's count when the block began
+  uint64_t fail_at;      // the count whose allocation fails
+};
+std::vector<FaultBlock> g_fault_blocks;
+
 
 /// Replaces the global executor. The old one's Python observers are removed first: its device
 /// may live on (arrays keep it), and an observer that refers to such an array would otherwise
@@ -133,6 +164,7 @@ void replace_executor(std::shared_ptr<LlvmRuntimeExecutor> fresh) {
   if (g_executor)
     for (uint64_t id : g_observer_ids) (void)g_executor->memory().remove_oom_observer(id);
   g_observer_ids.clear();
+  g_fault_blocks.clear();  // they armed the old executor's plan
   g_executor = std::move(fresh);
 }
 thread_local int t_in_observer = 0;                // > 0 while an OOM observer runs on this thread
@@ -150,18 +182,29 @@ void check_not_in_observer(const char *site) {
 
 std::shared_ptr<LlvmRuntimeExecutor> executor();
 
-uint64_t to_bytes(py::handle value, const char *name) {
-  if (PyBool_Check(value.ptr()) || !PyIndex_Check(value.ptr()))
-    raise_invalid_usage("kiln", "init",
-                        fmt::format("{} must be a non-negative int, got {}", name,
-                                    std::string(py::repr(value))));
+/// Whether `value` is an integer kiln takes: anything with __index__ (int, numpy integers)
+/// except bool and kiln.dtype (an enum with __index__).
+bool is_integer(py::handle value) {
+  if (py::isinstance<py::array>(value)) {  // numpy arrays have __index__, only 0-d integer ones work
+    const auto arr = py::reinterpret_borrow<py::array>(value);
+    return arr.ndim() == 0 && (arr.dtype().kind() == 'i' || arr.dtype().kind() == 'u');
+  }
+  return PyIndex_Check(value.ptr()) && !PyBool_Check(value.ptr()) && !py::isinstance<DataType>(value);
+}
+
+/// `value` as a uint64 in [0, 2**63-1] (an int, numpy integer or other __index__ object).
+/// Errors: InvalidTypeError (not an integer, or a bool), InvalidUsageError (out of range).
+uint64_t to_bytes(py::handle value, const char *name, const char *site = "init") {
+  if (!is_integer(value))
+    raise_invalid_type(site, fmt::format("{}: {} must be a non-negative int, got {} {}", site, name,
+                                         type_name(value), std::string(py::repr(value))));
   py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(value.ptr()));
   if (!i) throw py::error_already_set();
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
   if (overflow != 0 || v < 0)
-    raise_invalid_usage("kiln", "init",
-                        fmt::format("{} must be between 0 and 2**63-1, got {}", name,
+    raise_invalid_usage("kiln", site,
+                        fmt::format("{}: {} must be between 0 and 2**63-1, got {}", site, name,
                                     std::string(py::str(i))));
   return static_cast<uint64_t>(v);
 }
@@ -171,25 +214,43 @@ std::optional<uint64_t> to_optional_bytes(const py::object &value, const char *n
   return to_bytes(value, name);
 }
 
-void init(const std::string &arch, const py::object &budget_bytes, const py::object &reserve_bytes,
-          bool live_check, bool caching, const py::object &device_heap_bytes,
+/// A flag: True or False (or a numpy bool). None and ints are refused rather than read as
+/// False. Errors: InvalidTypeError.
+bool to_flag(py::handle value, const char *name, const char *site) {
+  if (PyBool_Check(value.ptr())) return value.ptr() == Py_True;
+  if (py::isinstance(value, py::module_::import("numpy").attr("bool_"))) return PyObject_IsTrue(value.ptr()) == 1;
+  raise_invalid_type(site, fmt::format("{}: {} must be True or False, got {} {}", site, name,
+                                       type_name(value), std::string(py::repr(value))));
+}
+
+void init(py::handle arch, const py::object &budget_bytes, const py::object &reserve_bytes,
+          py::handle live_check, py::handle caching, const py::object &device_heap_bytes,
           const py::object &mock_capacity_bytes, const py::object &mock_other_process_bytes,
           const py::object &num_threads, const py::object &fault_at,
           const py::object &fail_sizes_at_least) {
   check_not_in_observer("init");
+  if (!py::isinstance<py::str>(arch))
+    raise_invalid_type("init", fmt::format("init: arch must be a str (\"cpu\", \"mock\", \"cuda\" "
+                                           "or \"amdgpu\"), got {} {}",
+                                           type_name(arch), std::string(py::repr(arch))));
   ExecutorConfig config;
-  config.backend = check(parse_backend(arch));
+  config.backend = check(parse_backend(arch.cast<std::string>()));
   config.budget.limit_bytes = to_optional_bytes(budget_bytes, "budget_bytes");
   config.budget.reserve_bytes = to_optional_bytes(reserve_bytes, "reserve_bytes");
-  config.budget.live_check = live_check;
-  config.budget.caching = caching;
+  config.budget.live_check = to_flag(live_check, "live_check", "init");
+  config.budget.caching = to_flag(caching, "caching", "init");
   if (auto heap = to_optional_bytes(device_heap_bytes, "device_heap_bytes")) config.device_heap_bytes = *heap;
   if (auto cap = to_optional_bytes(mock_capacity_bytes, "mock_capacity_bytes")) config.mock.capacity_bytes = *cap;
   if (!mock_other_process_bytes.is_none()) {
-    if (PyIndex_Check(mock_other_process_bytes.ptr())) {
+    if (is_integer(mock_other_process_bytes)) {
       config.mock.other_process_bytes_script = {to_bytes(mock_other_process_bytes, "mock_other_process_bytes")};
     } else {
-      for (py::handle item : py::iter(mock_other_process_bytes))
+      if (!py::isinstance<py::list>(mock_other_process_bytes) && !py::isinstance<py::tuple>(mock_other_process_bytes))
+        raise_invalid_type("init", fmt::format("init: mock_other_process_bytes must be an int or a "
+                                               "list of ints, got {} {}",
+                                               type_name(mock_other_process_bytes),
+                                               std::string(py::repr(mock_other_process_bytes))));
+      for (py::handle item : mock_other_process_bytes)
         config.mock.other_process_bytes_script.push_back(to_bytes(item, "mock_other_process_bytes"));
     }
   }
@@ -213,7 +274,7 @@ void init(const std::string &arch, const py::object &budget_bytes, const py::obj
 std::shared_ptr<LlvmRuntimeExecutor> executor() {
   if (!g_executor) {
     py::object none = py::none();
-    init("cpu", none, none, true, true, none, none, none, none, none, none);
+    init(py::str("cpu"), none, none, py::bool_(true), py::bool_(true), none, none, none, none, none, none);
   }
   return g_executor;
 }
@@ -305,21 +366,60 @@ auto launch(std::initializer_list<PyArray *> arrays, Fn &&fn) {
   return fn();
 }
 
-DataType to_dtype(py::handle value) {
-  if (py::isinstance<DataType>(value)) return value.cast<DataType>();
-  if (py::isinstance<py::str>(value)) return check(parse_dtype(value.cast<std::string>()));
-  raise_invalid_usage("kiln", "ndarray",
-                      fmt::format("dtype must be kiln.f32, f64, i32 or i64, got {}",
-                                  std::string(py::repr(value))));
+/// `value` as a kiln.ndarray of `site`'s argument `name`. Errors: InvalidTypeError when it is
+/// not one (a numpy array, a list, ...); InvalidUsageError for an instance made by
+/// kiln.ndarray.__new__ without __init__ (its memory was never set: reading it would read
+/// stray heap). Every binding reaches a PyArray through here.
+PyArray &as_array(py::handle value, const char *site, const char *name) {
+  if (!py::isinstance<PyArray>(value))
+    raise_invalid_type(site, fmt::format("{}: {} must be a kiln.ndarray, got {}{}", site, name,
+                                         type_name(value),
+                                         py::isinstance<py::array>(value)
+                                             ? " (make one with kiln.from_numpy)"
+                                             : ""));
+  auto *inst = reinterpret_cast<py::detail::instance *>(value.ptr());
+  py::detail::value_and_holder v_h =
+      inst->get_value_and_holder(py::detail::get_type_info(typeid(PyArray)));
+  if (!v_h || !v_h.holder_constructed())
+    raise_invalid_usage("kiln", site,
+                        fmt::format("{}: {} is an uninitialized kiln.ndarray (made by "
+                                    "kiln.ndarray.__new__ without __init__); make arrays with "
+                                    "kiln.ndarray(dtype, shape) or kiln.from_numpy",
+                                    site, name));
+  return *v_h.value_ptr<PyArray>();
 }
 
+/// A dtype argument: kiln.f32/f64/i32/i64 or their names. Errors: InvalidTypeError for other
+/// types (numpy dtypes included), InvalidUsageError for an unknown name or a kiln.dtype made
+/// from an integer that names no dtype.
+DataType to_dtype(py::handle value, const char *site = "ndarray") {
+  if (py::isinstance<DataType>(value)) {
+    const DataType d = value.cast<DataType>();
+    if (!is_valid(d))
+      raise_invalid_usage("kiln", site,
+                          fmt::format("{}: kiln.dtype value {} is not a kiln dtype (f32, f64, "
+                                      "i32, i64)",
+                                      site, static_cast<int>(d)));
+    return d;
+  }
+  if (py::isinstance<py::str>(value)) return check(parse_dtype(value.cast<std::string>()));
+  raise_invalid_type(site, fmt::format("{}: dtype must be kiln.f32, f64, i32 or i64, got {} {}",
+                                       site, type_name(value), std::string(py::repr(value))));
+}
+
+/// A shape argument: an int, or a list, tuple or 1-D integer numpy array of ints (numpy
+/// integers too). Errors: InvalidTypeError for other types (bytes, str, floats, bools, nested
+/// sequences), InvalidUsageError for a dimension beyond int64. Negative dimensions, more than
+/// 32 dimensions and sizes beyond numpy's are refused by compute_shape_info (InvalidUsageError).
 std::vector<int64_t> to_shape(py::handle value) {
   std::vector<int64_t> shape;
+  const auto wrong_type = [&] {
+    raise_invalid_type("ndarray", fmt::format("ndarray: shape must be an int or a sequence of ints, "
+                                              "got {} {}",
+                                              type_name(value), std::string(py::repr(value))));
+  };
   auto dim = [&](py::handle d) {
-    if (PyBool_Check(d.ptr()) || !PyIndex_Check(d.ptr()))
-      raise_invalid_usage("kiln", "ndarray",
-                          fmt::format("shape must be an int or a sequence of ints, got {}",
-                                      std::string(py::repr(value))));
+    if (!is_integer(d)) wrong_type();
     py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(d.ptr()));
     if (!i) throw py::error_already_set();
     int overflow = 0;
@@ -330,15 +430,27 @@ std::vector<int64_t> to_shape(py::handle value) {
                                       std::string(py::str(i)), std::string(py::repr(value))));
     shape.push_back(v);
   };
-  if (PyIndex_Check(value.ptr())) {
+  if (py::isinstance<py::array>(value)) {
+    const auto arr = py::reinterpret_borrow<py::array>(value);
+    if (arr.ndim() > 1 || (arr.size() != 0 && arr.dtype().kind() != 'i' && arr.dtype().kind() != 'u'))
+      wrong_type();
+    if (arr.ndim() == 0) {
+      dim(value);
+    } else {
+      for (py::handle d : value) dim(d);
+    }
+  } else if (is_integer(value)) {
     dim(value);
-  } else if (py::isinstance<py::sequence>(value) && !py::isinstance<py::str>(value)) {
-    for (py::handle d : py::reinterpret_borrow<py::sequence>(value)) dim(d);
+  } else if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+    for (py::handle d : value) dim(d);
   } else {
-    raise_invalid_usage("kiln", "ndarray",
-                        fmt::format("shape must be an int or a sequence of ints, got {}",
-                                    std::string(py::repr(value))));
+    wrong_type();  // bytes, str, None, floats, dicts, generators, ...
   }
+  if (shape.size() > kMaxDimensions)  // before anything is allocated or formatted per dimension
+    raise_invalid_usage("kiln", "ndarray",
+                        fmt::format("ndarray: shape has {} dimensions; kiln arrays have at most {} "
+                                    "(numpy's limit)",
+                                    shape.size(), kMaxDimensions));
   return shape;
 }
 
@@ -350,7 +462,8 @@ PyArray make_ndarray(py::handle dtype, py::handle shape) {
   return PyArray(check(ex->ndarray(dt, dims)), ex);
 }
 
-void free_array(PyArray &a) {
+void free_array(py::handle self) {
+  PyArray &a = as_array(self, "free", "self");
   if (a.busy > 0)
     raise_invalid_usage(a.device, "free",
                         fmt::format("ndarray {} is in use by an operation running now", a.description));
@@ -370,10 +483,16 @@ void free_array(PyArray &a) {
   a.dropped = true;
 }
 
-/// A contiguous, native-order numpy array of a kiln dtype made from `value` (copied only when
-/// needed). Errors: InvalidUsageError for other dtypes, HostOutOfMemoryError when a copy fails.
-std::pair<py::array, DataType> to_host_array(py::handle value, const char *site) {
+/// `value` as a numpy array of a kiln dtype, not copied yet (np.asarray for array-likes that are
+/// not numpy arrays), so that a call can be checked whole before any copy of a large input.
+/// Errors: InvalidUsageError for other dtypes (float16, bool, object, structured, ...),
+/// InvalidTypeError for masked arrays (their mask would be ignored).
+std::pair<py::array, DataType> host_input(py::handle value, const char *site) {
   py::module_ np = py::module_::import("numpy");
+  if (py::isinstance(value, np.attr("ma").attr("MaskedArray")))
+    raise_invalid_type(site, fmt::format("{}: a numpy masked array's mask would be ignored; pass "
+                                         "a.filled(value) or a.data",
+                                         site));
   py::array arr;
   if (py::isinstance<py::array>(value)) {
     arr = py::reinterpret_borrow<py::array>(value);
@@ -381,10 +500,11 @@ std::pair<py::array, DataType> to_host_array(py::handle value, const char *site)
     try {
       arr = np.attr("asarray")(value);
     } catch (py::error_already_set &e) {
+      if (e.matches(PyExc_MemoryError))
+        raise_host_oom("host", site, 0, "converting the input to a numpy array");
       raise_invalid_usage("kiln", site,
                           fmt::format("{} needs a numpy array (f32, f64, i32 or i64), got {}: {}",
-                                      site, std::string(py::str(py::type::of(value).attr("__name__"))),
-                                      e.what()));
+                                      site, type_name(value), e.what()));
     }
   }
   const py::dtype dt = arr.dtype();
@@ -400,24 +520,32 @@ std::pair<py::array, DataType> to_host_array(py::handle value, const char *site)
                         fmt::format("numpy dtype {} is not supported; kiln has f32, f64, i32, i64 "
                                     "(convert first, e.g. a.astype(numpy.float32))",
                                     std::string(py::str(static_cast<const py::handle &>(dt)))));
+  return {arr, *kiln_dtype};
+}
+
+/// `arr` (from host_input) in native byte order and C order, copied only when it is not so
+/// already. Errors: HostOutOfMemoryError when the copy cannot be had.
+py::array contiguous_host_array(py::array arr, const char *site) {
+  const py::dtype dt = arr.dtype();
   const uint64_t nbytes = static_cast<uint64_t>(arr.nbytes());
   try {
-    // Native byte order and C order, copying only when the input is not already so.
     if (!py::bool_(dt.attr("isnative")))
       arr = arr.attr("astype")(dt.attr("newbyteorder")("="));
-    if (!(arr.flags() & py::array::c_style)) arr = np.attr("ascontiguousarray")(arr);
+    if (!(arr.flags() & py::array::c_style))
+      arr = py::module_::import("numpy").attr("ascontiguousarray")(arr);
   } catch (py::error_already_set &e) {
     if (!e.matches(PyExc_MemoryError)) throw;
     raise_host_oom("host", site, nbytes, "copying the input to a contiguous host array");
   }
-  return {arr, *kiln_dtype};
+  return arr;
 }
 
 PyArray from_numpy(py::handle value) {
   check_not_in_observer("from_numpy");
-  auto [arr, dtype] = to_host_array(value, "from_numpy");
-  std::vector<int64_t> shape(arr.shape(), arr.shape() + arr.ndim());
+  auto [input, dtype] = host_input(value, "from_numpy");
+  const std::vector<int64_t> shape(input.shape(), input.shape() + input.ndim());
   auto ex = executor();
+  const py::array arr = contiguous_host_array(input, "from_numpy");
   PyArray out(check(ex->ndarray(dtype, shape)), ex);
   const auto *data = static_cast<const std::byte *>(arr.data());
   const std::span<const std::byte> bytes(data, static_cast<std::size_t>(arr.nbytes()));
@@ -425,9 +553,11 @@ PyArray from_numpy(py::handle value) {
   return out;
 }
 
-py::array to_numpy(PyArray &a) {
+py::array to_numpy(py::handle self) {
+  PyArray &a = as_array(self, "to_numpy", "self");
   const Ndarray &array = a.get("to_numpy");
   auto ex = executor();
+  check(ex->check_usable("to_numpy", array));  // before the host copy is allocated
   py::array out;
   try {
     out = py::array(numpy_dtype(array.dtype()), std::vector<py::ssize_t>(array.shape().begin(), array.shape().end()));
@@ -448,8 +578,13 @@ py::array to_numpy(PyArray &a) {
 int ndarray_getbuffer(PyObject *self, Py_buffer *view, int flags) {
   view->obj = nullptr;
   try {
-    PyArray &a = py::cast<PyArray &>(py::handle(self));
+    PyArray &a = as_array(self, "buffer", "self");
     const Ndarray &array = a.get("buffer");
+    // Always C-contiguous: a Fortran-order request can only be met by 0-d and 1-D arrays.
+    if ((flags & PyBUF_F_CONTIGUOUS) == PyBUF_F_CONTIGUOUS && a.view_shape.size() > 1) {
+      PyErr_SetString(PyExc_BufferError, "kiln.ndarray is C-contiguous, not Fortran-contiguous");
+      return -1;
+    }
     const std::optional<DeviceAllocation> alloc = check(array.allocation("buffer"));
     static char empty_buffer[1];
     void *data = empty_buffer;
@@ -471,8 +606,11 @@ int ndarray_getbuffer(PyObject *self, Py_buffer *view, int flags) {
     view->format = (flags & PyBUF_FORMAT) == PyBUF_FORMAT
                        ? const_cast<char *>(formats[static_cast<int>(array.dtype())].c_str())
                        : nullptr;
-    view->ndim = static_cast<int>(a.view_shape.size());
-    view->shape = (flags & PyBUF_ND) == PyBUF_ND ? a.view_shape.data() : nullptr;
+    // Without PyBUF_ND (PyBUF_SIMPLE: hashlib, file.write) the consumer gets plain contiguous
+    // bytes, no shape and ndim 0, as numpy gives them.
+    const bool nd = (flags & PyBUF_ND) == PyBUF_ND;
+    view->ndim = nd ? static_cast<int>(a.view_shape.size()) : 0;
+    view->shape = nd ? a.view_shape.data() : nullptr;
     view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? a.view_strides.data() : nullptr;
     view->suboffsets = nullptr;
     view->internal = nullptr;
@@ -489,7 +627,7 @@ int ndarray_getbuffer(PyObject *self, Py_buffer *view, int flags) {
 
 void ndarray_releasebuffer(PyObject *self, Py_buffer * /*view*/) {
   try {
-    --py::cast<PyArray &>(py::handle(self)).exports;
+    --as_array(self, "buffer", "self").exports;
   } catch (...) {
     PyErr_Clear();
   }
@@ -498,25 +636,38 @@ void ndarray_releasebuffer(PyObject *self, Py_buffer * /*view*/) {
 // ----------------------------------------------------------------------------------------------
 // Operations.
 
-/// A scalar operand for an array of `dtype`: floats for floating dtypes, ints (within the
-/// dtype's range) for integer ones. Errors: InvalidUsageError.
+/// A scalar operand for an array of `dtype`: real numbers (int, float, numpy scalars, 0-d
+/// arrays; nan and inf too) for floating dtypes, integers (within the dtype's range) for integer
+/// ones. Errors: InvalidTypeError for other types (complex, str, None, arrays of 1 or more
+/// dimensions, floats for an integer dtype), InvalidUsageError for a value out of range.
 Scalar to_scalar(py::handle value, DataType dtype, const char *site) {
+  const auto wrong_type = [&](std::string_view needs) {
+    raise_invalid_type(site, fmt::format("{}: {} needs {}, got {} {}", site, to_string(dtype), needs,
+                                         type_name(value), std::string(py::repr(value))));
+  };
+  const bool is_array = py::isinstance<py::array>(value);
+  if (is_array && py::reinterpret_borrow<py::array>(value).ndim() != 0) wrong_type("a scalar");
+  if (PyBool_Check(value.ptr()) || py::isinstance(value, py::module_::import("numpy").attr("bool_")))
+    wrong_type("a number, not a bool");
   Scalar s;
   if (is_floating(dtype)) {
+    if (PyComplex_Check(value.ptr()) || py::isinstance(value, py::module_::import("numpy").attr("complexfloating")) ||
+        (is_array && py::reinterpret_borrow<py::array>(value).dtype().kind() == 'c'))
+      wrong_type("a real number");
     if (!PyFloat_Check(value.ptr()) && !PyIndex_Check(value.ptr()) && !PyNumber_Check(value.ptr()))
-      raise_invalid_usage("kiln", site, fmt::format("{}: {} needs a number, got {}", site,
-                                                    to_string(dtype), std::string(py::repr(value))));
+      wrong_type("a real number");
     s.f64 = PyFloat_AsDouble(value.ptr());
     if (s.f64 == -1.0 && PyErr_Occurred()) {
+      const bool overflow = PyErr_ExceptionMatches(PyExc_OverflowError);
       PyErr_Clear();
-      raise_invalid_usage("kiln", site, fmt::format("{}: {} needs a real number, got {}", site,
-                                                    to_string(dtype), std::string(py::repr(value))));
+      if (!overflow) wrong_type("a real number");
+      raise_invalid_usage("kiln", site, fmt::format("{}: {} is out of {}'s range", site,
+                                                    std::string(py::repr(value)), to_string(dtype)));
     }
+    s.i64 = Scalar::of(s.f64).i64;
     return s;
   }
-  if (PyBool_Check(value.ptr()) || !PyIndex_Check(value.ptr()))
-    raise_invalid_usage("kiln", site, fmt::format("{}: {} needs an int, got {}", site,
-                                                  to_string(dtype), std::string(py::repr(value))));
+  if (!is_integer(value)) wrong_type("an int");
   py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(value.ptr()));
   if (!i) throw py::error_already_set();
   int overflow = 0;
@@ -530,47 +681,57 @@ Scalar to_scalar(py::handle value, DataType dtype, const char *site) {
   return s;
 }
 
-void fill(PyArray &out, py::handle value) {
+// Every operation checks all its arguments (types, then dtypes, shapes and aliasing in the
+// executor) before it allocates or copies anything: a usage mistake is never out-of-memory.
+
+void fill(py::handle out_obj, py::handle value) {
   check_not_in_observer("fill");
+  PyArray &out = as_array(out_obj, "fill", "out");
   const Ndarray &o = out.get("fill");
   const Scalar s = to_scalar(value, o.dtype(), "fill");
   auto ex = executor();
   check(launch({&out}, [&] { return ex->fill(o, s); }));
 }
 
-void copy(PyArray &dst, PyArray &src) {
+void copy(py::handle dst_obj, py::handle src_obj) {
   check_not_in_observer("copy");
+  PyArray &dst = as_array(dst_obj, "copy", "dst");
+  PyArray &src = as_array(src_obj, "copy", "src");
   const Ndarray &d = dst.get("copy");
   const Ndarray &s = src.get("copy");
   auto ex = executor();
   check(launch({&dst, &src}, [&] { return ex->copy(d, s); }));
 }
 
-void axpy(py::handle alpha, py::handle x, PyArray &y) {
+void axpy(py::handle alpha, py::handle x, py::handle y_obj) {
   check_not_in_observer("axpy");
+  PyArray &y = as_array(y_obj, "axpy", "y");
   const Ndarray &yy = y.get("axpy");
   const Scalar a = to_scalar(alpha, yy.dtype(), "axpy");
   auto ex = executor();
   if (py::isinstance<PyArray>(x)) {
-    PyArray &xa = x.cast<PyArray &>();
+    PyArray &xa = as_array(x, "axpy", "x");
     const Ndarray &xx = xa.get("axpy");
     check(launch({&xa, &y}, [&] { return ex->axpy(a, xx, yy); }));
     return;
   }
-  // x in host memory: staged on the device for the launch.
-  auto [host, dtype] = to_host_array(x, "axpy");
-  const std::vector<int64_t> shape(host.shape(), host.shape() + host.ndim());
+  // x in host memory: checked against y before any copy of it, then staged for the launch.
+  check(ex->check_usable("axpy", yy));
+  auto [input, dtype] = host_input(x, "axpy");
+  const std::vector<int64_t> shape(input.shape(), input.shape() + input.ndim());
   if (dtype != yy.dtype() || shape != yy.shape())
     raise_invalid_usage(y.device, "axpy",
                         fmt::format("axpy needs x of y's dtype and shape: x is {}, y is {}",
                                     describe_array(dtype, shape), y.description));
+  const py::array host = contiguous_host_array(input, "axpy");
   const std::span<const std::byte> bytes(static_cast<const std::byte *>(host.data()),
                                          static_cast<std::size_t>(host.nbytes()));
   check(launch({&y}, [&] { return ex->axpy_from_host(a, bytes, yy); }));
 }
 
-py::object reduce_sum(PyArray &x) {
+py::object reduce_sum(py::handle x_obj) {
   check_not_in_observer("reduce_sum");
+  PyArray &x = as_array(x_obj, "reduce_sum", "x");
   const Ndarray &xx = x.get("reduce_sum");
   auto ex = executor();
   const Scalar sum = check(launch({&x}, [&] { return ex->reduce_sum(xx); }));
@@ -578,34 +739,44 @@ py::object reduce_sum(PyArray &x) {
   return py::int_(sum.i64);
 }
 
-py::object matmul(PyArray &a, PyArray &b, py::object out_obj) {
+py::object matmul(py::handle a_obj, py::handle b_obj, py::object out_obj) {
   check_not_in_observer("matmul");
+  PyArray &a = as_array(a_obj, "matmul", "a");
+  PyArray &b = as_array(b_obj, "matmul", "b");
   const Ndarray &aa = a.get("matmul");
   const Ndarray &bb = b.get("matmul");
   auto ex = executor();
+  // The whole call is checked before the output exists (validation before reservation).
+  const std::array<int64_t, 2> shape = check(ex->matmul_output_shape(aa, bb));
   if (out_obj.is_none()) {
-    if (aa.shape().size() != 2 || bb.shape().size() != 2)
-      raise_invalid_usage(a.device, "matmul",
-                          fmt::format("matmul {} @ {}: operands must be 2-D", a.description, b.description));
-    const int64_t shape[2] = {aa.shape()[0], bb.shape()[1]};
     out_obj = py::cast(PyArray(check(ex->ndarray(aa.dtype(), shape)), ex));
   }
-  if (!py::isinstance<PyArray>(out_obj))
-    raise_invalid_usage(a.device, "matmul",
-                        fmt::format("matmul: out must be a kiln.ndarray, got {}",
-                                    py::str(py::type::of(out_obj)).cast<std::string>()));
-  PyArray &c = out_obj.cast<PyArray &>();
-  const Ndarray &cc = c.get("matmul");  // aliasing is refused by the executor (InvalidUsage)
+  PyArray &c = as_array(out_obj, "matmul", "out");
+  const Ndarray &cc = c.get("matmul");  // shape, dtype and aliasing are checked by the executor
   check(launch({&a, &b, &c}, [&] { return ex->matmul(cc, aa, bb); }));
   return out_obj;
 }
 
-PyArray compact_positive(PyArray &x) {
+PyArray compact_positive(py::handle x_obj) {
   check_not_in_observer("compact_positive");
+  PyArray &x = as_array(x_obj, "compact_positive", "x");
   const Ndarray &xx = x.get("compact_positive");
   auto ex = executor();
   Ndarray out = check(launch({&x}, [&] { return ex->compact_positive(xx); }));
   return PyArray(std::move(out), ex);
+}
+
+/// copy.copy / copy.deepcopy of a kiln.ndarray: a new array of the same dtype and shape on the
+/// current executor, filled by the copy kernel. Errors: those of ndarray() and copy().
+PyArray copy_array(py::handle self) {
+  check_not_in_observer("copy");
+  PyArray &src = as_array(self, "copy", "self");
+  const Ndarray &s = src.get("copy");
+  auto ex = executor();
+  check(ex->check_usable("copy", s));  // before the new array is allocated
+  PyArray out(check(ex->ndarray(s.dtype(), s.shape())), ex);
+  check(launch({&src}, [&] { return ex->copy(out.array, s); }));
+  return out;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -658,8 +829,13 @@ struct ObserverScope {
   ~ObserverScope() { --t_in_observer; }
 };
 
-uint64_t add_oom_observer(py::function fn) {
-  auto callback = std::make_shared<PyCallback>(std::move(fn));
+uint64_t add_oom_observer(py::handle fn) {
+  if (!PyCallable_Check(fn.ptr()))
+    raise_invalid_type("add_oom_observer",
+                       fmt::format("add_oom_observer: callback must be callable (it is called "
+                                   "with the exception), got {} {}",
+                                   type_name(fn), std::string(py::repr(fn))));
+  auto callback = std::make_shared<PyCallback>(py::reinterpret_borrow<py::function>(fn));
   auto ex = executor();
   const uint64_t id = ex->memory().add_oom_observer([callback](const Failure &failure) {
     if (!Py_IsInitialized() || python_is_finalizing()) return;
@@ -679,7 +855,10 @@ uint64_t add_oom_observer(py::function fn) {
   return id;
 }
 
-bool remove_oom_observer(uint64_t id) {
+/// Removes an observer by the id add_oom_observer returned; False when there is none (unknown or
+/// already removed). Errors: InvalidTypeError (not an int), InvalidUsageError (negative, huge).
+bool remove_oom_observer(py::handle id_obj) {
+  const uint64_t id = to_bytes(id_obj, "observer_id", "remove_oom_observer");
   std::erase(g_observer_ids, id);
   return executor()->memory().remove_oom_observer(id);
 }
@@ -687,15 +866,39 @@ bool remove_oom_observer(uint64_t id) {
 // ----------------------------------------------------------------------------------------------
 // Testing hooks (kiln.testing).
 
-void set_fault_at(py::handle at) {
-  if (PyBool_Check(at.ptr()) || !PyLong_Check(at.ptr()) || py::cast<py::int_>(at) < py::int_(1))
+/// Enters a fail_allocation block: its `at`-th allocation from now fails. An inner block's plan
+/// replaces the outer one's while it is open; allocations inside it still count for the outer.
+/// Errors: InvalidTypeError (not an int: any __index__ object but bool), InvalidUsageError
+/// (at < 1 or beyond 2**63-1).
+void push_fault(py::handle at) {
+  const uint64_t n = to_bytes(at, "at", "fail_allocation");
+  if (n < 1)
     raise_invalid_usage("kiln", "fail_allocation",
-                        fmt::format("fail_allocation(at={}): at must be an int >= 1",
-                                    std::string(py::repr(at))));
-  executor()->memory().fault_plan().fail_nth_allocation(to_bytes(at, "at"));
+                        fmt::format("fail_allocation(at={}): at must be an int >= 1", n));
+  runtime::RequestFaultPlan &plan = executor()->memory().fault_plan();
+  if (g_fault_blocks.empty()) plan.fail_nth_allocation(FaultPlan::kNever);  // the count starts at 0
+  const uint64_t start = plan.allocation_count();
+  g_fault_blocks.push_back({start, start + n});
+  plan.fail_at_count(start + n);
 }
-void clear_fault() { executor()->memory().fault_plan().fail_nth_allocation(FaultPlan::kNever); }
-uint64_t fault_allocation_count() { return executor()->memory().fault_plan().allocation_count(); }
+
+/// Leaves the innermost block: the outer block's plan is armed again (counting on from its own
+/// start), or the plan is cleared when it was the outermost.
+void pop_fault() {
+  runtime::RequestFaultPlan &plan = executor()->memory().fault_plan();
+  if (!g_fault_blocks.empty()) g_fault_blocks.pop_back();
+  if (g_fault_blocks.empty()) {
+    plan.fail_nth_allocation(FaultPlan::kNever);
+  } else {
+    plan.fail_at_count(g_fault_blocks.back().fail_at);
+  }
+}
+/// Allocations since the innermost open block began (or, outside blocks, since the last one
+/// ended or since init).
+uint64_t fault_allocation_count() {
+  const uint64_t count = executor()->memory().fault_plan().allocation_count();
+  return g_fault_blocks.empty() ? count : count - g_fault_blocks.back().start_count;
+}
 
 /// A synthetic failure made into its exception (for errors without a producer on cpu/mock).
 py::object make_error(const std::string &result, const std::string &oom_source,
@@ -742,6 +945,28 @@ PYBIND11_MODULE(_kiln, m) {
       .export_values()
       .def_property_readonly("itemsize", [](DataType d) { return itemsize(d); })
       .def_property_readonly("numpy", [](DataType d) { return numpy_dtype(d); });
+  // Replaces enum_'s __init__ and __setstate__, which take any int: kiln.dtype(4) would be a
+  // dtype that names nothing. Accepts a kiln.dtype, its name ("f32") or its value (0..3).
+  for (const char *name : {"__init__", "__setstate__"}) {
+    dtype_enum.attr(name) = py::cpp_function(
+        [](py::detail::value_and_holder &v_h, py::handle value) {
+          DataType d{};
+          if (is_integer(value)) {
+            const uint64_t v = to_bytes(value, "value", "dtype");
+            d = static_cast<DataType>(std::min<uint64_t>(v, 255));
+          } else {
+            d = to_dtype(value, "dtype");
+          }
+          if (!is_valid(d))
+            raise_invalid_usage("kiln", "dtype",
+                                fmt::format("kiln.dtype({}): not a kiln dtype; the values are 0 "
+                                            "(f32), 1 (f64), 2 (i32) and 3 (i64)",
+                                            std::string(py::repr(value))));
+          py::detail::initimpl::setstate<py::class_<DataType>>(v_h, std::move(d), Py_TYPE(v_h.inst) != v_h.type->type);
+        },
+        py::detail::is_new_style_constructor(), py::name(name), py::is_method(dtype_enum),
+        py::arg("value"));
+  }
   // Replaces enum_'s own __str__ ("dtype.f32"): str(kiln.f32) == "f32".
   dtype_enum.attr("__str__") = py::cpp_function([](DataType d) { return std::string(to_string(d)); },
                                                 py::is_method(dtype_enum));
@@ -756,18 +981,20 @@ PYBIND11_MODULE(_kiln, m) {
   m.def("_shutdown", [] { replace_executor(nullptr); });
 
   py::class_<PyArray> cls(m, "ndarray", py::buffer_protocol());
+  // Every accessor goes through as_array: an instance made by ndarray.__new__ alone is refused.
+  const auto arr = [](py::handle self) -> PyArray & { return as_array(self, "ndarray", "self"); };
   cls.def(py::init(&make_ndarray), py::arg("dtype"), py::arg("shape"))
-      .def_property_readonly("shape", [](const PyArray &a) { return py::tuple(py::cast(a.shape)); })
-      .def_property_readonly("dtype", [](const PyArray &a) { return a.dtype; })
-      .def_property_readonly("nbytes", [](const PyArray &a) { return a.nbytes; })
-      .def_property_readonly("size", [](const PyArray &a) { return a.size; })
-      .def_property_readonly("ndim", [](const PyArray &a) { return a.shape.size(); })
-      .def_property_readonly("device", [](const PyArray &a) { return a.device; })
-      .def_property_readonly("is_freed", &PyArray::is_freed)
+      .def_property_readonly("shape", [arr](py::handle s) { return py::tuple(py::cast(arr(s).shape)); })
+      .def_property_readonly("dtype", [arr](py::handle s) { return arr(s).dtype; })
+      .def_property_readonly("nbytes", [arr](py::handle s) { return arr(s).nbytes; })
+      .def_property_readonly("size", [arr](py::handle s) { return arr(s).size; })
+      .def_property_readonly("ndim", [arr](py::handle s) { return arr(s).shape.size(); })
+      .def_property_readonly("device", [arr](py::handle s) { return arr(s).device; })
+      .def_property_readonly("is_freed", [arr](py::handle s) { return arr(s).is_freed(); })
       // numpy tries the buffer protocol first but swallows its errors (a freed array would
       // become a 0-d object array); this raises them instead, and shares the same counted view.
-      .def_property_readonly("__array_interface__", [](py::object self) {
-        const PyArray &a = self.cast<const PyArray &>();
+      .def_property_readonly("__array_interface__", [arr](py::object self) {
+        const PyArray &a = arr(self);
         py::dict d;
         d["shape"] = py::tuple(py::cast(a.shape));
         d["typestr"] = numpy_dtype(a.dtype).attr("str");
@@ -777,11 +1004,26 @@ PYBIND11_MODULE(_kiln, m) {
       })
       .def("free", &free_array)
       .def("to_numpy", &to_numpy)
-      .def("__len__", [](const PyArray &a) {
-        if (a.shape.empty()) throw py::type_error("len() of a 0-d kiln.ndarray");
+      // copy.copy / copy.deepcopy: a new array on the current device with the same contents
+      // (numpy's meaning); pickle: rebuilt by kiln.from_numpy from the host copy.
+      .def("__copy__", [](py::handle self) { return copy_array(self); })
+      .def("__deepcopy__", [](py::handle self, py::handle /*memo*/) { return copy_array(self); },
+           py::arg("memo"))
+      .def("__reduce__", [](py::handle self) {
+        py::object rebuild = py::module_::import("kiln").attr("_ndarray_from_host");
+        return py::make_tuple(rebuild, py::make_tuple(to_numpy(self)));
+      })
+      .def("__len__", [arr](py::handle s) {
+        const PyArray &a = arr(s);
+        if (a.shape.empty()) raise_invalid_type("len", "len() of a 0-d kiln.ndarray");
         return a.shape[0];
       })
-      .def("__repr__", [](const PyArray &a) {
+      .def("__repr__", [](py::handle s) -> std::string {
+        if (!py::isinstance<PyArray>(s)) return "kiln.ndarray(?)";
+        auto *inst = reinterpret_cast<py::detail::instance *>(s.ptr());
+        auto v_h = inst->get_value_and_holder(py::detail::get_type_info(typeid(PyArray)));
+        if (!v_h || !v_h.holder_constructed()) return "kiln.ndarray(uninitialized)";
+        const PyArray &a = *v_h.value_ptr<PyArray>();
         return fmt::format("kiln.ndarray({}, device='{}'{})", a.description, a.device,
                            a.is_freed() ? ", freed" : "");
       });
@@ -805,8 +1047,8 @@ PYBIND11_MODULE(_kiln, m) {
   m.def("add_oom_observer", &add_oom_observer, py::arg("callback"));
   m.def("remove_oom_observer", &remove_oom_observer, py::arg("observer_id"));
 
-  m.def("_set_fault_at", &set_fault_at, py::arg("at"));
-  m.def("_clear_fault", &clear_fault);
+  m.def("_push_fault", &push_fault, py::arg("at"));
+  m.def("_pop_fault", &pop_fault);
   m.def("_fault_allocation_count", &fault_allocation_count);
   m.def("_make_error", &make_error, py::arg("result"), py::arg("oom_source") = "none",
         py::arg("requested_bytes") = 0, py::arg("device") = "", py::arg("detail") = "");

@@ -21,8 +21,8 @@ kiln.empty_cache() (gives the caching pool's blocks back; freed arrays are kept 
 
 from ._errors import (  # noqa: F401  (the exceptions come first: the native module imports them)
     Error, OutOfMemoryError, DeviceOutOfMemoryError, BudgetExceededError,
-    DeviceHeapExhaustedError, HostOutOfMemoryError, InvalidUsageError, NotSupportedError,
-    DeviceLostError, RuntimeFaultError,
+    DeviceHeapExhaustedError, HostOutOfMemoryError, InvalidUsageError, InvalidTypeError,
+    NotSupportedError, DeviceLostError, RuntimeFaultError,
 )
 from ._kiln import (  # noqa: F401
     init, device, dtype, f32, f64, i32, i64, ndarray, from_numpy,
@@ -34,13 +34,19 @@ from . import _kiln, testing  # noqa: F401
 
 __all__ = [
     "Error", "OutOfMemoryError", "DeviceOutOfMemoryError", "BudgetExceededError",
-    "DeviceHeapExhaustedError", "HostOutOfMemoryError", "InvalidUsageError", "NotSupportedError",
-    "DeviceLostError", "RuntimeFaultError",
+    "DeviceHeapExhaustedError", "HostOutOfMemoryError", "InvalidUsageError", "InvalidTypeError",
+    "NotSupportedError", "DeviceLostError", "RuntimeFaultError",
     "init", "device", "dtype", "f32", "f64", "i32", "i64", "ndarray", "from_numpy",
     "fill", "copy", "axpy", "reduce_sum", "matmul", "compact_positive",
     "memory_stats", "memory_summary", "empty_cache", "reset_peak_memory_stats",
     "add_oom_observer", "remove_oom_observer", "testing",
 ]
+
+
+def _ndarray_from_host(host):
+    """Unpickles a kiln.ndarray: a new array like kiln.from_numpy(host) on the current executor
+    (ndarray.__reduce__ pickles the host copy, as to_numpy() gives it)."""
+    return from_numpy(host)
 
 
 def _shutdown():

@@ -10,6 +10,7 @@ to exactly one of them (bindings/python/kiln_module.cpp, the only place that doe
     |   +-- DeviceHeapExhaustedError   the device-side heap ran out while a kernel ran
     |   +-- HostOutOfMemoryError       host memory could not be had
     +-- InvalidUsageError(Error, ValueError)
+    |   +-- InvalidTypeError(InvalidUsageError, TypeError)   an argument of the wrong type
     +-- NotSupportedError(Error, NotImplementedError)
     +-- DeviceLostError(Error, RuntimeError)
     +-- RuntimeFaultError(Error, RuntimeError)
@@ -21,7 +22,7 @@ survive ``pickle`` with their class and attributes.
 
 __all__ = [
     "Error", "OutOfMemoryError", "DeviceOutOfMemoryError", "BudgetExceededError",
-    "DeviceHeapExhaustedError", "HostOutOfMemoryError", "InvalidUsageError",
+    "DeviceHeapExhaustedError", "HostOutOfMemoryError", "InvalidUsageError", "InvalidTypeError",
     "NotSupportedError", "DeviceLostError", "RuntimeFaultError",
 ]
 
@@ -97,6 +98,18 @@ class InvalidUsageError(Error, ValueError):
     """The call can never work as given (negative dimension, wrong dtype, use after free, ...)."""
 
 
+class InvalidTypeError(InvalidUsageError, TypeError):
+    """An argument has a type the call cannot use (a numpy array where a kiln.ndarray is needed,
+    None for a flag, a float for a size, ...). Also a TypeError, as numpy's errors double as
+    builtins; ``result`` is "invalid_usage" like every InvalidUsageError."""
+
+
+def _recast(cls, error):
+    """The same error (message and attributes) as an instance of ``cls``; used by the native
+    module for InvalidTypeError, a Python-only refinement of ErrorKind::invalid_usage."""
+    return cls(str(error), **{name: getattr(error, name) for name in FIELDS})
+
+
 class NotSupportedError(Error, NotImplementedError):
     """The backend, driver or feature is absent on this machine or in this build."""
 
@@ -110,7 +123,7 @@ class RuntimeFaultError(Error, RuntimeError):
 
 
 for _cls in (Error, OutOfMemoryError, DeviceOutOfMemoryError, BudgetExceededError,
-             DeviceHeapExhaustedError, HostOutOfMemoryError, InvalidUsageError,
+             DeviceHeapExhaustedError, HostOutOfMemoryError, InvalidUsageError, InvalidTypeError,
              NotSupportedError, DeviceLostError, RuntimeFaultError):
     _cls.__module__ = "kiln"  # tracebacks and pickle name them kiln.<Name>
 del _cls

@@ -12,17 +12,25 @@ def fail_allocation(at=1):
     """Inside the block, the `at`-th allocation request (1-based, counted from the start of the
     block) fails with kiln.DeviceOutOfMemoryError (driver_status "injected fault (FaultPlan)"),
     as if the driver had refused it. Every request counts: ndarrays, and each buffer a launch
-    needs (argument buffer, result buffer, staging), cache hits included. The plan is cleared on
-    exit, also when the block raises. Applies to the executor current at entry (kiln.init)."""
-    _kiln._set_fault_at(at)  # InvalidUsageError unless at is an int >= 1
+    needs (argument buffer, result buffer, staging), cache hits included. `at` is an int >= 1
+    (anything with __index__, e.g. numpy.int64; not a bool): otherwise kiln.InvalidTypeError
+    or kiln.InvalidUsageError, before anything is armed.
+
+    Blocks nest: while an inner block is open its plan applies; the requests made inside it
+    still count for the outer block, whose plan is armed again when the inner block exits (if
+    the outer block's `at`-th request went by inside the inner block, it does not fail later).
+    Leaving the outermost block clears the plan, also when the block raises. Applies to the
+    executor current at entry; kiln.init() inside a block ends every open block's plan."""
+    _kiln._push_fault(at)
     try:
         yield
     finally:
-        _kiln._clear_fault()  # FaultPlan::kNever
+        _kiln._pop_fault()
 
 
 def allocation_count():
-    """Allocation requests counted since the last fail_allocation() began (or since init)."""
+    """Allocation requests counted since the innermost open fail_allocation() block began;
+    outside blocks, since the last block ended (or since init)."""
     return _kiln._fault_allocation_count()
 
 
