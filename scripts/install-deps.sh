@@ -8,6 +8,7 @@ packages=(
   llvm-14-dev clang-14 lld-14 zlib1g-dev libzstd-dev libxml2-dev libtinfo-dev libz3-dev libffi-dev libedit-dev
   llvm-16 lld-16  # llc-16 and ld.lld-16: the gfx1100 code object (LLVM 14 predates gfx1100)
   libfmt-dev catch2 libbenchmark-dev
+  libre2-dev  # kiln-ops --filter: linear-time regex matching (std::regex recursed and crashed)
   libamdhip64-dev  # the real HIP runtime (no GPU here): tests show --backend amdgpu is NotSupported
   pybind11-dev python3-dev python3-pytest python3-numpy python3-hypothesis
 )

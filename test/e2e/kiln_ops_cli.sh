@@ -72,6 +72,49 @@ check "--list prints case names" bash -c "'$ops' --list | grep -q '^matmul/f64/o
 "$ops" --filter 'reduce_sum/i32/tiny' --json "$tmp/out.json" > /dev/null 2>&1
 check "--json writes the verdicts" grep -q '"name": "reduce_sum/i32/tiny", "verdict": "OK"' "$tmp/out.json"
 
+# Hostile command lines (issue 11, section 5): every bad value is a usage error (exit 2) with a
+# message, never a crash; RE2 matches --filter in linear time without recursion.
+deep=$(printf '(%.0s' $(seq 50000))fill/f32/tiny$(printf ')%.0s' $(seq 50000))
+"$ops" --filter "$deep" --list > "$tmp/deep.txt" 2> "$tmp/deep_err.txt"; rc=$?
+check "a filter nested 50000 deep does not crash (exit $rc)" test "$rc" -eq 0
+check "a filter nested 50000 deep still matches" test "$(cat "$tmp/deep.txt")" = "fill/f32/tiny"
+"$ops" --filter '(a*)*b{2,1}' --list > /dev/null 2> "$tmp/re.txt"; rc=$?
+check "an invalid RE2 filter exits 2 with RE2's reason" test "$rc" -eq 2
+check "an invalid RE2 filter is named" grep -q 'is not a valid regex' "$tmp/re.txt"
+"$ops" --json "" --filter fill/f32/tiny > /dev/null 2> "$tmp/json_empty.txt"; rc=$?
+check "--json with an empty path exits 2 before the run" test "$rc" -eq 2
+check "--json with an empty path says so" grep -q -- '--json needs a file name' "$tmp/json_empty.txt"
+for args in "--filter fill/f32/tiny" "--list" "--help"; do
+  # shellcheck disable=SC2086
+  "$ops" $args > /dev/full 2> "$tmp/full.txt"; rc=$?
+  check "kiln-ops $args into a full stdout exits non-zero (got $rc)" test "$rc" -ne 0
+  check "kiln-ops $args into a full stdout says so on stderr" grep -q 'could not write the results to stdout' "$tmp/full.txt"
+done
+"$ops" --budget-mb 64 --budget-mb 32 --list > /dev/null 2> "$tmp/twice.txt"; rc=$?
+check "a repeated option exits 2" test "$rc" -eq 2
+check "a repeated option is named" grep -q -- '--budget-mb is given more than once' "$tmp/twice.txt"
+"$ops" --list --list > /dev/null 2>&1; check "a repeated --list exits 2" test $? -eq 2
+for flag in --budget-mb --heap-mb --max-array-mb --mock-capacity-mb --repeat --fault-at --threads; do
+  for value in -1 abc "" 1.5 +3 0x10 18446744073709551616 99999999999999999999999; do
+    "$ops" "$flag" "$value" --list > /dev/null 2> "$tmp/bad.txt"; rc=$?
+    check "$flag '$value' exits 2" test "$rc" -eq 2
+  done
+  "$ops" "$flag" > /dev/null 2> "$tmp/missing.txt"; rc=$?
+  check "$flag without a value exits 2" test "$rc" -eq 2
+  check "$flag without a value says so" grep -q -- "$flag needs a value" "$tmp/missing.txt"
+  "$ops" "$flag" --list > /dev/null 2>&1; check "$flag followed by an option exits 2" test $? -eq 2
+done
+for flag in --budget-mb --heap-mb --max-array-mb --mock-capacity-mb; do
+  "$ops" "$flag" 17592186044416 --list > /dev/null 2>&1  # 2**44 MiB = 2**64 bytes
+  check "$flag beyond 2**64 bytes exits 2" test $? -eq 2
+done
+"$ops" --repeat 0 --list > /dev/null 2>&1; check "--repeat 0 exits 2" test $? -eq 2
+"$ops" --threads 5000 --list > /dev/null 2>&1; check "--threads 5000 exits 2" test $? -eq 2
+for flag in --backend --filter --json; do
+  "$ops" "$flag" > /dev/null 2>&1; check "$flag without a value exits 2" test $? -eq 2
+done
+"$ops" --backend "" --list > /dev/null 2>&1; check "an empty --backend exits 2" test $? -eq 2
+
 # CUDA against the fake driver: every case OK; without a driver: NotSupportedError, exit 1.
 KILN_CUDA_DRIVER="$fake_cuda" "$ops" --backend cuda --max-array-mb 4 > "$tmp/cuda.txt" 2>&1; rc=$?
 check "cuda on the fake driver exits 0" test "$rc" -eq 0

@@ -136,3 +136,21 @@ TEST_CASE("a fault at every allocation of a cpu run leaves the ledger at 0 after
     CHECK(faulted.device_after_teardown_bytes == 0);
   }
 }
+
+TEST_CASE("filters are RE2: deep nesting is matched without recursion, bad ones are invalid_usage",
+          "[e2e][filter]") {
+  const std::string deep = std::string(20000, '(') + "fill/f32/tiny" + std::string(20000, ')');
+  REQUIRE(ops::check_filter(deep));
+  ops::SuiteOptions options = mock_options(1_MiB);
+  options.filter = deep;
+  const std::vector<ops::Case> cases = ops::selected_cases(options);
+  REQUIRE(cases.size() == 1);
+  CHECK(cases[0].name == "fill/f32/tiny");
+  for (const std::string bad : {"(", "a{2,1}", "[z-a]", "(?<name"}) {
+    auto checked = ops::check_filter(bad);
+    REQUIRE_FALSE(checked);
+    CHECK(classify(checked.error()) == ErrorKind::invalid_usage);
+    options.filter = bad;
+    CHECK(ops::selected_cases(options).empty());
+  }
+}

@@ -3,9 +3,11 @@
 // executor could not be set up, 2 on bad usage.
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <cstdio>
-#include <regex>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -24,7 +26,7 @@ constexpr const char *kUsage = R"(usage: kiln-ops [options]
   --heap-mb N            device heap chunk for kernels that allocate while running (default 16)
   --max-array-mb N       skip cases whose arrays exceed N MiB (default 256 on cpu, 16 on mock)
   --mock-capacity-mb N   capacity of the mock device (default 1024)
-  --filter REGEX         run only cases whose name matches REGEX
+  --filter REGEX         run only cases whose name matches REGEX (RE2 syntax)
   --repeat N             run the suite N times, each with a fresh executor
   --fault-at N           the N-th allocation, counted from the first case, fails (out of
                          memory); 0 injects nothing
@@ -58,11 +60,17 @@ int usage_error(const std::string &why) {
   return 2;
 }
 
-// Returns 0 to go on, or the exit status.
+// Returns 0 to go on, or the exit status. Every option may be given once; a repeated one is a
+// usage error (which value was meant cannot be known).
 int parse_args(int argc, char **argv, Args &args) {
   kiln::ExecutorConfig &config = args.suite.config;
+  std::set<std::string_view> seen;
   for (int i = 1; i < argc; ++i) {
     const std::string_view flag = argv[i];
+    const bool known = flag == "--help" || flag == "-h" || flag == "--list" || flag == "--backend" ||
+                       flag == "--filter" || flag == "--json" || is_numeric_flag(flag);
+    if (known && !seen.insert(flag).second)
+      return usage_error(fmt::format("{} is given more than once", flag));
     if (flag == "--help" || flag == "-h") {
       fmt::print("{}", kUsage);
       return -1;
@@ -78,18 +86,18 @@ int parse_args(int argc, char **argv, Args &args) {
     uint64_t n = 0;
     const bool numeric = parse_u64(value, &n);
     const bool mb_ok = numeric && n <= (UINT64_MAX >> 20);
+    if (value.starts_with("--") && value.size() > 2)
+      return usage_error(fmt::format("{} needs a value, got the option {}", flag, value));
     if (flag == "--backend") {
       auto backend = kiln::parse_backend(value);
       if (!backend) return usage_error(backend.error().detail);
       config.backend = *backend;
     } else if (flag == "--filter") {
-      try {
-        std::regex check{std::string(value)};
-      } catch (const std::regex_error &e) {
-        return usage_error(fmt::format("--filter '{}' is not a valid regex: {}", value, e.what()));
-      }
+      if (auto valid = kiln::ops::check_filter(std::string(value)); !valid)
+        return usage_error(valid.error().detail);
       args.suite.filter = value;
     } else if (flag == "--json") {
+      if (value.empty()) return usage_error("--json needs a file name, got an empty one");
       args.json_path = value;
     } else if (!numeric) {
       return usage_error(fmt::format("{} needs a non-negative integer, got '{}'", flag, value));
@@ -150,14 +158,27 @@ int run(int argc, char **argv) {
   return report.failed == 0 ? 0 : 1;
 }
 
+/// Flushes stdout and says whether everything printed reached it: a full disk or a closed
+/// pipe must not end in status 0 with every verdict lost.
+bool stdout_ok() {
+  const bool flushed = std::fflush(stdout) == 0;
+  if (flushed && std::ferror(stdout) == 0) return true;
+  const int saved = errno;
+  std::fprintf(stderr, "kiln-ops: could not write the results to stdout: %s\n",
+               std::strerror(saved != 0 ? saved : EIO));
+  return false;
+}
+
 int main(int argc, char **argv) {
   // kiln-ops never crashes: anything unexpected ends the run with a message and status 1.
+  int status = 1;
   try {
-    return run(argc, argv);
+    status = run(argc, argv);
   } catch (const std::exception &e) {
-    fmt::print(stderr, "kiln-ops: stopped: {}\n", e.what());
+    std::fprintf(stderr, "kiln-ops: stopped: %s\n", e.what());
   } catch (...) {
-    fmt::print(stderr, "kiln-ops: stopped by an unknown exception\n");
+    std::fprintf(stderr, "kiln-ops: stopped by an unknown exception\n");
   }
-  return 1;
+  if (!stdout_ok() && status == 0) status = 1;
+  return status;
 }

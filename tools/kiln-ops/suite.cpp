@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <regex>
 
 #include <fmt/format.h>
+#include <re2/re2.h>
 
 namespace kiln::ops {
 namespace {
@@ -68,11 +68,21 @@ void print_summary(std::FILE *out, const SuiteReport &report) {
 
 }  // namespace
 
+RhiStatus check_filter(const std::string &filter) {
+  const RE2 re(filter, RE2::Quiet);
+  if (re.ok()) return {};
+  return std::unexpected(invalid_usage("kiln-ops", "check_filter",
+                                       fmt::format("--filter '{}' is not a valid regex: {}",
+                                                   filter.size() > 80 ? filter.substr(0, 80) + "..." : filter,
+                                                   re.error())));
+}
+
 std::vector<Case> selected_cases(const SuiteOptions &options) {
   std::vector<Case> cases = make_cases(options.max_array_bytes);
   if (!options.filter.empty()) {
-    const std::regex re(options.filter);
-    std::erase_if(cases, [&](const Case &c) { return !std::regex_search(c.name, re); });
+    const RE2 re(options.filter, RE2::Quiet);
+    if (!re.ok()) return {};
+    std::erase_if(cases, [&](const Case &c) { return !RE2::PartialMatch(c.name, re); });
   }
   return cases;
 }

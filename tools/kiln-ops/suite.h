@@ -43,7 +43,7 @@ struct CaseResult {
 
 struct SuiteOptions {
   ExecutorConfig config;
-  std::string filter;               ///< ECMAScript regex searched in case names; empty = all
+  std::string filter;               ///< RE2 regex searched in case names; empty = all
   int repeat = 1;
   uint64_t fault_at = 0;            ///< 0 = no fault; else the N-th allocation from the first case fails
   uint64_t max_array_bytes = 256ull << 20;
@@ -63,7 +63,11 @@ struct SuiteReport {
   std::optional<Failure> setup_failure;  ///< the executor could not be made
 };
 
-/// The cases the options select (size limit and filter), in order.
+/// Whether `filter` is a valid RE2 regex (RE2 syntax, matched in linear time; nesting deeper
+/// than RE2's limit of 1000 is refused, never a stack overflow). Errors: invalid_usage with
+/// RE2's reason.
+[[nodiscard]] RhiStatus check_filter(const std::string &filter);
+/// The cases the options select (size limit and filter), in order; none for an invalid filter.
 [[nodiscard]] std::vector<Case> selected_cases(const SuiteOptions &options);
 /// Runs the suite. Never throws for device answers; a refused case does not stop the sweep.
 [[nodiscard]] SuiteReport run_suite(const SuiteOptions &options);
