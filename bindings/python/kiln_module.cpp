@@ -189,6 +189,7 @@ bool is_integer(py::handle value) {
     const auto arr = py::reinterpret_borrow<py::array>(value);
     return arr.ndim() == 0 && (arr.dtype().kind() == 'i' || arr.dtype().kind() == 'u');
   }
+  if (py::isinstance(value, py::module_::import("numpy").attr("bool_"))) return false;
   return PyIndex_Check(value.ptr()) && !PyBool_Check(value.ptr()) && !py::isinstance<DataType>(value);
 }
 
@@ -901,8 +902,21 @@ uint64_t fault_allocation_count() {
 }
 
 /// A synthetic failure made into its exception (for errors without a producer on cpu/mock).
-py::object make_error(const std::string &result, const std::string &oom_source,
-                      uint64_t requested_bytes, const std::string &device, const std::string &detail) {
+/// A str argument of `site`. Errors: InvalidTypeError.
+std::string to_text(py::handle value, const char *name, const char *site) {
+  if (!py::isinstance<py::str>(value))
+    raise_invalid_type(site, fmt::format("{}: {} must be a str, got {} {}", site, name,
+                                         type_name(value), std::string(py::repr(value))));
+  return value.cast<std::string>();
+}
+
+py::object make_error(py::handle result_obj, py::handle oom_source_obj, py::handle requested_obj,
+                      py::handle device_obj, py::handle detail_obj) {
+  const std::string result = to_text(result_obj, "result", "make_error");
+  const std::string oom_source = to_text(oom_source_obj, "oom_source", "make_error");
+  const uint64_t requested_bytes = to_bytes(requested_obj, "requested_bytes", "make_error");
+  const std::string device = to_text(device_obj, "device", "make_error");
+  const std::string detail = to_text(detail_obj, "detail", "make_error");
   static const std::pair<const char *, RhiResult> kResults[] = {
       {"error", RhiResult::error},
       {"invalid_usage", RhiResult::invalid_usage},

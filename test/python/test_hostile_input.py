@@ -382,3 +382,27 @@ def test_fail_allocation_refuses_what_is_not_a_positive_int_and_arms_nothing(at,
 def test_make_error_refuses_unknown_names(result, source):
     with pytest.raises(kiln.InvalidUsageError):
         kiln.testing.make_error(result, source)
+
+
+@pytest.mark.parametrize("kwargs,error", [({"result": 5}, BAD_TYPE),
+                                          ({"oom_source": None}, BAD_TYPE),
+                                          ({"requested_bytes": "1"}, BAD_TYPE),
+                                          ({"requested_bytes": -1}, kiln.InvalidUsageError),
+                                          ({"device": b"cpu"}, BAD_TYPE),
+                                          ({"detail": 1.0}, BAD_TYPE)], ids=repr)
+def test_make_error_refuses_arguments_of_the_wrong_type_or_range(kwargs, error):
+    args = {"result": "out_of_memory", "oom_source": "driver", **kwargs}
+    with pytest.raises(error):
+        kiln.testing.make_error(**args)
+    e = kiln.testing.make_error("out_of_memory", "driver", requested_bytes=np.int64(64))
+    assert type(e) is kiln.DeviceOutOfMemoryError and e.requested_bytes == 64
+
+
+@pytest.mark.parametrize("use", [lambda v: kiln.ndarray(kiln.f32, (v,)),
+                                 lambda v: kiln.init(budget_bytes=v),
+                                 lambda v: kiln.testing.fail_allocation(at=v).__enter__(),
+                                 lambda v: kiln.fill(kiln.ndarray(kiln.i32, (2,)), v)],
+                         ids=["shape", "budget_bytes", "fail_allocation", "fill"])
+def test_a_numpy_bool_is_not_an_integer(use):
+    with pytest.raises(BAD_TYPE):
+        use(np.True_)
