@@ -246,7 +246,10 @@ void init(py::handle arch, const py::object &budget_bytes, const py::object &res
     if (is_integer(mock_other_process_bytes)) {
       config.mock.other_process_bytes_script = {to_bytes(mock_other_process_bytes, "mock_other_process_bytes")};
     } else {
-      if (!py::isinstance<py::list>(mock_other_process_bytes) && !py::isinstance<py::tuple>(mock_other_process_bytes))
+      const bool int_vector = py::isinstance<py::array>(mock_other_process_bytes) &&
+                              py::reinterpret_borrow<py::array>(mock_other_process_bytes).ndim() == 1;
+      if (!int_vector && !py::isinstance<py::list>(mock_other_process_bytes) &&
+          !py::isinstance<py::tuple>(mock_other_process_bytes))
         raise_invalid_type("init", fmt::format("init: mock_other_process_bytes must be an int or a "
                                                "list of ints, got {} {}",
                                                type_name(mock_other_process_bytes),

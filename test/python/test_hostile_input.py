@@ -266,7 +266,7 @@ NUMERIC_KEYWORDS = ["budget_bytes", "reserve_bytes", "device_heap_bytes", "mock_
                          ids=lambda v: type(v).__name__)
 def test_an_init_size_of_the_wrong_type_is_a_type_error(keyword, value):
     if keyword == "mock_other_process_bytes" and isinstance(value, np.ndarray):
-        value = "12"  # a list of ints is allowed there; a str is not one
+        value = np.array([1.5, 2.5])  # a list or 1-D array of ints is allowed there
     with pytest.raises(BAD_TYPE):
         kiln.init(arch="mock", **{keyword: value})
     assert kiln.device() == "cpu"  # the executor before the refused init is still current
@@ -297,6 +297,9 @@ def test_init_takes_numpy_integers_and_bools():
     kiln.init(arch="mock", budget_bytes=np.int64(64 * MiB), caching=np.bool_(False),
               live_check=True, num_threads=np.uint8(2), mock_other_process_bytes=[np.int32(0), 1])
     assert kiln.memory_stats()["limit_bytes"] == 64 * MiB
+    kiln.init(arch="mock", mock_other_process_bytes=np.array([0, MiB], np.int64))
+    with pytest.raises(BAD_TYPE):
+        kiln.init(arch="mock", mock_other_process_bytes=(x for x in (0, 1)))
 
 
 # --- OOM observers ----------------------------------------------------------------------------
