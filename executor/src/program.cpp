@@ -76,10 +76,13 @@ RhiExpected<std::shared_ptr<Program>> Program::create(CodegenArch arch, std::str
 }
 
 RhiExpected<std::shared_ptr<Program>> Program::shared(CodegenArch arch, std::string_view target) {
-  static std::mutex mutex;
-  static std::map<std::pair<CodegenArch, std::string>, std::shared_ptr<Program>> programs;
-  std::lock_guard lock(mutex);
-  auto &program = programs[{arch, std::string(target)}];
+  // Never destroyed: threads may still run kernels while the process exits. Made anew in a
+  // forked child (a compile in flight makes a Program, whose mutex registers fork hooks, so it
+  // cannot be held across the fork); the child compiles again what the parent had not finished.
+  static auto *mutex = new ForkSafeMutex(ForkSafeMutex::Policy::reset_in_child);
+  static auto *programs = new std::map<std::pair<CodegenArch, std::string>, std::shared_ptr<Program>>;
+  std::lock_guard lock(*mutex);
+  auto &program = (*programs)[{arch, std::string(target)}];
   if (!program) {
     KILN_ASSIGN_OR_RETURN(program, create(arch, target));
   }

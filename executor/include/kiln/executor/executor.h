@@ -13,6 +13,7 @@
 #include "kiln/executor/ndarray.h"
 #include "kiln/executor/program.h"
 #include "kiln/rhi/device.h"
+#include "kiln/rhi/fork_hooks.h"
 #include "kiln/rhi/mock_device.h"
 #include "kiln/runtime/memory/device_memory.h"
 
@@ -114,7 +115,8 @@ class LlvmRuntimeExecutor {
   std::optional<DeviceAllocation> heap_alloc_;           // the device heap chunk, if any
   std::optional<uint64_t> module_;  // GPU devices: the loaded code object
   std::unique_ptr<KernelLauncher> launcher_;
-  std::mutex compact_mutex_;  // a compaction's launch and its copy-out from the heap
+  // A compaction's launch and its copy-out from the heap (made anew in a forked child).
+  ForkSafeMutex compact_mutex_{ForkSafeMutex::Policy::reset_in_child};
 };
 
 }  // namespace kiln

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "kiln/rhi/fork_hooks.h"
 #include "kiln/rhi/result.h"
 #include "kiln/runtime/kernel_abi.h"
 
@@ -60,7 +61,8 @@ class Program {
   std::unique_ptr<runtime::CpuJit> jit_;
   std::string image_;                  // GPU code image (PTX: NUL included)
   std::set<std::string, std::less<>> gpu_kernels_;  // "kiln_axpy_f32" for each "_gpu" entry
-  std::mutex mutex_;
+  // Guards kernels_ and the JIT's lookups; held across fork() so no lookup is cut in half.
+  ForkSafeMutex mutex_{ForkSafeMutex::Policy::hold_across_fork};
   std::unordered_map<std::string, KilnKernelFn> kernels_;
 };
 
