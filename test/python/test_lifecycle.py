@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -145,3 +146,54 @@ def test_forked_child_on_a_gpu_gets_NotSupportedError_then_a_new_init_works(arch
     proc = run_script(arch, FORK_GPU)
     assert_clean(proc, 0)
     assert proc.stdout.strip() == "ok"
+
+
+# --- interpreter exit with threads inside kiln -------------------------------------------------
+
+EXIT_WITH_DAEMONS = """
+    MODE = sys.argv[2]
+    kiln.init(ARCH, budget_bytes=64 << 20, **INIT)
+
+    def launcher():
+        x = kiln.from_numpy(np.ones(300_000, dtype=np.float32))
+        while True:
+            kiln.axpy(1.0, x, x)
+            kiln.reduce_sum(x)
+
+    def allocator():
+        while True:
+            a = kiln.ndarray(kiln.f32, (100_000,))
+            kiln.fill(a, 1.0)
+            del a
+
+    def refused():
+        kiln.add_oom_observer(lambda e: None)
+        while True:
+            try:
+                kiln.ndarray(kiln.f32, (1 << 30,))
+            except MemoryError:
+                pass
+
+    started = []
+    def run(fn):
+        started.append(1)
+        fn()
+
+    for fn in (launcher, allocator, refused, launcher):
+        threading.Thread(target=run, args=(fn,), daemon=True).start()
+    while len(started) < 4:
+        pass
+    kiln.memory_stats()
+    if MODE == "exit":
+        sys.exit(7)
+    # else: fall off the end (status 0)
+"""
+
+
+@pytest.mark.parametrize("arch", BACKENDS)
+def test_exit_with_daemon_threads_inside_kiln_keeps_the_status(arch):
+    runs = [("exit", 7), ("end", 0)] * 10  # 20 runs, 4 at a time
+    with ThreadPoolExecutor(4) as pool:
+        procs = list(pool.map(lambda r: (run_script(arch, EXIT_WITH_DAEMONS, r[0]), r[1]), runs))
+    for proc, status in procs:
+        assert_clean(proc, status)
