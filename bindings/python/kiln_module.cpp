@@ -280,9 +280,20 @@ void init(const std::string &arch, const py::object &budget_bytes, const py::obj
   const std::optional<uint64_t> fault = to_optional_bytes(fault_at, "fault_at");
   const std::optional<uint64_t> fail_size = to_optional_bytes(fail_sizes_at_least, "fail_sizes_at_least");
 
+  // A lost device recovers only once its driver context is released: the old executor goes
+  // first (its arrays, if any still live, keep the context and the new one fails as lost).
+  std::weak_ptr<DeviceContext> lost_context;
+  if (g_executor && g_executor->device().is_lost()) {
+    lost_context = g_executor->context();
+    replace_executor(nullptr);
+  }
   // The first executor JIT-compiles the kernels.
   RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> created =
       without_gil([&] { return LlvmRuntimeExecutor::create(std::move(config)); });
+  if (!created && created.error().result == RhiResult::device_lost && !lost_context.expired())
+    created.error().add_context(
+        "arrays of the executor whose device was lost still hold its driver context: free or "
+        "delete them, then call kiln.init again");  // recreate_executor's rule, for a shared_ptr
   std::shared_ptr<LlvmRuntimeExecutor> fresh = check(std::move(created));
   // Faults count from after the executor's own set-up, as kiln-ops --fault-at does.
   if (fault && *fault != 0) fresh->memory().fault_plan().fail_nth_allocation(*fault);

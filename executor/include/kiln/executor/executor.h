@@ -119,6 +119,22 @@ class LlvmRuntimeExecutor {
   ForkSafeMutex compact_mutex_{ForkSafeMutex::Policy::reset_in_child};
 };
 
+/// Replaces `executor` (may be null) with a new one for `config`. When the old executor's device
+/// is lost, the old executor is released BEFORE the new one is made: a lost device recovers only
+/// once every user of its driver context has let go (CUDA destroys the primary context on its
+/// last release; HIP's device is reset then). Arrays of the old executor that are still live
+/// (not freed) keep that context: the new executor then fails with device_lost and a context
+/// line saying so; free or drop them and call again. Otherwise the new executor is made first and
+/// the old one kept if that fails. On failure `executor` is null or the old executor, as said.
+/// Errors: those of LlvmRuntimeExecutor::create.
+[[nodiscard]] RhiStatus recreate_executor(std::unique_ptr<LlvmRuntimeExecutor> &executor,
+                                          ExecutorConfig config);
+
+/// The context line recreate_executor adds when arrays of a lost executor still hold its device.
+inline constexpr const char *kLostContextStillHeld =
+    "arrays of the executor whose device was lost still hold its driver context: free or drop "
+    "them, then make the executor again";
+
 }  // namespace kiln
 
 #endif  // KILN_EXECUTOR_EXECUTOR_H_
