@@ -16,6 +16,8 @@
 
 #include <array>
 #include <atomic>
+#include <future>
+#include <system_error>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -28,6 +30,7 @@
 
 #include "kiln/executor/errors.h"
 #include "kiln/executor/executor.h"
+#include "kiln/runtime/host_memory_guard.h"
 #include "kiln/rhi/fork_hooks.h"
 
 namespace py = pybind11;
@@ -100,6 +103,16 @@ py::object make_exception(const Failure &failure) {
   py::object exc = make_exception(failure);
   PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(exc.ptr())), exc.ptr());
   throw py::error_already_set();
+}
+
+/// Sets the Python error of `failure` without throwing (for exception translators).
+void set_python_error(const Failure &failure) {
+  try {
+    py::object exc = make_exception(failure);
+    PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(exc.ptr())), exc.ptr());
+  } catch (py::error_already_set &e) {
+    e.restore();  // making the exception failed (no memory): that error is raised instead
+  }
 }
 
 [[noreturn]] void raise_invalid_usage(const std::string &device, const char *site, std::string detail) {
@@ -822,6 +835,21 @@ PYBIND11_MODULE(_kiln, m) {
   using namespace kiln::python;
   m.doc() = "kiln native module; use the package `kiln`.";
   load_error_classes();
+  // A C++ exception that reaches Python from below the executor's guards (pybind11's own
+  // allocations, numpy copies): std::bad_alloc is HostOutOfMemoryError, std::future_error and
+  // std::system_error (a thread the host refused) RuntimeFaultError; never a plain MemoryError
+  // or RuntimeError.
+  py::register_exception_translator([](std::exception_ptr caught) {
+    try {
+      std::rethrow_exception(caught);
+    } catch (const std::bad_alloc &) {
+      set_python_error(runtime::failure_from_current_exception("host", "kiln"));
+    } catch (const std::future_error &) {
+      set_python_error(runtime::failure_from_current_exception("host", "kiln"));
+    } catch (const std::system_error &) {
+      set_python_error(runtime::failure_from_current_exception("host", "kiln"));
+    }
+  });
 
   py::enum_<DataType> dtype_enum(m, "dtype", "Element type of a kiln.ndarray.");
   dtype_enum
@@ -903,6 +931,14 @@ PYBIND11_MODULE(_kiln, m) {
   m.def("_set_fault_at", &set_fault_at, py::arg("at"), guarded());
   m.def("_clear_fault", &clear_fault, guarded());
   m.def("_fault_allocation_count", &fault_allocation_count, guarded());
+  // Throws a C++ exception of `kind` (bad_alloc, future_error, system_error) through the module:
+  // tests the translation above.
+  m.def("_throw_cpp_exception", [](const std::string &kind) {
+    if (kind == "bad_alloc") throw std::bad_alloc();
+    if (kind == "future_error") throw std::future_error(std::future_errc::no_state);
+    if (kind == "system_error")
+      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+  }, py::arg("kind"));
   m.def("_make_error", &make_error, py::arg("result"), py::arg("oom_source") = "none",
         py::arg("requested_bytes") = 0, py::arg("device") = "", py::arg("detail") = "", guarded());
 }

@@ -8,6 +8,7 @@
 #include "kiln/rhi/amdgpu_device.h"
 #include "kiln/rhi/cpu_device.h"
 #include "kiln/rhi/cuda_device.h"
+#include "kiln/runtime/host_memory_guard.h"
 #include "kiln/runtime/thread_pool.h"
 
 namespace kiln {
@@ -60,6 +61,14 @@ LlvmRuntimeExecutor::~LlvmRuntimeExecutor() {
 }
 
 RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create(
+    ExecutorConfig config, std::shared_ptr<Program> program) {
+  const std::string device(to_string(config.backend));
+  return runtime::guard_host_exceptions(device, "LlvmRuntimeExecutor::create", [&] {
+    return create_unguarded(std::move(config), std::move(program));
+  });
+}
+
+RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create_unguarded(
     ExecutorConfig config, std::shared_ptr<Program> program) {
   auto context = std::make_shared<DeviceContext>();
   KILN_ASSIGN_OR_RETURN(context->device, create_device(config));

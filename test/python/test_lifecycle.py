@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import kiln
+
 FAKE_CUDA = os.environ.get("KILN_TEST_FAKE_CUDA")
 FAKE_HIP = os.environ.get("KILN_TEST_FAKE_HIP")
 TIMEOUT_S = 120
@@ -197,3 +199,64 @@ def test_exit_with_daemon_threads_inside_kiln_keeps_the_status(arch):
         procs = list(pool.map(lambda r: (run_script(arch, EXIT_WITH_DAEMONS, r[0]), r[1]), runs))
     for proc, status in procs:
         assert_clean(proc, status)
+
+
+# --- host memory exhaustion during init and JIT --------------------------------------------------
+
+HOST_OOM = """
+    import resource
+    STAGE, EXTRA_MIB = sys.argv[2], int(sys.argv[3])
+
+    def address_space_bytes():
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+
+    def limit():
+        cap = address_space_bytes() + (EXTRA_MIB << 20)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    host = np.ones(1000, dtype=np.float32)
+    try:
+        if STAGE == "init":           # the executor and the JIT of the kernels under the limit
+            limit()
+            kiln.init(ARCH)
+        else:                         # the executor (and its compile) first, then the ops
+            kiln.init(ARCH)
+            limit()
+        x = kiln.from_numpy(host)
+        kiln.axpy(1.0, x, x)
+        assert kiln.reduce_sum(x) == 2000
+        print("ok")
+    except kiln.Error as e:
+        print("refused", type(e).__name__, getattr(e, "oom_source", ""))
+"""
+
+
+@pytest.mark.parametrize("stage", ["init", "first_op"])
+def test_host_memory_exhaustion_during_init_and_jit_is_a_named_error(stage):
+    extras_mib = [1, 2, 4, 8, 12, 16, 24, 32, 64]
+    with ThreadPoolExecutor(4) as pool:
+        procs = list(pool.map(lambda mib: run_script("cpu", HOST_OOM, stage, str(mib)), extras_mib))
+    outcomes = []
+    for proc in procs:
+        assert_clean(proc, 0)  # never an abort (134, -6), a crash or a plain MemoryError
+        outcomes.append(proc.stdout.strip())
+    assert all(o == "ok" or o.startswith("refused ") for o in outcomes), outcomes
+    if stage == "init":  # the compile is refused by name before LLVM runs out
+        assert "refused HostOutOfMemoryError host" in outcomes, outcomes
+    assert outcomes[-1] == "ok", outcomes  # with room enough, it works
+
+
+@pytest.mark.parametrize("kind, error", [
+    ("bad_alloc", kiln.HostOutOfMemoryError),
+    ("future_error", kiln.RuntimeFaultError),
+    ("system_error", kiln.RuntimeFaultError),
+])
+def test_a_cpp_exception_reaching_python_is_a_named_kiln_error(kind, error):
+    with pytest.raises(error) as info:
+        kiln._kiln._throw_cpp_exception(kind)
+    if error is kiln.HostOutOfMemoryError:
+        assert isinstance(info.value, MemoryError)
+        assert info.value.oom_source == "host"

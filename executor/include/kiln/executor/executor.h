@@ -55,7 +55,8 @@ class LlvmRuntimeExecutor {
  public:
   /// Opens the device, sets its budget, compiles (or reuses) the Program, and allocates the
   /// device runtime state and heap chunk. Errors: those of create_device and Program::create;
-  /// out_of_memory when the heap chunk or code object does not fit.
+  /// out_of_memory when the heap chunk or code object does not fit, or the host has no memory
+  /// left for the executor itself (oom_source host; a thread the host refuses is error).
   [[nodiscard]] static RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> create(
       ExecutorConfig config, std::shared_ptr<Program> program = nullptr);
   ~LlvmRuntimeExecutor();
@@ -103,6 +104,8 @@ class LlvmRuntimeExecutor {
  private:
   LlvmRuntimeExecutor(ExecutorConfig config, std::shared_ptr<DeviceContext> context,
                       std::shared_ptr<Program> program);
+  [[nodiscard]] static RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> create_unguarded(
+      ExecutorConfig config, std::shared_ptr<Program> program);
   [[nodiscard]] RhiStatus init_runtime();
   [[nodiscard]] RhiStatus check_same(const char *op, const Ndarray &a, const Ndarray &b) const;
   [[nodiscard]] RhiStatus check_usable(const char *op, const Ndarray &a) const;

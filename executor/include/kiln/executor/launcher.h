@@ -77,6 +77,7 @@ class KernelLauncher {
   runtime::DeviceMemory &memory_;
 
  private:
+  [[nodiscard]] RhiExpected<LaunchResult> launch_unguarded(const LaunchSpec &spec);
   [[nodiscard]] RhiStatus reset_runtime();
   [[nodiscard]] RhiStatus check_device_error(const std::string &kernel);
 
