@@ -16,7 +16,8 @@
 namespace kiln::runtime {
 
 /// Address space (bytes) kept free before LLVM compiles kiln's runtime module: its peak need
-/// with LLVM 14 is about 15 MiB (measured under RLIMIT_AS), doubled.
+/// with LLVM 14 is under 16 MiB (measured under RLIMIT_AS: 4 MiB of room fails, 16 MiB works),
+/// doubled.
 inline constexpr uint64_t kJitHeadroomBytes = 32ull << 20;
 
 /// out_of_memory with oom_source host (Python: HostOutOfMemoryError) for `requested_bytes` of host
