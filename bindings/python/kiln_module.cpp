@@ -12,8 +12,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cxxabi.h>
+
 #include <array>
+#include <atomic>
+#include <future>
+#include <system_error>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +30,8 @@
 
 #include "kiln/executor/errors.h"
 #include "kiln/executor/executor.h"
+#include "kiln/runtime/host_memory_guard.h"
+#include "kiln/rhi/fork_hooks.h"
 
 namespace py = pybind11;
 
@@ -102,6 +111,16 @@ py::object make_exception(const Failure &failure) {
   throw py::error_already_set();
 }
 
+/// Sets the Python error of `failure` without throwing (for exception translators).
+void set_python_error(const Failure &failure) {
+  try {
+    py::object exc = make_exception(failure);
+    PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(exc.ptr())), exc.ptr());
+  } catch (py::error_already_set &e) {
+    e.restore();  // making the exception failed (no memory): that error is raised instead
+  }
+}
+
 [[noreturn]] void raise_invalid_usage(const std::string &device, const char *site, std::string detail) {
   raise_failure(invalid_usage(device, site, std::move(detail)));
 }
@@ -141,6 +160,82 @@ T check(RhiExpected<T> expected) {
   f.requested_bytes = size_bytes;
   f.driver_status = "MemoryError";
   raise_failure(f);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Running C++ without the GIL.
+
+/// Runs `fn` with the GIL released and takes the GIL back. At interpreter exit a daemon thread
+/// that takes the GIL back is ended by CPython (pthread_exit, a forced unwind); that unwind must
+/// pass through here, never through a noexcept destructor (pybind11's gil_scoped_release), which
+/// would end the whole process in std::terminate.
+template <class Fn>
+auto without_gil(Fn &&fn) -> decltype(fn()) {
+  PyThreadState *state = PyEval_SaveThread();
+  try {
+    auto result = fn();
+    PyEval_RestoreThread(state);  // may end this thread (interpreter exit): a forced unwind
+    return result;
+  } catch (abi::__forced_unwind &) {
+    throw;  // the thread is ending: there is no GIL to take back
+  } catch (...) {
+    PyEval_RestoreThread(state);
+    throw;
+  }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Interpreter exit while other threads are inside kiln.
+//
+// CPython ends a daemon thread that takes the GIL back during finalization (pthread_exit, a
+// forced unwind). Inside kiln that unwind would run C++ destructors that touch Python objects
+// without the GIL, or a noexcept destructor (std::terminate). So kiln closes its door first: its
+// exit hook (kiln._shutdown, run by atexit while the interpreter is still whole) makes every
+// later call from another thread park for good (GIL released, never back into Python, gone
+// with the process) and waits, GIL released, for the calls already inside to return.
+
+constexpr auto kShutdownWait = std::chrono::seconds(10);  // a call inside kiln that never ends
+std::atomic<int> g_calls_inside{0};  // outermost kiln calls in progress, every thread
+std::atomic<bool> g_closing{false};
+std::thread::id g_closing_thread;  // guarded by the GIL: the thread that ran kiln._shutdown
+thread_local int t_call_depth = 0;
+
+[[noreturn]] void park_forever() {
+  (void)PyEval_SaveThread();  // releases the GIL; this thread never takes it back
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+/// pybind11 call guard of every kiln function: counts the calls inside kiln, parks the threads
+/// that come in after kiln._shutdown (the exiting thread itself goes on).
+struct CallGuard {
+  CallGuard() {
+    if (t_call_depth == 0 && g_closing.load(std::memory_order_acquire) &&
+        std::this_thread::get_id() != g_closing_thread)
+      park_forever();
+    if (t_call_depth++ == 0) g_calls_inside.fetch_add(1, std::memory_order_acq_rel);
+  }
+  ~CallGuard() {
+    if (--t_call_depth == 0) g_calls_inside.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  CallGuard(const CallGuard &) = delete;
+  CallGuard &operator=(const CallGuard &) = delete;
+};
+using guarded = py::call_guard<CallGuard>;
+
+// A forked child has only the forking thread: the calls other threads had in progress are not.
+ForkRegistration g_calls_fork_registration(ForkHooks{
+    nullptr, nullptr, [] { g_calls_inside.store(t_call_depth > 0 ? 1 : 0, std::memory_order_relaxed); }});
+
+/// Waits (GIL released) until no other thread is inside kiln, at most kShutdownWait.
+void wait_for_calls_inside() {
+  const int mine = t_call_depth > 0 ? 1 : 0;
+  without_gil([mine] {
+    const auto deadline = std::chrono::steady_clock::now() + kShutdownWait;
+    while (g_calls_inside.load(std::memory_order_acquire) > mine &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return 0;
+  });
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -263,11 +358,20 @@ void init(py::handle arch, const py::object &budget_bytes, const py::object &res
   const std::optional<uint64_t> fault = to_optional_bytes(fault_at, "fault_at");
   const std::optional<uint64_t> fail_size = to_optional_bytes(fail_sizes_at_least, "fail_sizes_at_least");
 
-  RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> created;
-  {
-    py::gil_scoped_release nogil;  // the first executor JIT-compiles the kernels
-    created = LlvmRuntimeExecutor::create(std::move(config));
+  // A lost device recovers only once its driver context is released: the old executor goes
+  // first (its arrays, if any still live, keep the context and the new one fails as lost).
+  std::weak_ptr<DeviceContext> lost_context;
+  if (g_executor && g_executor->device().is_lost()) {
+    lost_context = g_executor->context();
+    replace_executor(nullptr);
   }
+  // The first executor JIT-compiles the kernels.
+  RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> created =
+      without_gil([&] { return LlvmRuntimeExecutor::create(std::move(config)); });
+  if (!created && created.error().result == RhiResult::device_lost && !lost_context.expired())
+    created.error().add_context(
+        "arrays of the executor whose device was lost still hold its driver context: free or "
+        "delete them, then call kiln.init again");  // recreate_executor's rule, for a shared_ptr
   std::shared_ptr<LlvmRuntimeExecutor> fresh = check(std::move(created));
   // Faults count from after the executor's own set-up, as kiln-ops --fault-at does.
   if (fault && *fault != 0) fresh->memory().fault_plan().fail_nth_allocation(*fault);
@@ -366,8 +470,7 @@ class BusyScope {
 template <class Fn>
 auto launch(std::initializer_list<PyArray *> arrays, Fn &&fn) {
   BusyScope busy(arrays);
-  py::gil_scoped_release nogil;
-  return fn();
+  return without_gil(std::forward<Fn>(fn));
 }
 
 /// `value` as a kiln.ndarray of `site`'s argument `name`. Errors: InvalidTypeError when it is
@@ -952,6 +1055,21 @@ PYBIND11_MODULE(_kiln, m) {
   using namespace kiln::python;
   m.doc() = "kiln native module; use the package `kiln`.";
   load_error_classes();
+  // A C++ exception that reaches Python from below the executor's guards (pybind11's own
+  // allocations, numpy copies): std::bad_alloc is HostOutOfMemoryError, std::future_error and
+  // std::system_error (a thread the host refused) RuntimeFaultError; never a plain MemoryError
+  // or RuntimeError.
+  py::register_exception_translator([](std::exception_ptr caught) {
+    try {
+      std::rethrow_exception(caught);
+    } catch (const std::bad_alloc &) {
+      set_python_error(runtime::failure_from_current_exception("host", "kiln"));
+    } catch (const std::future_error &) {
+      set_python_error(runtime::failure_from_current_exception("host", "kiln"));
+    } catch (const std::system_error &) {
+      set_python_error(runtime::failure_from_current_exception("host", "kiln"));
+    }
+  });
 
   py::enum_<DataType> dtype_enum(m, "dtype", "Element type of a kiln.ndarray.");
   dtype_enum
@@ -993,14 +1111,19 @@ PYBIND11_MODULE(_kiln, m) {
         py::arg("caching") = true, py::arg("device_heap_bytes") = py::none(),
         py::arg("mock_capacity_bytes") = py::none(), py::arg("mock_other_process_bytes") = py::none(),
         py::arg("num_threads") = py::none(), py::arg("fault_at") = py::none(),
-        py::arg("fail_sizes_at_least") = py::none());
-  m.def("device", [] { return executor()->device().name(); });
-  m.def("_shutdown", [] { replace_executor(nullptr); });
+        py::arg("fail_sizes_at_least") = py::none(), guarded());
+  m.def("device", [] { return executor()->device().name(); }, guarded());
+  m.def("_shutdown", [] {
+    g_closing_thread = std::this_thread::get_id();
+    g_closing.store(true, std::memory_order_release);
+    wait_for_calls_inside();
+    replace_executor(nullptr);
+  });
 
   py::class_<PyArray> cls(m, "ndarray", py::buffer_protocol());
   // Every accessor goes through as_array: an instance made by ndarray.__new__ alone is refused.
   const auto arr = [](py::handle self) -> PyArray & { return as_array(self, "ndarray", "self"); };
-  cls.def(py::init(&make_ndarray), py::arg("dtype"), py::arg("shape"))
+  cls.def(py::init(&make_ndarray), py::arg("dtype"), py::arg("shape"), guarded())
       .def_property_readonly("shape", [arr](py::handle s) { return py::tuple(py::cast(arr(s).shape)); })
       .def_property_readonly("dtype", [arr](py::handle s) { return arr(s).dtype; })
       .def_property_readonly("nbytes", [arr](py::handle s) { return arr(s).nbytes; })
@@ -1019,13 +1142,13 @@ PYBIND11_MODULE(_kiln, m) {
         d["version"] = 3;
         return d;
       })
-      .def("free", &free_array)
-      .def("to_numpy", &to_numpy)
+      .def("free", &free_array, guarded())
+      .def("to_numpy", &to_numpy, guarded())
       // copy.copy / copy.deepcopy: a new array on the current device with the same contents
       // (numpy's meaning); pickle: rebuilt by kiln.from_numpy from the host copy.
-      .def("__copy__", [](py::handle self) { return copy_array(self); })
+      .def("__copy__", [](py::handle self) { return copy_array(self); }, guarded())
       .def("__deepcopy__", [](py::handle self, py::handle /*memo*/) { return copy_array(self); },
-           py::arg("memo"))
+           py::arg("memo"), guarded())
       .def("__reduce__", [](py::handle self) {
         py::object rebuild = py::module_::import("kiln").attr("_ndarray_from_host");
         return py::make_tuple(rebuild, py::make_tuple(to_numpy(self)));
@@ -1049,24 +1172,32 @@ PYBIND11_MODULE(_kiln, m) {
   type->tp_as_buffer->bf_getbuffer = &ndarray_getbuffer;
   type->tp_as_buffer->bf_releasebuffer = &ndarray_releasebuffer;
 
-  m.def("from_numpy", &from_numpy, py::arg("a"));
-  m.def("fill", &fill, py::arg("out"), py::arg("value"));
-  m.def("copy", &copy, py::arg("dst"), py::arg("src"));
-  m.def("axpy", &axpy, py::arg("alpha"), py::arg("x"), py::arg("y"));
-  m.def("reduce_sum", &reduce_sum, py::arg("x"));
-  m.def("matmul", &matmul, py::arg("a"), py::arg("b"), py::arg("out") = py::none());
-  m.def("compact_positive", &compact_positive, py::arg("x"));
+  m.def("from_numpy", &from_numpy, py::arg("a"), guarded());
+  m.def("fill", &fill, py::arg("out"), py::arg("value"), guarded());
+  m.def("copy", &copy, py::arg("dst"), py::arg("src"), guarded());
+  m.def("axpy", &axpy, py::arg("alpha"), py::arg("x"), py::arg("y"), guarded());
+  m.def("reduce_sum", &reduce_sum, py::arg("x"), guarded());
+  m.def("matmul", &matmul, py::arg("a"), py::arg("b"), py::arg("out") = py::none(), guarded());
+  m.def("compact_positive", &compact_positive, py::arg("x"), guarded());
 
-  m.def("memory_stats", &memory_stats);
-  m.def("memory_summary", [] { return executor()->memory().summary(); });
-  m.def("empty_cache", [] { return executor()->memory().release_cached(); });
-  m.def("reset_peak_memory_stats", [] { executor()->memory().reset_peaks(); });
-  m.def("add_oom_observer", &add_oom_observer, py::arg("callback"));
-  m.def("remove_oom_observer", &remove_oom_observer, py::arg("observer_id"));
+  m.def("memory_stats", &memory_stats, guarded());
+  m.def("memory_summary", [] { return executor()->memory().summary(); }, guarded());
+  m.def("empty_cache", [] { return executor()->memory().release_cached(); }, guarded());
+  m.def("reset_peak_memory_stats", [] { executor()->memory().reset_peaks(); }, guarded());
+  m.def("add_oom_observer", &add_oom_observer, py::arg("callback"), guarded());
+  m.def("remove_oom_observer", &remove_oom_observer, py::arg("observer_id"), guarded());
 
-  m.def("_push_fault", &push_fault, py::arg("at"));
-  m.def("_pop_fault", &pop_fault);
-  m.def("_fault_allocation_count", &fault_allocation_count);
+  m.def("_push_fault", &push_fault, py::arg("at"), guarded());
+  m.def("_pop_fault", &pop_fault, guarded());
+  m.def("_fault_allocation_count", &fault_allocation_count, guarded());
+  // Throws a C++ exception of `kind` (bad_alloc, future_error, system_error) through the module:
+  // tests the translation above.
+  m.def("_throw_cpp_exception", [](const std::string &kind) {
+    if (kind == "bad_alloc") throw std::bad_alloc();
+    if (kind == "future_error") throw std::future_error(std::future_errc::no_state);
+    if (kind == "system_error")
+      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+  }, py::arg("kind"));
   m.def("_make_error", &make_error, py::arg("result"), py::arg("oom_source") = "none",
-        py::arg("requested_bytes") = 0, py::arg("device") = "", py::arg("detail") = "");
+        py::arg("requested_bytes") = 0, py::arg("device") = "", py::arg("detail") = "", guarded());
 }

@@ -8,6 +8,7 @@
 #include "kiln/rhi/amdgpu_device.h"
 #include "kiln/rhi/cpu_device.h"
 #include "kiln/rhi/cuda_device.h"
+#include "kiln/runtime/host_memory_guard.h"
 #include "kiln/runtime/thread_pool.h"
 
 namespace kiln {
@@ -61,6 +62,14 @@ LlvmRuntimeExecutor::~LlvmRuntimeExecutor() {
 
 RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create(
     ExecutorConfig config, std::shared_ptr<Program> program) {
+  const std::string device(to_string(config.backend));
+  return runtime::guard_host_exceptions(device, "LlvmRuntimeExecutor::create", [&] {
+    return create_unguarded(std::move(config), std::move(program));
+  });
+}
+
+RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create_unguarded(
+    ExecutorConfig config, std::shared_ptr<Program> program) {
   auto context = std::make_shared<DeviceContext>();
   KILN_ASSIGN_OR_RETURN(context->device, create_device(config));
   KILN_ASSIGN_OR_RETURN(context->memory, runtime::DeviceMemory::create(*context->device, config.budget));
@@ -107,6 +116,22 @@ RhiStatus LlvmRuntimeExecutor::init_runtime() {
   return {};
 }
 
+RhiStatus recreate_executor(std::unique_ptr<LlvmRuntimeExecutor> &executor, ExecutorConfig config) {
+  std::weak_ptr<DeviceContext> lost_context;
+  if (executor && executor->device().is_lost()) {
+    lost_context = executor->context();
+    executor.reset();  // lets go of the lost context before a new one is asked for
+  }
+  auto created = LlvmRuntimeExecutor::create(std::move(config));
+  if (!created) {
+    if (created.error().result == RhiResult::device_lost && !lost_context.expired())
+      created.error().add_context(kLostContextStillHeld);
+    return std::unexpected(std::move(created).error());
+  }
+  executor = std::move(*created);
+  return {};
+}
+
 unsigned LlvmRuntimeExecutor::worker_threads() const { return launcher_->num_threads(); }
 
 RhiExpected<DeviceAllocation> LlvmRuntimeExecutor::allocate_memory_on_device(uint64_t size_bytes,
@@ -141,6 +166,11 @@ RhiStatus LlvmRuntimeExecutor::free(Ndarray &array) {
   KILN_RETURN_IF_ERROR(check_usable("free", array));
   KILN_ASSIGN_OR_RETURN(const std::optional<DeviceAllocation> alloc, array.allocation("free"));
   array.state_->freed = true;
+  // A freed array no longer keeps the device open: once the executor and the live arrays are
+  // gone, the device (and a lost device's driver context) is released, so a new executor on it
+  // can recover.
+  array.state_->freed_device_name = device().name();
+  array.state_->context.reset();
   if (alloc) return context_->memory->free(*alloc);
   return {};
 }

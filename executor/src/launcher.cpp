@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "kiln/runtime/host_memory_guard.h"
 #include "kiln/runtime/thread_pool.h"
 
 namespace kiln {
@@ -73,6 +74,12 @@ RhiStatus KernelLauncher::check_device_error(const std::string &kernel) {
 }
 
 RhiExpected<LaunchResult> KernelLauncher::launch(const LaunchSpec &spec) {
+  // A host allocation of the launch itself (its request list, the task results) may fail.
+  return runtime::guard_host_exceptions(memory_.device().name(), "KernelLauncher::launch",
+                                        [&] { return launch_unguarded(spec); });
+}
+
+RhiExpected<LaunchResult> KernelLauncher::launch_unguarded(const LaunchSpec &spec) {
   KILN_RETURN_IF_ERROR(check_kernel(spec.kernel));
   std::lock_guard lock(mutex_);
   const int64_t num_tasks = task_count(spec);

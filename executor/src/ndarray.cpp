@@ -69,7 +69,7 @@ RhiExpected<std::optional<DeviceAllocation>> Ndarray::allocation(const char *sit
   if (state_ == nullptr)
     return std::unexpected(invalid_usage("kiln", site, "ndarray handle is empty (default-constructed)"));
   if (state_->freed)
-    return std::unexpected(invalid_usage(state_->context->device->name(), site,
+    return std::unexpected(invalid_usage(state_->freed_device_name, site,
                                          fmt::format("ndarray {} used after it was freed", describe())));
   return state_->alloc;
 }

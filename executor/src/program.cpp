@@ -7,6 +7,7 @@
 #include "kiln/runtime/amdgcn_codegen.h"
 #include "kiln/runtime/cpu_jit.h"
 #include "kiln/runtime/elf_image.h"
+#include "kiln/runtime/host_memory_guard.h"
 #include "kiln/runtime/ptx_codegen.h"
 
 namespace kiln {
@@ -50,6 +51,19 @@ Program::Program(CodegenArch arch, std::unique_ptr<runtime::CpuJit> jit, std::st
 Program::~Program() = default;
 
 RhiExpected<std::shared_ptr<Program>> Program::create(CodegenArch arch, std::string_view target) {
+  // LLVM cannot fail cleanly when the host runs out of memory: make sure there is room first,
+  // and turn what still escapes (std::bad_alloc, LLVM's reports) into named failures.
+  runtime::install_llvm_error_handlers();
+  if (arch != CodegenArch::amdgcn) {
+    KILN_RETURN_IF_ERROR(
+        runtime::check_host_headroom("kiln", "Program::create", runtime::kJitHeadroomBytes));
+  }
+  return runtime::guard_host_exceptions("kiln", "Program::create",
+                                        [&] { return create_unguarded(arch, target); });
+}
+
+RhiExpected<std::shared_ptr<Program>> Program::create_unguarded(CodegenArch arch,
+                                                                std::string_view target) {
   if (arch != CodegenArch::amdgcn && !target.empty())
     return std::unexpected(invalid_usage("kiln", "Program::create",
                                          fmt::format("a code target ('{}') is only chosen for amdgcn", target)));
@@ -76,10 +90,13 @@ RhiExpected<std::shared_ptr<Program>> Program::create(CodegenArch arch, std::str
 }
 
 RhiExpected<std::shared_ptr<Program>> Program::shared(CodegenArch arch, std::string_view target) {
-  static std::mutex mutex;
-  static std::map<std::pair<CodegenArch, std::string>, std::shared_ptr<Program>> programs;
-  std::lock_guard lock(mutex);
-  auto &program = programs[{arch, std::string(target)}];
+  // Never destroyed: threads may still run kernels while the process exits. Made anew in a
+  // forked child (a compile in flight makes a Program, whose mutex registers fork hooks, so it
+  // cannot be held across the fork); the child compiles again what the parent had not finished.
+  static auto *mutex = new ForkSafeMutex(ForkSafeMutex::Policy::reset_in_child);
+  static auto *programs = new std::map<std::pair<CodegenArch, std::string>, std::shared_ptr<Program>>;
+  std::lock_guard lock(*mutex);
+  auto &program = (*programs)[{arch, std::string(target)}];
   if (!program) {
     KILN_ASSIGN_OR_RETURN(program, create(arch, target));
   }
@@ -92,9 +109,12 @@ RhiExpected<KilnKernelFn> Program::kernel(std::string_view name) {
                                         "a GPU program's kernels run on its device, not the host"));
   std::lock_guard lock(mutex_);
   if (auto it = kernels_.find(std::string(name)); it != kernels_.end()) return it->second;
-  KILN_ASSIGN_OR_RETURN(const KilnKernelFn fn, jit_->lookup_kernel(name));
-  kernels_.emplace(std::string(name), fn);
-  return fn;
+  // CpuJit::create compiled the module; a lookup still allocates (std::bad_alloc is named).
+  return runtime::guard_host_exceptions("cpu", "Program::kernel", [&]() -> RhiExpected<KilnKernelFn> {
+    KILN_ASSIGN_OR_RETURN(const KilnKernelFn fn, jit_->lookup_kernel(name));
+    kernels_.emplace(std::string(name), fn);
+    return fn;
+  });
 }
 
 bool Program::has_kernel(std::string_view name) {

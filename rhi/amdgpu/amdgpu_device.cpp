@@ -23,7 +23,16 @@ class AmdgpuDevice final : public DriverGpuDevice {
  public:
   AmdgpuDevice(const HipRuntime *runtime, int ordinal)
       : DriverGpuDevice(fmt::format("amdgpu:{}", ordinal), kEntryNames), runtime_(runtime), ordinal_(ordinal) {}
-  ~AmdgpuDevice() override { unload_all_modules("~AmdgpuDevice"); }
+  /// A lost device is reset when its last user lets go, as CUDA destroys a primary context on
+  /// its last release: a sticky fault stays with the HIP runtime's device until hipDeviceReset,
+  /// so without it a new executor would find the device lost again. (The reset also destroys
+  /// what another executor of this process holds on the device, all of it lost with the device.)
+  ~AmdgpuDevice() override {
+    unload_all_modules("~AmdgpuDevice");
+    if (!is_lost() || crossed_fork()) return;
+    (void)runtime_->hipSetDevice(ordinal_);  // may answer the sticky fault: reset anyway
+    (void)runtime_->hipDeviceReset();
+  }
 
   [[nodiscard]] Backend backend() const override { return Backend::amdgpu; }
   RhiExpected<MemoryInfo> memory_info() override;

@@ -63,7 +63,7 @@ class CudaDevice final : public DriverGpuDevice {
 
 CudaDevice::~CudaDevice() {
   unload_all_modules("~CudaDevice");
-  (void)driver_->cuDevicePrimaryCtxRelease_v2(device_);
+  if (!crossed_fork()) (void)driver_->cuDevicePrimaryCtxRelease_v2(device_);  // the parent's
 }
 
 RhiExpected<Device::MemoryInfo> CudaDevice::memory_info() {

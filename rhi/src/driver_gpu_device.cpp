@@ -12,6 +12,13 @@ RhiStatus DriverGpuDevice::check(int code, const char *site) {
 
 RhiStatus DriverGpuDevice::enter(const char *site) {
   KILN_RETURN_IF_ERROR(check_alive(site));
+  if (crossed_fork())
+    return std::unexpected(failure(
+        RhiResult::not_supported, site,
+        fmt::format("{} was opened in the parent of this forked process and a GPU driver context "
+                    "does not cross fork(); initialize kiln again in this process (kiln.init) "
+                    "or use the spawn start method",
+                    name())));
   return make_current();
 }
 
@@ -27,7 +34,7 @@ RhiExpected<uint64_t> DriverGpuDevice::allocated(int code, const char *site, uin
 }
 
 void DriverGpuDevice::unload_all_modules(const char *site) {
-  if (is_lost() || !enter(site)) return;
+  if (is_lost() || crossed_fork() || !enter(site)) return;
   std::lock_guard lock(modules_mutex_);
   for (auto &[id, module] : modules_) (void)module_unload(module.handle);
   modules_.clear();

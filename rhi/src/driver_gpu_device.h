@@ -13,6 +13,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "kiln/rhi/fork_hooks.h"
 #include "kiln/rhi/gpu_device.h"
 
 namespace kiln {
@@ -41,8 +42,13 @@ class DriverGpuDevice : public GpuDevice {
 
   /// Maps a driver answer with the backend's status function; device_lost marks the device lost.
   [[nodiscard]] RhiStatus check(int code, const char *site);
-  /// Fails fast on a lost device, then makes the device current on the calling thread.
+  /// Fails fast on a lost device, or with not_supported in a process forked after the device
+  /// was made (a driver context does not cross fork()); then makes the device current on the
+  /// calling thread.
   [[nodiscard]] RhiStatus enter(const char *site);
+  /// Whether this process was forked from the one that made the device: the driver's context
+  /// belongs to the parent, and no driver call may be made with it here (not even a release).
+  [[nodiscard]] bool crossed_fork() const { return fork_generation() != fork_generation_; }
   /// The result of an allocation call that answered `code` with `address`: the address, or the
   /// failure with the request's category and size.
   [[nodiscard]] RhiExpected<uint64_t> allocated(int code, const char *site, uint64_t address,
@@ -73,6 +79,7 @@ class DriverGpuDevice : public GpuDevice {
   [[nodiscard]] RhiExpected<Handle> function(uint64_t module, const std::string &kernel);
 
   EntryNames names_;
+  const uint64_t fork_generation_ = fork_generation();  // the process the context belongs to
   std::mutex modules_mutex_;
   uint64_t next_module_ = 1;
   std::unordered_map<uint64_t, Module> modules_;

@@ -2,8 +2,13 @@
 // with it, so when parallel_for returns no worker can still touch the caller's function.
 #include "kiln/runtime/thread_pool.h"
 
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 namespace kiln::runtime {
 namespace {
@@ -26,91 +31,143 @@ void run_inline(int64_t num_tasks, const std::function<void(int64_t)> &fn) {
 
 }  // namespace
 
-ThreadPool::ThreadPool(unsigned num_threads) {
-  const unsigned num_workers = num_threads > 1 ? num_threads - 1 : 0;
-  workers_.reserve(num_workers);
-  for (unsigned i = 0; i < num_workers; ++i) {
-    try {
-      workers_.emplace_back([this] { worker_loop(); });
-    } catch (const std::system_error &) {
-      break;  // the OS refused another thread: work with the ones it gave (num_threads() says)
+// The workers and everything they share with parallel_for. In a forked child a crew is
+// abandoned whole (its threads, mutex and condition variables belong to the parent).
+struct ThreadPool::Crew {
+  std::mutex mutex;  // guards everything below
+  std::condition_variable work_cv;
+  std::condition_variable done_cv;
+  uint64_t generation = 0;  // bumped once per job; workers wake on a change
+  bool stop = false;
+  unsigned workers_finished = 0;  // workers that are done with the current job
+  const std::function<void(int64_t)> *fn = nullptr;
+  int64_t num_tasks = 0;
+  int64_t next_task = 0;  // next unclaimed task index
+  std::exception_ptr first_exception;
+  std::vector<std::thread> workers;
+
+  const ThreadPool *pool;
+
+  Crew(const ThreadPool *owner, unsigned num_threads) : pool(owner) {
+    const unsigned num_workers = num_threads > 1 ? num_threads - 1 : 0;
+    workers.reserve(num_workers);
+    for (unsigned i = 0; i < num_workers; ++i) {
+      try {
+        workers.emplace_back([this] { worker_loop(); });
+      } catch (const std::system_error &) {
+        break;  // the OS refused another thread: work with the ones it gave (num_threads() says)
+      }
     }
   }
-}
 
-ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard lock(mutex_);
-    stop_ = true;
+  ~Crew() {
+    {
+      std::lock_guard lock(mutex);
+      stop = true;
+    }
+    work_cv.notify_all();
+    for (std::thread &worker : workers) worker.join();
   }
-  work_cv_.notify_all();
-  for (std::thread &worker : workers_) worker.join();
-}
 
-void ThreadPool::run_tasks() {
-  const ThreadPool *outer = t_running_pool;
-  t_running_pool = this;
-  std::unique_lock lock(mutex_);
-  while (next_task_ < num_tasks_) {
-    const int64_t task = next_task_++;
-    lock.unlock();
-    try {
-      (*fn_)(task);
-    } catch (...) {
-      lock.lock();
-      if (!first_exception_) first_exception_ = std::current_exception();
+  /// Claims and runs tasks of the current job until none are left.
+  void run_tasks(const ThreadPool *pool) {
+    const ThreadPool *outer = t_running_pool;
+    t_running_pool = pool;
+    std::unique_lock lock(mutex);
+    while (next_task < num_tasks) {
+      const int64_t task = next_task++;
       lock.unlock();
+      try {
+        (*fn)(task);
+      } catch (...) {
+        lock.lock();
+        if (!first_exception) first_exception = std::current_exception();
+        lock.unlock();
+      }
+      lock.lock();
     }
-    lock.lock();
+    t_running_pool = outer;
   }
-  t_running_pool = outer;
+
+  void worker_loop() {
+    uint64_t seen_generation = 0;
+    std::unique_lock lock(mutex);
+    for (;;) {
+      work_cv.wait(lock, [&] { return stop || generation != seen_generation; });
+      if (stop) return;
+      seen_generation = generation;
+      lock.unlock();
+      run_tasks(pool);
+      lock.lock();
+      if (++workers_finished == workers.size()) done_cv.notify_one();
+    }
+  }
+
+  void run_job(int64_t n, const std::function<void(int64_t)> &job) {
+    {
+      std::lock_guard lock(mutex);
+      fn = &job;
+      num_tasks = n;
+      next_task = 0;
+      workers_finished = 0;
+      first_exception = nullptr;
+      ++generation;
+    }
+    work_cv.notify_all();
+    run_tasks(pool);
+    std::exception_ptr failure;
+    {
+      std::unique_lock lock(mutex);
+      done_cv.wait(lock, [&] { return workers_finished == workers.size(); });
+      fn = nullptr;
+      failure = std::exchange(first_exception, nullptr);
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
+};
+
+ThreadPool::ThreadPool(unsigned num_threads)
+    : requested_threads_(num_threads),
+      crew_(std::make_unique<Crew>(this, num_threads)),
+      fork_registration_(ForkHooks{
+          // No job is in flight while the process is copied.
+          [this] { submit_mutex_.lock(); },
+          [this] { submit_mutex_.unlock(); },
+          [this] {
+            // The workers do not exist in the child: never join them, never touch the crew's
+            // mutex or condition variables (the parent's threads were waiting on them). The
+            // crew is left allocated; a new one starts on the next parallel_for.
+            (void)crew_.release();
+            submit_mutex_.unlock();
+          }}) {
+  num_threads_.store(static_cast<unsigned>(crew_->workers.size()) + 1, std::memory_order_relaxed);
 }
 
-void ThreadPool::worker_loop() {
-  uint64_t seen_generation = 0;
-  std::unique_lock lock(mutex_);
-  for (;;) {
-    work_cv_.wait(lock, [&] { return stop_ || generation_ != seen_generation; });
-    if (stop_) return;
-    seen_generation = generation_;
-    lock.unlock();
-    run_tasks();
-    lock.lock();
-    if (++workers_finished_ == workers_.size()) done_cv_.notify_one();
-  }
-}
+ThreadPool::~ThreadPool() = default;
+
+unsigned ThreadPool::num_threads() const { return num_threads_.load(std::memory_order_relaxed); }
 
 void ThreadPool::parallel_for(int64_t num_tasks, const std::function<void(int64_t)> &fn) {
   if (num_tasks <= 0) return;
-  if (num_tasks == 1 || workers_.empty() || t_running_pool == this) {
+  if (num_tasks == 1 || requested_threads_ <= 1 || t_running_pool == this) {
     run_inline(num_tasks, fn);
     return;
   }
   std::lock_guard submit(submit_mutex_);
-  {
-    std::lock_guard lock(mutex_);
-    fn_ = &fn;
-    num_tasks_ = num_tasks;
-    next_task_ = 0;
-    workers_finished_ = 0;
-    first_exception_ = nullptr;
-    ++generation_;
+  if (!crew_) {  // the first job in a forked child
+    crew_ = std::make_unique<Crew>(this, requested_threads_);
+    num_threads_.store(static_cast<unsigned>(crew_->workers.size()) + 1, std::memory_order_relaxed);
   }
-  work_cv_.notify_all();
-  run_tasks();
-  std::exception_ptr failure;
-  {
-    std::unique_lock lock(mutex_);
-    done_cv_.wait(lock, [&] { return workers_finished_ == workers_.size(); });
-    fn_ = nullptr;
-    failure = std::exchange(first_exception_, nullptr);
+  if (crew_->workers.empty()) {
+    run_inline(num_tasks, fn);
+    return;
   }
-  if (failure) std::rethrow_exception(failure);
+  crew_->run_job(num_tasks, fn);
 }
 
 ThreadPool &default_thread_pool() {
-  static ThreadPool pool;
-  return pool;
+  static auto *pool = new ThreadPool;
+  return *pool;
 }
 
 }  // namespace kiln::runtime

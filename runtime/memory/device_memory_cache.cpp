@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <new>
 #include <thread>
 
 #include <fmt/format.h>
@@ -80,14 +81,31 @@ thread_local ThreadBinding t_binding;
 void DeviceMemory::install_fork_handler() {
   static std::once_flag once;
   std::call_once(once, [] {
-    // The registry lock is held across fork() so the child sees it whole.
-    pthread_atfork([] { live_memories().mutex.lock(); }, [] { live_memories().mutex.unlock(); },
-                   [] {
-                     g_forked_child.store(true, std::memory_order_relaxed);
-                     for (const auto &[id, memory] : live_memories().by_id)
-                       memory->fast_path_.store(false, std::memory_order_relaxed);
-                     live_memories().mutex.unlock();
-                   });
+    // The registry lock and every allocator's own lock are held across fork(), so the child sees
+    // them whole (never held while waiting for the GIL: OOM observers run outside them). The
+    // locks that only serialize (growth, eviction) may be held by a thread of the parent that
+    // the child does not have: the child makes them anew.
+    pthread_atfork(
+        [] {
+          live_memories().mutex.lock();
+          for (const auto &[id, memory] : live_memories().by_id) memory->mutex_.lock();
+        },
+        [] {
+          for (const auto &[id, memory] : live_memories().by_id) memory->mutex_.unlock();
+          live_memories().mutex.unlock();
+        },
+        [] {
+          g_forked_child.store(true, std::memory_order_relaxed);
+          for (const auto &[id, memory] : live_memories().by_id) {
+            memory->fast_path_.store(false, std::memory_order_relaxed);
+            memory->growth_mutex_.~mutex();
+            new (&memory->growth_mutex_) std::mutex();
+            memory->evict_mutex_.~mutex();
+            new (&memory->evict_mutex_) std::mutex();
+            memory->mutex_.unlock();
+          }
+          live_memories().mutex.unlock();
+        });
   });
 }
 

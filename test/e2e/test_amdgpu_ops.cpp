@@ -204,3 +204,34 @@ TEST_CASE("an amdgpu device loads only ELF code objects; the fake runtime checks
   const uint64_t module = value_or_throw(device->load_module(image));
   CHECK(device->unload_module(module));
 }
+
+TEST_CASE("after a lost HIP device a new executor recovers: the last user resets the device",
+          "[amdgpu][e2e][lost]") {
+  FakeGpu &fake = fake_hip();
+  ExecutorConfig config;
+  config.backend = Backend::amdgpu;
+  config.device_heap_bytes = 1_MiB;
+  std::unique_ptr<LlvmRuntimeExecutor> ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+  Ndarray a = upload<float>(*ex, DataType::f32, {1, 2, 3});
+  Ndarray b = upload<float>(*ex, DataType::f32, {4, 5, 6});
+  REQUIRE(fake.inject_fault("hipModuleLaunchKernel", 1, kHipErrorIllegalAddress) == 0);
+  REQUIRE_FALSE(ex->fill(a, Scalar::of(1.0)));
+  REQUIRE(ex->device().is_lost());
+
+  auto held = recreate_executor(ex, config);  // b is live: the device cannot be reset yet
+  REQUIRE_FALSE(held);
+  CHECK(classify(held.error()) == ErrorKind::device_lost);
+  CHECK_THAT(held.error().message(), Catch::Contains("still hold its driver context"));
+
+  REQUIRE(ex == nullptr);
+  a = Ndarray();
+  b = Ndarray();  // the last user: hipDeviceReset
+  CHECK(fake.call_count("hipDeviceReset") == 1);
+  REQUIRE(recreate_executor(ex, config));
+  Ndarray c = upload<float>(*ex, DataType::f32, {1, 2, 3});
+  REQUIRE(ex->fill(c, Scalar::of(2.0)));
+  CHECK(value_or_throw(ex->reduce_sum(c)).f64 == 6.0);
+  c = Ndarray();
+  ex.reset();
+  CHECK(fake.held_bytes() == 0);
+}

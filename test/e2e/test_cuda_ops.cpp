@@ -172,3 +172,58 @@ TEST_CASE("a module load the driver refuses fails the executor with a named erro
   CHECK(fake.held_bytes() == 0);  // the runtime state and heap went back with the executor
   CHECK(LlvmRuntimeExecutor::create(config));  // and the next one works
 }
+
+TEST_CASE("after a lost device a new executor recovers once the old one and its arrays let go",
+          "[cuda][e2e][lost]") {
+  FakeCuda &fake = fake_cuda();
+  ExecutorConfig config;
+  config.backend = Backend::cuda;
+  config.device_heap_bytes = 1_MiB;
+  std::unique_ptr<LlvmRuntimeExecutor> ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+  Ndarray a = upload<float>(*ex, DataType::f32, {1, 2, 3});
+  Ndarray b = upload<float>(*ex, DataType::f32, {4, 5, 6});
+  REQUIRE(fake.inject_fault("cuLaunchKernel", 1, 700) == 0);  // CUDA_ERROR_ILLEGAL_ADDRESS
+  auto faulted = ex->fill(a, Scalar::of(1.0));
+  REQUIRE_FALSE(faulted);
+  REQUIRE(classify(faulted.error()) == ErrorKind::device_lost);
+
+  // A live array keeps the lost context: the new executor is lost too, and says why.
+  auto held = recreate_executor(ex, config);
+  REQUIRE_FALSE(held);
+  CHECK(classify(held.error()) == ErrorKind::device_lost);
+  CHECK_THAT(held.error().message(), Catch::Contains("still hold its driver context"));
+  CHECK(ex == nullptr);
+
+  // Freed (a) or dropped (b): the context goes, and a new executor works.
+  auto again = LlvmRuntimeExecutor::create(config);
+  REQUIRE_FALSE(again);
+  CHECK(again.error().result == RhiResult::device_lost);
+  REQUIRE(ex == nullptr);
+  REQUIRE(held.error().result == RhiResult::device_lost);
+  a = Ndarray();
+  b = Ndarray();
+  REQUIRE(recreate_executor(ex, config));
+  Ndarray c = upload<float>(*ex, DataType::f32, {1, 2, 3});
+  REQUIRE(ex->fill(c, Scalar::of(2.0)));
+  CHECK(value_or_throw(ex->reduce_sum(c)).f64 == 6.0);
+}
+
+TEST_CASE("recreate_executor releases a lost executor before making the new one", "[cuda][e2e][lost]") {
+  FakeCuda &fake = fake_cuda();
+  ExecutorConfig config;
+  config.backend = Backend::cuda;
+  config.device_heap_bytes = 1_MiB;
+  std::unique_ptr<LlvmRuntimeExecutor> ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+  Ndarray a = upload<float>(*ex, DataType::f32, {1, 2, 3});
+  REQUIRE(fake.inject_fault("cuLaunchKernel", 1, 700) == 0);
+  REQUIRE_FALSE(ex->fill(a, Scalar::of(1.0)));
+  REQUIRE(ex->free(a));  // freed, still referenced: it no longer holds the device
+  REQUIRE(recreate_executor(ex, config));
+  REQUIRE(ex != nullptr);
+  CHECK_FALSE(ex->device().is_lost());
+  Ndarray c = upload<float>(*ex, DataType::f32, {1, 2, 3});
+  CHECK(value_or_throw(ex->reduce_sum(c)).f64 == 6.0);
+  c = Ndarray();
+  ex.reset();
+  CHECK(fake.held_bytes() == 0);
+}

@@ -177,6 +177,15 @@ KILN_FAKE_GPU_EXPORT hipError_t hipDeviceSynchronize() {
   return kSuccess;
 }
 
+KILN_FAKE_GPU_EXPORT hipError_t hipDeviceReset() {
+  // Destroys everything this process made on the device; a sticky error belonged to it, so the
+  // device starts clean (what recovers a real device after a fault).
+  KILN_FAKE_BEGIN("hipDeviceReset", Needs::teardown);
+  call.state->release_device_memory();
+  call.state->sticky_error = kSuccess;
+  return kSuccess;
+}
+
 // --- memory --------------------------------------------------------------------------------------
 
 KILN_FAKE_GPU_EXPORT hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total_bytes) {

@@ -88,3 +88,22 @@ def test_real_runtime_without_a_gpu_is_NotSupportedError_with_its_answer(monkeyp
         assert "libamdhip64" in str(e)
     else:
         pytest.skip("this machine has an AMD GPU")
+
+
+@needs_fake
+def test_init_recovers_after_a_lost_device_once_its_arrays_are_gone(fake):
+    kiln.init(arch="amdgpu", device_heap_bytes=1 << 20)
+    x = kiln.from_numpy(np.ones(1000, dtype=np.float32))
+    y = kiln.from_numpy(np.ones(1000, dtype=np.float32))
+    assert fake.kiln_fake_hip_inject_fault(b"hipModuleLaunchKernel", 1, 700) == 0  # illegal address
+    with pytest.raises(kiln.DeviceLostError):
+        kiln.axpy(1.0, x, y)
+    del x
+    with pytest.raises(kiln.DeviceLostError) as info:  # y holds the device: no reset yet
+        kiln.init(arch="amdgpu", device_heap_bytes=1 << 20)
+    assert "still hold its driver context" in str(info.value)
+    del info
+    del y  # the last user: the device is reset (hipDeviceReset)
+    assert fake.kiln_fake_hip_call_count(b"hipDeviceReset") == 1
+    kiln.init(arch="amdgpu", device_heap_bytes=1 << 20)
+    assert workload() == pytest.approx(2 * 500500 + 1000)

@@ -82,3 +82,22 @@ def test_stub_driver_is_NotSupportedError_with_the_drivers_answer(fake):
         kiln.init(arch="cuda")
     assert info.value.driver_status == "CUDA_ERROR_STUB_LIBRARY"
     assert "libkiln_fake_cuda.so" in str(info.value)
+
+
+def test_init_recovers_after_a_lost_device_once_its_arrays_are_gone(fake):
+    kiln.init(arch="cuda", device_heap_bytes=1 << 20)
+    x = kiln.from_numpy(np.ones(1000, dtype=np.float32))
+    y = kiln.from_numpy(np.ones(1000, dtype=np.float32))
+    assert fake.kiln_fake_cuda_inject_fault(b"cuLaunchKernel", 1, 700) == 0  # illegal address
+    with pytest.raises(kiln.DeviceLostError):
+        kiln.axpy(1.0, x, y)
+    # y still holds the lost context: the new executor is lost too, and says why.
+    x.free()
+    with pytest.raises(kiln.DeviceLostError) as info:
+        kiln.init(arch="cuda", device_heap_bytes=1 << 20)
+    assert "still hold its driver context" in str(info.value)
+    del info
+    y.free()  # freed (still referenced) or deleted: the context goes
+    kiln.init(arch="cuda", device_heap_bytes=1 << 20)
+    assert workload() == pytest.approx(2 * 500500 + 1000)
+    assert x.is_freed and y.is_freed

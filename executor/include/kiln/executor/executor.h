@@ -14,6 +14,7 @@
 #include "kiln/executor/ndarray.h"
 #include "kiln/executor/program.h"
 #include "kiln/rhi/device.h"
+#include "kiln/rhi/fork_hooks.h"
 #include "kiln/rhi/mock_device.h"
 #include "kiln/runtime/memory/device_memory.h"
 
@@ -55,7 +56,8 @@ class LlvmRuntimeExecutor {
  public:
   /// Opens the device, sets its budget, compiles (or reuses) the Program, and allocates the
   /// device runtime state and heap chunk. Errors: those of create_device and Program::create;
-  /// out_of_memory when the heap chunk or code object does not fit.
+  /// out_of_memory when the heap chunk or code object does not fit, or the host has no memory
+  /// left for the executor itself (oom_source host; a thread the host refuses is error).
   [[nodiscard]] static RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> create(
       ExecutorConfig config, std::shared_ptr<Program> program = nullptr);
   ~LlvmRuntimeExecutor();
@@ -112,6 +114,8 @@ class LlvmRuntimeExecutor {
  private:
   LlvmRuntimeExecutor(ExecutorConfig config, std::shared_ptr<DeviceContext> context,
                       std::shared_ptr<Program> program);
+  [[nodiscard]] static RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> create_unguarded(
+      ExecutorConfig config, std::shared_ptr<Program> program);
   [[nodiscard]] RhiStatus init_runtime();
   [[nodiscard]] RhiStatus check_same(const char *op, const Ndarray &a, const Ndarray &b) const;
 
@@ -123,8 +127,25 @@ class LlvmRuntimeExecutor {
   std::optional<DeviceAllocation> heap_alloc_;           // the device heap chunk, if any
   std::optional<uint64_t> module_;  // GPU devices: the loaded code object
   std::unique_ptr<KernelLauncher> launcher_;
-  std::mutex compact_mutex_;  // a compaction's launch and its copy-out from the heap
+  // A compaction's launch and its copy-out from the heap (made anew in a forked child).
+  ForkSafeMutex compact_mutex_{ForkSafeMutex::Policy::reset_in_child};
 };
+
+/// Replaces `executor` (may be null) with a new one for `config`. When the old executor's device
+/// is lost, the old executor is released BEFORE the new one is made: a lost device recovers only
+/// once every user of its driver context has let go (CUDA destroys the primary context on its
+/// last release; HIP's device is reset then). Arrays of the old executor that are still live
+/// (not freed) keep that context: the new executor then fails with device_lost and a context
+/// line saying so; free or drop them and call again. Otherwise the new executor is made first and
+/// the old one kept if that fails. On failure `executor` is null or the old executor, as said.
+/// Errors: those of LlvmRuntimeExecutor::create.
+[[nodiscard]] RhiStatus recreate_executor(std::unique_ptr<LlvmRuntimeExecutor> &executor,
+                                          ExecutorConfig config);
+
+/// The context line recreate_executor adds when arrays of a lost executor still hold its device.
+inline constexpr const char *kLostContextStillHeld =
+    "arrays of the executor whose device was lost still hold its driver context: free or drop "
+    "them, then make the executor again";
 
 }  // namespace kiln
 

@@ -15,6 +15,7 @@
 
 #include "kiln/executor/program.h"
 #include "kiln/rhi/device.h"
+#include "kiln/rhi/fork_hooks.h"
 #include "kiln/rhi/gpu_device.h"
 #include "kiln/runtime/kernel_abi.h"
 #include "kiln/runtime/memory/device_memory.h"
@@ -76,13 +77,16 @@ class KernelLauncher {
   runtime::DeviceMemory &memory_;
 
  private:
+  [[nodiscard]] RhiExpected<LaunchResult> launch_unguarded(const LaunchSpec &spec);
   [[nodiscard]] RhiStatus reset_runtime();
   [[nodiscard]] RhiStatus check_device_error(const std::string &kernel);
 
   DeviceAllocation runtime_state_;
   std::optional<DeviceAllocation> heap_;
   uint64_t heap_bytes_;
-  std::mutex mutex_;
+  // One launch at a time. Made anew in a forked child: a launch may hold it while an OOM
+  // observer waits for the GIL, which the forking thread holds.
+  ForkSafeMutex mutex_{ForkSafeMutex::Policy::reset_in_child};
 };
 
 /// Runs JIT-compiled host kernels of a Program on a host-addressable device (cpu, mock).

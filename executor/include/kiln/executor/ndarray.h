@@ -68,7 +68,8 @@ class Ndarray {
 };
 
 struct Ndarray::State {
-  std::shared_ptr<DeviceContext> context;
+  std::shared_ptr<DeviceContext> context;  // null once freed
+  std::string freed_device_name;           // the device's name, once freed
   DataType dtype;
   std::vector<int64_t> shape;
   ShapeInfo info;

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "kiln/rhi/fork_hooks.h"
 #include "kiln/rhi/result.h"
 #include "kiln/runtime/kernel_abi.h"
 
@@ -32,7 +33,9 @@ class Program {
   /// a gfx processor such as "gfx1030"; empty: the first of KILN_AMDGPU_TARGETS built, gfx90a
   /// with LLVM 14). `target` must be empty for host and nvptx64. Errors: not_supported (arch or
   /// target without a code path in this build; the detail lists the targets built),
-  /// invalid_usage (a target for host or nvptx64), error (LLVM failed; the detail says how).
+  /// invalid_usage (a target for host or nvptx64), error (LLVM failed; the detail says how),
+  /// out_of_memory with oom_source host (the host has no room to compile: checked before LLVM
+  /// runs, and a std::bad_alloc or LLVM out-of-memory report while it runs).
   [[nodiscard]] static RhiExpected<std::shared_ptr<Program>> create(CodegenArch arch,
                                                                     std::string_view target = {});
   /// The process-wide Program for `arch` and `target`, made on first use. Errors: as create.
@@ -54,13 +57,16 @@ class Program {
   [[nodiscard]] uint64_t code_size_bytes() const;
 
  private:
+  [[nodiscard]] static RhiExpected<std::shared_ptr<Program>> create_unguarded(CodegenArch arch,
+                                                                              std::string_view target);
   Program(CodegenArch arch, std::unique_ptr<runtime::CpuJit> jit, std::string image,
           std::set<std::string, std::less<>> gpu_kernels);
   CodegenArch arch_;
   std::unique_ptr<runtime::CpuJit> jit_;
   std::string image_;                  // GPU code image (PTX: NUL included)
   std::set<std::string, std::less<>> gpu_kernels_;  // "kiln_axpy_f32" for each "_gpu" entry
-  std::mutex mutex_;
+  // Guards kernels_ and the JIT's lookups; held across fork() so no lookup is cut in half.
+  ForkSafeMutex mutex_{ForkSafeMutex::Policy::hold_across_fork};
   std::unordered_map<std::string, KilnKernelFn> kernels_;
 };
 

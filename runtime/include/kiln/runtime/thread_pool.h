@@ -2,13 +2,14 @@
 #ifndef KILN_RUNTIME_THREAD_POOL_H_
 #define KILN_RUNTIME_THREAD_POOL_H_
 
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
-#include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
-#include <vector>
+
+#include "kiln/rhi/fork_hooks.h"
 
 namespace kiln::runtime {
 
@@ -17,6 +18,10 @@ class ThreadPool {
   /// Starts `num_threads - 1` persistent workers; the thread calling parallel_for is the last
   /// one. 0 (hardware_concurrency() may say so) is treated as 1: everything runs inline. When
   /// the OS refuses a thread, the pool keeps the workers it got (never throws for that).
+  ///
+  /// fork(): the fork waits for a parallel_for in flight to end. In the child the parent's
+  /// workers do not exist: the pool forgets them (never joins them) and starts new ones on the
+  /// next parallel_for.
   explicit ThreadPool(unsigned num_threads = std::thread::hardware_concurrency());
   /// Stops and joins the workers. Must not run while a parallel_for on this pool is in flight.
   ~ThreadPool();
@@ -30,28 +35,21 @@ class ThreadPool {
   /// run and the first exception is rethrown here.
   void parallel_for(int64_t num_tasks, const std::function<void(int64_t task_index)> &fn);
 
-  /// Threads that run tasks, the caller included (>= 1).
-  [[nodiscard]] unsigned num_threads() const { return static_cast<unsigned>(workers_.size()) + 1; }
+  /// Threads that run tasks, the caller included (>= 1): the workers started the last time.
+  [[nodiscard]] unsigned num_threads() const;
 
  private:
-  void worker_loop();
-  void run_tasks();  // claims and runs tasks of the current job until none are left
+  struct Crew;  // the workers and the state they share with parallel_for
 
-  std::mutex submit_mutex_;  // serializes parallel_for callers
-  std::mutex mutex_;         // guards everything below
-  std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
-  uint64_t generation_ = 0;  // bumped once per job; workers wake on a change
-  bool stop_ = false;
-  unsigned workers_finished_ = 0;  // workers that are done with the current job
-  const std::function<void(int64_t)> *fn_ = nullptr;
-  int64_t num_tasks_ = 0;
-  int64_t next_task_ = 0;  // next unclaimed task index
-  std::exception_ptr first_exception_;
-  std::vector<std::thread> workers_;
+  const unsigned requested_threads_;
+  std::atomic<unsigned> num_threads_{1};
+  std::mutex submit_mutex_;      // serializes parallel_for callers; held across fork()
+  std::unique_ptr<Crew> crew_;   // submit_mutex_; null in a forked child until the next job
+  ForkRegistration fork_registration_;  // last: unregistered first
 };
 
-/// The process-wide pool (hardware_concurrency threads), created on first use. Thread-safe.
+/// The process-wide pool (hardware_concurrency threads), created on first use and never
+/// destroyed (threads may still use it while the process exits). Thread-safe.
 ThreadPool &default_thread_pool();
 
 }  // namespace kiln::runtime

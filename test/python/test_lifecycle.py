@@ -1,0 +1,262 @@
+"""Process lifecycle: a forked child can use kiln (cpu, mock; on GPU backends a named error, then a
+new kiln.init works), and the interpreter exits with its own status while daemon threads are
+inside kiln (launching, allocating, running OOM observers), on every backend. Each scenario runs
+in a subprocess with a timeout: a hang fails the test instead of hanging it."""
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import kiln
+
+FAKE_CUDA = os.environ.get("KILN_TEST_FAKE_CUDA")
+FAKE_HIP = os.environ.get("KILN_TEST_FAKE_HIP")
+TIMEOUT_S = 120
+
+BACKENDS = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param("mock", id="mock"),
+    pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(
+        not FAKE_CUDA, reason="KILN_TEST_FAKE_CUDA (the fake driver's path) not set")),
+    pytest.param("amdgpu", id="amdgpu", marks=pytest.mark.skipif(
+        not FAKE_HIP, reason="KILN_TEST_FAKE_HIP (the fake runtime's path) not set")),
+]
+
+# Set before the scenario: the arch's init arguments (a small device heap on the fake GPUs).
+PRELUDE = textwrap.dedent("""
+    import os, sys, threading, numpy as np, kiln
+    ARCH = sys.argv[1]
+    INIT = dict(device_heap_bytes=1 << 20) if ARCH in ("cuda", "amdgpu") else {}
+""")
+
+
+def run_script(arch, body, *args):
+    """Runs PRELUDE + body in a fresh interpreter for `arch`; returns the CompletedProcess."""
+    env = dict(os.environ)
+    if FAKE_CUDA:
+        env["KILN_CUDA_DRIVER"] = FAKE_CUDA
+    if FAKE_HIP:
+        env["KILN_HIP_RUNTIME"] = FAKE_HIP
+    return subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body), arch, *args],
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def assert_clean(proc, status):
+    """The process ended by itself with `status`, and said nothing about aborting or crashing."""
+    report = f"status {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == status, report
+    for sign in ("terminate called", "Fatal Python error", "Segmentation fault", "Traceback",
+                 "LLVM ERROR"):
+        assert sign not in proc.stderr, report
+
+
+# --- fork() ------------------------------------------------------------------------------------
+
+FORK_CHILD_USES_KILN = """
+    kiln.init(ARCH, **INIT)
+    x = kiln.from_numpy(np.ones(1_000_000, dtype=np.float32))
+    assert kiln.reduce_sum(x) == 1_000_000
+    pid = os.fork()
+    if pid == 0:
+        try:
+            assert kiln.reduce_sum(x) == 1_000_000          # an array it inherited
+            kiln.axpy(1.0, x, x)
+            assert kiln.reduce_sum(x) == 2_000_000
+            y = kiln.from_numpy(np.ones(1_000_000, dtype=np.float32))  # a new array
+            assert kiln.reduce_sum(y) == 1_000_000
+            kiln.init(ARCH, **INIT)                            # a new executor
+            z = kiln.from_numpy(np.full(1_000_000, 3, dtype=np.float32))
+            assert kiln.reduce_sum(z) == 3_000_000
+        except BaseException as e:
+            print("child failed:", repr(e), flush=True)
+            os._exit(3)
+        sys.exit(0)                                            # the exit hook runs in the child
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, os.waitstatus_to_exitcode(status)
+    assert kiln.reduce_sum(x) == 1_000_000                     # the parent is untouched
+    print("ok")
+"""
+
+
+@pytest.mark.parametrize("arch", ["cpu", "mock"])
+def test_forked_child_uses_inherited_and_new_arrays_and_exits(arch):
+    proc = run_script(arch, FORK_CHILD_USES_KILN)
+    assert_clean(proc, 0)
+    assert proc.stdout.strip() == "ok"
+
+
+FORK_POOL = """
+    import multiprocessing as mp
+    kiln.init(ARCH, **INIT)
+    x = kiln.from_numpy(np.arange(1000, dtype=np.float32))
+
+    def work(k):
+        a = kiln.from_numpy(np.full(200_000, k, dtype=np.float32))
+        return kiln.reduce_sum(a) + kiln.reduce_sum(x)
+
+    if __name__ == "__main__":
+        with mp.get_context("fork").Pool(2) as pool:
+            results = pool.map(work, range(6))
+        assert results == [k * 200_000 + 499_500 for k in range(6)], results
+        print("ok")
+"""
+
+
+@pytest.mark.parametrize("arch", ["cpu", "mock"])
+def test_multiprocessing_fork_pool_workers_use_kiln(arch):
+    proc = run_script(arch, FORK_POOL)
+    assert_clean(proc, 0)
+    assert proc.stdout.strip() == "ok"
+
+
+FORK_GPU = """
+    kiln.init(ARCH, **INIT)
+    x = kiln.from_numpy(np.ones(1000, dtype=np.float32))
+    pid = os.fork()
+    if pid == 0:
+        try:
+            try:
+                kiln.reduce_sum(x)
+                print("child: no error", flush=True)
+                os._exit(4)
+            except kiln.NotSupportedError as e:   # the driver context stayed with the parent
+                assert "fork" in str(e), str(e)
+            try:
+                kiln.ndarray(kiln.f32, (10,))
+                os._exit(5)
+            except kiln.NotSupportedError:
+                pass
+            kiln.init(ARCH, **INIT)                # a context of the child's own
+            y = kiln.from_numpy(np.ones(1000, dtype=np.float32))
+            assert kiln.reduce_sum(y) == 1000
+        except BaseException as e:
+            print("child failed:", repr(e), flush=True)
+            os._exit(3)
+        sys.exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, os.waitstatus_to_exitcode(status)
+    assert kiln.reduce_sum(x) == 1000
+    print("ok")
+"""
+
+
+@pytest.mark.parametrize("arch", [p for p in BACKENDS if p.values[0] in ("cuda", "amdgpu")])
+def test_forked_child_on_a_gpu_gets_NotSupportedError_then_a_new_init_works(arch):
+    proc = run_script(arch, FORK_GPU)
+    assert_clean(proc, 0)
+    assert proc.stdout.strip() == "ok"
+
+
+# --- interpreter exit with threads inside kiln -------------------------------------------------
+
+EXIT_WITH_DAEMONS = """
+    MODE = sys.argv[2]
+    kiln.init(ARCH, budget_bytes=64 << 20, **INIT)
+
+    def launcher():
+        x = kiln.from_numpy(np.ones(300_000, dtype=np.float32))
+        while True:
+            kiln.axpy(1.0, x, x)
+            kiln.reduce_sum(x)
+
+    def allocator():
+        while True:
+            a = kiln.ndarray(kiln.f32, (100_000,))
+            kiln.fill(a, 1.0)
+            del a
+
+    def refused():
+        kiln.add_oom_observer(lambda e: None)
+        while True:
+            try:
+                kiln.ndarray(kiln.f32, (1 << 30,))
+            except MemoryError:
+                pass
+
+    started = []
+    def run(fn):
+        started.append(1)
+        fn()
+
+    for fn in (launcher, allocator, refused, launcher):
+        threading.Thread(target=run, args=(fn,), daemon=True).start()
+    while len(started) < 4:
+        pass
+    kiln.memory_stats()
+    if MODE == "exit":
+        sys.exit(7)
+    # else: fall off the end (status 0)
+"""
+
+
+@pytest.mark.parametrize("arch", BACKENDS)
+def test_exit_with_daemon_threads_inside_kiln_keeps_the_status(arch):
+    runs = [("exit", 7), ("end", 0)] * 10  # 20 runs, 4 at a time
+    with ThreadPoolExecutor(4) as pool:
+        procs = list(pool.map(lambda r: (run_script(arch, EXIT_WITH_DAEMONS, r[0]), r[1]), runs))
+    for proc, status in procs:
+        assert_clean(proc, status)
+
+
+# --- host memory exhaustion during init and JIT --------------------------------------------------
+
+HOST_OOM = """
+    import resource
+    STAGE, EXTRA_MIB = sys.argv[2], int(sys.argv[3])
+
+    def address_space_bytes():
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+
+    def limit():
+        cap = address_space_bytes() + (EXTRA_MIB << 20)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    host = np.ones(1000, dtype=np.float32)
+    try:
+        if STAGE == "init":           # the executor and the JIT of the kernels under the limit
+            limit()
+            kiln.init(ARCH)
+        else:                         # the executor (and its compile) first, then the ops
+            kiln.init(ARCH)
+            limit()
+        x = kiln.from_numpy(host)
+        kiln.axpy(1.0, x, x)
+        assert kiln.reduce_sum(x) == 2000
+        print("ok")
+    except kiln.Error as e:
+        print("refused", type(e).__name__, getattr(e, "oom_source", ""))
+"""
+
+
+@pytest.mark.parametrize("stage", ["init", "first_op"])
+def test_host_memory_exhaustion_during_init_and_jit_is_a_named_error(stage):
+    extras_mib = [1, 2, 4, 8, 12, 16, 24, 32, 64]
+    with ThreadPoolExecutor(4) as pool:
+        procs = list(pool.map(lambda mib: run_script("cpu", HOST_OOM, stage, str(mib)), extras_mib))
+    outcomes = []
+    for proc in procs:
+        assert_clean(proc, 0)  # never an abort (134, -6), a crash or a plain MemoryError
+        outcomes.append(proc.stdout.strip())
+    assert all(o == "ok" or o.startswith("refused ") for o in outcomes), outcomes
+    if stage == "init":  # the compile is refused by name before LLVM runs out
+        assert "refused HostOutOfMemoryError host" in outcomes, outcomes
+    assert outcomes[-1] == "ok", outcomes  # with room enough, it works
+
+
+@pytest.mark.parametrize("kind, error", [
+    ("bad_alloc", kiln.HostOutOfMemoryError),
+    ("future_error", kiln.RuntimeFaultError),
+    ("system_error", kiln.RuntimeFaultError),
+])
+def test_a_cpp_exception_reaching_python_is_a_named_kiln_error(kind, error):
+    with pytest.raises(error) as info:
+        kiln._kiln._throw_cpp_exception(kind)
+    if error is kiln.HostOutOfMemoryError:
+        assert isinstance(info.value, MemoryError)
+        assert info.value.oom_source == "host"
