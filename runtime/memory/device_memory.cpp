@@ -11,11 +11,6 @@
 
 namespace kiln::runtime {
 
-namespace {
-// The site of a refusal by live free memory (count_refusal tells the two budget refusals apart).
-constexpr const char *kLiveCheckSite = "DeviceMemory::check_live_free";
-}  // namespace
-
 uint64_t default_reserve_bytes(uint64_t total_bytes) {
   constexpr uint64_t kFloor = 64ull << 20;
   return std::max(kFloor, total_bytes / 20);
@@ -113,10 +108,11 @@ RhiStatus DeviceMemory::check_live_free(uint64_t size_bytes, MemoryCategory cate
   Failure f;
   f.result = RhiResult::out_of_memory;
   f.oom_source = OomSource::budget;
+  f.budget_check = BudgetCheck::live_free;
   f.category = category;
   f.requested_bytes = size_bytes;
   f.device = device_.name();
-  f.site = kLiveCheckSite;
+  f.site = "DeviceMemory::check_live_free";
   f.has_memory = true;
   f.memory.free_bytes = info.free_bytes;
   f.memory.total_bytes = info.total_bytes;
@@ -148,9 +144,10 @@ RhiExpected<DeviceAllocation> DeviceMemory::budget_refusal(const AllocRequest &r
   Failure &f = refused.error();
   f.result = RhiResult::out_of_memory;
   f.oom_source = OomSource::budget;
+  f.budget_check = BudgetCheck::limit;
   f.category = request.category;
   f.requested_bytes = request.size_bytes;
-  f.site = "MemoryBudget::reserve";
+  f.site = "DeviceMemory::refused_outright";  // decided there, without MemoryBudget::reserve
   fill_picture(f, in_use);  // the view refused_outright took: not read twice
   count(kBudgetRefusals);
   return refused;
@@ -199,13 +196,13 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate_block(const AllocRequest &r
 
 RhiStatus DeviceMemory::validate(MemoryCategory category, uint64_t size_bytes) const {
   if (device_.is_lost())  // cached blocks too
-    KILN_RETURN_IF_ERROR(device_.check_alive("DeviceMemory::allocate"));
+    KILN_RETURN_IF_ERROR(device_.check_alive("DeviceMemory::validate"));
   const char *why = nullptr;
   if (size_bytes == 0) why = "allocation of 0 bytes";
   if (category == MemoryCategory::pool_cache) why = "pool_cache is the pool's own category";
   if (static_cast<std::size_t>(category) >= kNumMemoryCategories) why = "no such memory category";
   if (why == nullptr) return {};
-  Failure f = invalid_usage(device_.name(), "DeviceMemory::allocate",
+  Failure f = invalid_usage(device_.name(), "DeviceMemory::validate",
                             fmt::format("{} (category {})", why, to_string(category)));
   f.category = category;
   f.requested_bytes = size_bytes;
@@ -229,9 +226,10 @@ RhiStatus DeviceMemory::check_fault_plan(std::span<const AllocRequest> requests)
   for (const AllocRequest &r : requests) {
     if (!fault_plan_.plan_.should_fail(r.size_bytes)) continue;
     driver_ooms_.fetch_add(1, std::memory_order_relaxed);
-    Failure f =
-        make_failure(RhiResult::out_of_memory, device_.name(), "DeviceMemory::allocate", "");
+    Failure f = make_failure(RhiResult::out_of_memory, device_.name(),
+                             "DeviceMemory::check_fault_plan", "");
     f.oom_source = OomSource::driver;
+    f.injected = true;
     f.category = r.category;
     f.requested_bytes = r.size_bytes;
     f.driver_status = "injected fault (FaultPlan)";
@@ -441,7 +439,7 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_admitted(
 
 void DeviceMemory::count_refusal(const Failure &failure) {
   if (failure.result != RhiResult::out_of_memory || failure.oom_source != OomSource::budget) return;
-  if (failure.site == kLiveCheckSite)
+  if (failure.budget_check == BudgetCheck::live_free)
     live_refusals_.fetch_add(1, std::memory_order_relaxed);
   else
     count(kBudgetRefusals);
