@@ -77,6 +77,7 @@ py::object make_exception(const Failure &unadvised) {
   py::handle cls = g_error_classes[static_cast<std::size_t>(classify(failure))];
   py::dict fields;
   fields["requested_bytes"] = failure.requested_bytes;
+  fields["class_bytes"] = failure.class_bytes;
   fields["budget_check"] = std::string(to_string(failure.budget_check));
   fields["advice"] = failure.advice;
   fields["device"] = failure.device;

@@ -88,8 +88,12 @@ std::string memory_clause(const MemorySnapshot &m) {
                      format_in_use(m.in_use_bytes));
 }
 
-// "47.00 MiB": what was requested.
-std::string requested_clause(const Failure &f) { return format_bytes(f.requested_bytes); }
+// "47.00 MiB", or "47.00 MiB (or its pool size class, 48.00 MiB)" when the pool rounded it.
+std::string requested_clause(const Failure &f) {
+  if (f.class_bytes <= f.requested_bytes) return format_bytes(f.requested_bytes);
+  return fmt::format("{} (or its pool size class, {})", format_bytes(f.requested_bytes),
+                     format_bytes(f.class_bytes));
+}
 
 // The refusal by the budget's limit: the figures are the limit and what kiln holds.
 std::string limit_refusal_head(const Failure &f, const std::string &what) {

@@ -1,4 +1,5 @@
-"""Refusals that tell the truth (issue 11, section 4): which budget check refused is an attribute
+"""Refusals that tell the truth (issue 11, sections 3 and 4): the caching pool never refuses what
+fits unrounded and charges what it holds; which budget check refused is an attribute
 (``budget_check``) and each is worded with its own figures; ``site`` names the function that
 refused; advice names ``kiln.init``'s arguments; an out-of-memory answer to a copy, a launch or a
 module load on the fake CUDA and HIP drivers names the call, not "0 B for ndarray"."""
@@ -22,6 +23,40 @@ OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY and hipErrorOutOfMemory alike
 def back_to_cpu():
     yield
     kiln.init(arch="cpu", num_threads=2)
+
+
+def test_a_request_that_fits_unrounded_is_not_refused_because_of_rounding():
+    # The issue's example: 64 MiB budget, the 16 MiB heap held, 47.97 MiB left. 47 MiB + 4 KiB
+    # fits; its size class (48 MiB) does not.
+    kiln.init(arch="cpu", budget_bytes=64 * MiB)
+    a = kiln.ndarray(kiln.f32, ((47 * MiB + 4096) // 4,))
+    assert kiln.memory_stats()["current_bytes"]["ndarray"] == 47 * MiB + 4096
+    del a
+    b = kiln.ndarray(kiln.f32, ((45 * MiB) // 4,))  # the issue's 45 MiB
+    assert b.nbytes == 45 * MiB
+
+
+def test_an_8_GiB_array_on_a_9_6_GiB_mock_device_is_held_and_charged_without_a_10_GiB_class():
+    kiln.init(arch="mock", mock_capacity_bytes=int(9.6 * GiB))
+    a = kiln.ndarray(kiln.f32, ((8 * GiB + 4096) // 4,))
+    held = kiln.memory_stats()["current_bytes"]["ndarray"]
+    assert 8 * GiB + 4096 <= held <= 8 * GiB + 4096 + max(2 * MiB, held // 64)
+    del a
+
+
+def test_every_budget_refusal_reports_more_requested_than_room():
+    kiln.init(arch="cpu", budget_bytes=64 * MiB)
+    for size in range(40 * MiB + 4, 56 * MiB, 256 * 1024 + 4):
+        try:
+            a = kiln.ndarray(kiln.f32, (size // 4,))
+        except kiln.BudgetExceededError as e:
+            assert e.budget_check == "limit"
+            room = e.limit_bytes - sum(e.in_use_bytes.values())
+            assert e.requested_bytes > room
+            assert e.class_bytes == 0 or e.class_bytes > room
+        else:
+            del a
+            kiln.empty_cache()
 
 
 def test_a_live_refusal_is_worded_as_one_with_no_reserve():

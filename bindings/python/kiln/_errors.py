@@ -28,6 +28,7 @@ __all__ = [
 # name -> default. The defaults are what an instance made by hand (not by kiln) reports.
 FIELDS = {
     "requested_bytes": 0,   # bytes the failed request asked for
+    "class_bytes": 0,       # the pool's size class when it was larger and did not fit either
     "budget_check": "none", # which budget check refused: "limit", "live_free" (else "none")
     "device": "",           # "cpu", "mock", "cuda:0"
     "category": "",         # "ndarray", "staging", "argument_buffer", "runtime_heap", ...

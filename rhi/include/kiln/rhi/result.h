@@ -93,6 +93,9 @@ struct Failure {
   BudgetCheck budget_check = BudgetCheck::none;
   MemoryCategory category = MemoryCategory::ndarray;
   uint64_t requested_bytes = 0;
+  /// The caching pool's size class for the request when it is larger than requested_bytes and
+  /// did not fit either (the pool falls back to the exact size before it refuses); 0 otherwise.
+  uint64_t class_bytes = 0;
   /// Whether the failure is about allocating `requested_bytes` of `category`. False for an
   /// out-of-memory answer to another operation (a copy, a launch, a module load), which `site`
   /// names: the message then names no size and no category.
