@@ -80,11 +80,21 @@ py::dict category_bytes(const CategoryBytes &bytes) {
   return out;
 }
 
-/// The exception object for `failure` (not raised): its class is the one of classify(failure).
-py::object make_exception(const Failure &failure) {
+/// The knobs a Python user sets: the advice of every exception names these.
+constexpr InterfaceKnobs kPythonKnobs{"kiln.init(budget_bytes=...)", "kiln.init(reserve_bytes=...)",
+                                      "kiln.init(device_heap_bytes=...)"};
+
+/// The exception object for `failure` (not raised): its class is the one of classify(failure),
+/// its message advises with kPythonKnobs.
+py::object make_exception(const Failure &unadvised) {
+  Failure failure = unadvised;
+  advise(failure, kPythonKnobs);
   py::handle cls = g_error_classes[static_cast<std::size_t>(classify(failure))];
   py::dict fields;
   fields["requested_bytes"] = failure.requested_bytes;
+  fields["class_bytes"] = failure.class_bytes;
+  fields["budget_check"] = std::string(to_string(failure.budget_check));
+  fields["advice"] = failure.advice;
   fields["device"] = failure.device;
   fields["category"] = std::string(to_string(failure.category));
   fields["site"] = std::string(failure.site);

@@ -43,8 +43,20 @@ bool is_out_of_memory(ErrorKind kind) {
          kind == ErrorKind::device_heap_exhausted || kind == ErrorKind::host_out_of_memory;
 }
 
-Error::Error(Failure failure)
-    : std::runtime_error(failure.message()), failure_(std::move(failure)), kind_(classify(failure_)) {}
+namespace {
+Failure advised(Failure failure, const InterfaceKnobs &knobs) {
+  advise(failure, knobs);
+  return failure;
+}
+}  // namespace
+
+Error::Error(Failure failure, const InterfaceKnobs &knobs)
+    : Error(advised(std::move(failure), knobs), nullptr) {}
+
+Error::Error(Failure &&advised_failure, std::nullptr_t)
+    : std::runtime_error(advised_failure.message()),
+      failure_(std::move(advised_failure)),
+      kind_(classify(failure_)) {}
 
 void throw_error(Failure failure) {
   switch (classify(failure)) {
@@ -60,8 +72,12 @@ void throw_error(Failure failure) {
   throw RuntimeFaultError(std::move(failure));
 }
 
-std::string describe(const Failure &failure) {
-  return fmt::format("{}: {}", error_name(classify(failure)), failure.message());
+std::string describe(const Failure &failure, const InterfaceKnobs &knobs) {
+  if (!failure.advice.empty())
+    return fmt::format("{}: {}", error_name(classify(failure)), failure.message());
+  Failure with_advice = failure;
+  advise(with_advice, knobs);
+  return fmt::format("{}: {}", error_name(classify(failure)), with_advice.message());
 }
 
 }  // namespace kiln

@@ -26,6 +26,7 @@ RhiExpected<uint64_t> DriverGpuDevice::allocated(int code, const char *site, uin
                                                  const LlvmRuntimeAllocParams &params) {
   auto status = check(code, site);
   if (!status) {
+    status.error().allocating = true;
     status.error().category = params.category;
     status.error().requested_bytes = params.size_bytes;
     return std::unexpected(std::move(status).error());

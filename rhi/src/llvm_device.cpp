@@ -43,7 +43,7 @@ RhiStatus LlvmDevice::check_alive(const char *site) const {
 }
 
 RhiExpected<DeviceAllocation> LlvmDevice::allocate_runtime(const LlvmRuntimeAllocParams &params) {
-  constexpr const char *kSite = "LlvmDevice::allocate_memory_runtime";
+  constexpr const char *kSite = "LlvmDevice::allocate_runtime";
   KILN_RETURN_IF_ERROR(check_alive(kSite));
   const auto refuse = [&](RhiResult result, std::string detail) {
     Failure f = failure(result, kSite, std::move(detail));
@@ -61,6 +61,7 @@ RhiExpected<DeviceAllocation> LlvmDevice::allocate_runtime(const LlvmRuntimeAllo
     auto refused = refuse(RhiResult::out_of_memory, "");
     refused.error().oom_source = OomSource::driver;
     refused.error().driver_status = "injected fault (FaultPlan)";
+    refused.error().injected = true;
     return refused;
   }
   KILN_ASSIGN_OR_RETURN(const uint64_t address, driver_allocate(params));

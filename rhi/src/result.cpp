@@ -40,6 +40,15 @@ std::string_view to_string(OomSource source) {
   return "unknown";
 }
 
+std::string_view to_string(BudgetCheck check) {
+  switch (check) {
+    case BudgetCheck::none: return "none";
+    case BudgetCheck::limit: return "limit";
+    case BudgetCheck::live_free: return "live_free";
+  }
+  return "unknown";
+}
+
 uint64_t MemorySnapshot::in_use_total_bytes() const {
   uint64_t total = 0;
   for (uint64_t bytes : in_use_bytes) total += bytes;
@@ -79,24 +88,51 @@ std::string memory_clause(const MemorySnapshot &m) {
                      format_in_use(m.in_use_bytes));
 }
 
+// "47.00 MiB", or "47.00 MiB (or its pool size class, 48.00 MiB)" when the pool rounded it.
+std::string requested_clause(const Failure &f) {
+  if (f.class_bytes <= f.requested_bytes) return format_bytes(f.requested_bytes);
+  return fmt::format("{} (or its pool size class, {})", format_bytes(f.requested_bytes),
+                     format_bytes(f.class_bytes));
+}
+
+// The refusal by the budget's limit: the figures are the limit and what kiln holds.
+std::string limit_refusal_head(const Failure &f, const std::string &what) {
+  const uint64_t used = f.memory.in_use_total_bytes();
+  const uint64_t left = f.memory.limit_bytes > used ? f.memory.limit_bytes - used : 0;
+  return fmt::format("{} could not allocate {} for {}: budget {} has {} left", f.device,
+                     requested_clause(f), what, format_bytes(f.memory.limit_bytes),
+                     format_bytes(left));
+}
+
+// The refusal by live free device memory: the figures are the device's free memory and the
+// reserve kept free (the limit did not refuse, so it is not named).
+std::string live_refusal_head(const Failure &f, const std::string &what) {
+  const uint64_t usable =
+      f.memory.free_bytes > f.memory.reserve_bytes ? f.memory.free_bytes - f.memory.reserve_bytes : 0;
+  return fmt::format("{} could not allocate {} for {}: live free device memory {} minus the {} "
+                     "reserve leaves {}", f.device, requested_clause(f), what,
+                     format_bytes(f.memory.free_bytes), format_bytes(f.memory.reserve_bytes),
+                     format_bytes(usable));
+}
+
+std::string driver_refusal_head(const Failure &f, const std::string &what) {
+  const char *status = *f.driver_status ? f.driver_status : "out of memory";
+  if (!f.allocating)  // a copy, a launch or a module load: no size, no category to name
+    return fmt::format("{} ran out of memory in {}: driver reported {}", f.device,
+                       *f.site ? f.site : "a driver call", status);
+  if (f.injected)
+    return fmt::format("{} could not allocate {} for {}: {}", f.device, requested_clause(f), what,
+                       *f.driver_status ? f.driver_status : "injected fault");
+  return fmt::format("{} could not allocate {} for {}: driver reported {}", f.device,
+                     requested_clause(f), what, status);
+}
+
 std::string out_of_memory_head(const Failure &f) {
   const std::string what = f.detail.empty() ? std::string(to_string(f.category)) : f.detail;
   switch (f.oom_source) {
-    case OomSource::budget: {
-      if (f.memory.reserve_bytes != 0) {
-        const uint64_t usable = f.memory.free_bytes > f.memory.reserve_bytes
-                                    ? f.memory.free_bytes - f.memory.reserve_bytes : 0;
-        return fmt::format("{} could not allocate {} for {}: live free memory minus the {} reserve "
-                           "leaves {} (budget {})", f.device, format_bytes(f.requested_bytes), what,
-                           format_bytes(f.memory.reserve_bytes), format_bytes(usable),
-                           format_bytes(f.memory.limit_bytes));
-      }
-      const uint64_t used = f.memory.in_use_total_bytes();
-      const uint64_t left = f.memory.limit_bytes > used ? f.memory.limit_bytes - used : 0;
-      return fmt::format("{} could not allocate {} for {}: budget {} has {} left", f.device,
-                         format_bytes(f.requested_bytes), what, format_bytes(f.memory.limit_bytes),
-                         format_bytes(left));
-    }
+    case OomSource::budget:
+      return f.budget_check == BudgetCheck::live_free ? live_refusal_head(f, what)
+                                                      : limit_refusal_head(f, what);
     case OomSource::device_heap:
       return fmt::format("{} device heap exhausted: a kernel asked for {} ({})", f.device,
                          format_bytes(f.requested_bytes), what);
@@ -104,16 +140,8 @@ std::string out_of_memory_head(const Failure &f) {
       return fmt::format("{} could not allocate {} of host memory for {}", f.device,
                          format_bytes(f.requested_bytes), what);
     default:
-      return fmt::format("{} could not allocate {} for {}: driver reported {}", f.device,
-                         format_bytes(f.requested_bytes), what,
-                         *f.driver_status ? f.driver_status : "out of memory");
+      return driver_refusal_head(f, what);
   }
-}
-
-std::string out_of_memory_advice(const Failure &f) {
-  if (f.oom_source == OomSource::device_heap)
-    return "raise the device heap size (ExecutorConfig::device_heap_bytes, kiln-ops --heap-mb)";
-  return "free arrays or set KILN_POOL_LIMIT_MB";
 }
 
 }  // namespace
@@ -123,12 +151,12 @@ std::string Failure::message() const {
   if (result == RhiResult::out_of_memory) {
     out = out_of_memory_head(*this);
     if (has_memory) out += "; " + memory_clause(memory);
-    out += "; " + out_of_memory_advice(*this);
   } else {
     out = fmt::format("{}: {}", device.empty() ? "kiln" : device,
                       detail.empty() ? std::string(to_string(result)) : detail);
     if (*driver_status) out += fmt::format(" (driver reported {})", driver_status);
   }
+  if (!advice.empty()) out += "; " + advice;
   if (*site) out += fmt::format(" [at {}]", site);
   for (const std::string &line : context) out += fmt::format("; while {}", line);
   return out;

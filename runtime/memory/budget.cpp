@@ -55,6 +55,7 @@ Failure MemoryBudget::refusal(uint64_t requested_bytes, MemoryCategory category)
   Failure f;
   f.result = RhiResult::out_of_memory;
   f.oom_source = OomSource::budget;
+  f.budget_check = BudgetCheck::limit;
   f.category = category;
   f.requested_bytes = requested_bytes;
   f.site = "MemoryBudget::reserve";

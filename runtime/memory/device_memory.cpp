@@ -11,11 +11,6 @@
 
 namespace kiln::runtime {
 
-namespace {
-// The site of a refusal by live free memory (count_refusal tells the two budget refusals apart).
-constexpr const char *kLiveCheckSite = "DeviceMemory::check_live_free";
-}  // namespace
-
 uint64_t default_reserve_bytes(uint64_t total_bytes) {
   constexpr uint64_t kFloor = 64ull << 20;
   return std::max(kFloor, total_bytes / 20);
@@ -113,10 +108,11 @@ RhiStatus DeviceMemory::check_live_free(uint64_t size_bytes, MemoryCategory cate
   Failure f;
   f.result = RhiResult::out_of_memory;
   f.oom_source = OomSource::budget;
+  f.budget_check = BudgetCheck::live_free;
   f.category = category;
   f.requested_bytes = size_bytes;
   f.device = device_.name();
-  f.site = kLiveCheckSite;
+  f.site = "DeviceMemory::check_live_free";
   f.has_memory = true;
   f.memory.free_bytes = info.free_bytes;
   f.memory.total_bytes = info.total_bytes;
@@ -133,11 +129,11 @@ bool DeviceMemory::evicting_would_fit(uint64_t size_bytes, uint64_t limit_bytes,
   return held <= limit_bytes && size_bytes <= limit_bytes - held;
 }
 
-bool DeviceMemory::refused_outright(uint64_t class_bytes, CategoryBytes &in_use) const {
-  if (budget_.fits(class_bytes) || observer_count_.load(std::memory_order_acquire) != 0)
+bool DeviceMemory::refused_outright(uint64_t size_bytes, CategoryBytes &in_use) const {
+  if (budget_.fits(size_bytes) || observer_count_.load(std::memory_order_acquire) != 0)
     return false;
   in_use = in_use_by_category();  // the refusal's picture, too
-  return !evicting_would_fit(class_bytes, budget_.limit_bytes(), in_use);
+  return !evicting_would_fit(size_bytes, budget_.limit_bytes(), in_use);
 }
 
 RhiExpected<DeviceAllocation> DeviceMemory::budget_refusal(const AllocRequest &request,
@@ -148,9 +144,12 @@ RhiExpected<DeviceAllocation> DeviceMemory::budget_refusal(const AllocRequest &r
   Failure &f = refused.error();
   f.result = RhiResult::out_of_memory;
   f.oom_source = OomSource::budget;
+  f.budget_check = BudgetCheck::limit;
   f.category = request.category;
   f.requested_bytes = request.size_bytes;
-  f.site = "MemoryBudget::reserve";
+  f.site = "DeviceMemory::refused_outright";  // decided there, without MemoryBudget::reserve
+  if (const uint64_t class_bytes = class_of(request.size_bytes); class_bytes > request.size_bytes)
+    f.class_bytes = class_bytes;
   fill_picture(f, in_use);  // the view refused_outright took: not read twice
   count(kBudgetRefusals);
   return refused;
@@ -199,13 +198,13 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate_block(const AllocRequest &r
 
 RhiStatus DeviceMemory::validate(MemoryCategory category, uint64_t size_bytes) const {
   if (device_.is_lost())  // cached blocks too
-    KILN_RETURN_IF_ERROR(device_.check_alive("DeviceMemory::allocate"));
+    KILN_RETURN_IF_ERROR(device_.check_alive("DeviceMemory::validate"));
   const char *why = nullptr;
   if (size_bytes == 0) why = "allocation of 0 bytes";
   if (category == MemoryCategory::pool_cache) why = "pool_cache is the pool's own category";
   if (static_cast<std::size_t>(category) >= kNumMemoryCategories) why = "no such memory category";
   if (why == nullptr) return {};
-  Failure f = invalid_usage(device_.name(), "DeviceMemory::allocate",
+  Failure f = invalid_usage(device_.name(), "DeviceMemory::validate",
                             fmt::format("{} (category {})", why, to_string(category)));
   f.category = category;
   f.requested_bytes = size_bytes;
@@ -229,9 +228,10 @@ RhiStatus DeviceMemory::check_fault_plan(std::span<const AllocRequest> requests)
   for (const AllocRequest &r : requests) {
     if (!fault_plan_.plan_.should_fail(r.size_bytes)) continue;
     driver_ooms_.fetch_add(1, std::memory_order_relaxed);
-    Failure f =
-        make_failure(RhiResult::out_of_memory, device_.name(), "DeviceMemory::allocate", "");
+    Failure f = make_failure(RhiResult::out_of_memory, device_.name(),
+                             "DeviceMemory::check_fault_plan", "");
     f.oom_source = OomSource::driver;
+    f.injected = true;
     f.category = r.category;
     f.requested_bytes = r.size_bytes;
     f.driver_status = "injected fault (FaultPlan)";
@@ -264,20 +264,45 @@ RhiExpected<DeviceAllocation> DeviceMemory::checked_allocate_block(const AllocRe
   return allocate_block(request, class_bytes);
 }
 
+bool DeviceMemory::rounding_refused(const Failure &failure, uint64_t size_bytes,
+                                    uint64_t class_bytes) {
+  if (class_bytes == size_bytes || failure.result != RhiResult::out_of_memory) return false;
+  // The limit or the live check refused the class: they decide the exact size just as surely.
+  if (failure.oom_source == OomSource::budget) return true;
+  // The driver refused the class: rounding was the cause only if, by the device's own account,
+  // the exact size fits and the class does not (an injected or other refusal stays one).
+  if (failure.oom_source != OomSource::driver || failure.injected) return false;
+  const auto info = device_.memory_info();
+  return info && size_bytes <= info->free_bytes && info->free_bytes < class_bytes;
+}
+
 RhiExpected<DeviceAllocation> DeviceMemory::grow_one(const AllocRequest &request) {
-  // The single-request growth path: the group path's steps without its bookkeeping vectors.
   const uint64_t class_bytes = class_of(request.size_bytes);
-  const CategoryRequest growth{request.category, class_bytes};
+  auto block = grow_one_at(request, class_bytes);
+  if (!block && rounding_refused(block.error(), request.size_bytes, class_bytes)) {
+    // Rounding never refuses what fits unrounded: the exact size, once (budget, live free
+    // memory and driver alike). Such a block is cached under its own size.
+    block = grow_one_at(request, request.size_bytes);
+    if (!block && block.error().result == RhiResult::out_of_memory)
+      block.error().class_bytes = class_bytes;
+  }
+  return block;
+}
+
+RhiExpected<DeviceAllocation> DeviceMemory::grow_one_at(const AllocRequest &request,
+                                                        uint64_t block_bytes) {
+  // The single-request growth path: the group path's steps without its bookkeeping vectors.
+  const CategoryRequest growth{request.category, block_bytes};
   auto reservation = reserve_growth(std::span<const CategoryRequest>(&growth, 1));
   if (!reservation) {
     reservation.error().requested_bytes = request.size_bytes;
     return std::unexpected(std::move(reservation).error());
   }
-  KILN_ASSIGN_OR_RETURN(const DeviceAllocation block, checked_allocate_block(request, class_bytes));
+  KILN_ASSIGN_OR_RETURN(const DeviceAllocation block, checked_allocate_block(request, block_bytes));
   reservation->commit();
   Cache *cache = bind_cache();
   std::lock_guard lock(mutex_);
-  register_block_locked(cache, block, request.category, class_bytes);
+  register_block_locked(cache, block, request.category, block_bytes);
   count(kAllocations);
   return block;
 }
@@ -308,9 +333,9 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate_locked_path(MemoryCategory 
     Cache *cache = bind_cache();
     Record *record = nullptr;
     const uint64_t class_bytes = class_of(request.size_bytes);
-    if (class_bytes <= budget_.in_use_bytes()) {  // else no cached block can be that large
+    if (request.size_bytes <= budget_.in_use_bytes()) {  // else no cached block is that large
       std::lock_guard lock(mutex_);
-      record = take_cached_locked(cache, request.category, class_bytes);
+      record = take_cached_locked(cache, request.category, request.size_bytes, class_bytes);
     }
     if (record != nullptr) {
       const DeviceAllocation block{&device_, record->alloc_id.load(std::memory_order_relaxed)};
@@ -326,7 +351,8 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate_locked_path(MemoryCategory 
       return block;
     }
   }
-  if (CategoryBytes in_use{}; refused_outright(class_of(request.size_bytes), in_use))
+  // Outright only when even the exact size does not fit: rounding never refuses.
+  if (CategoryBytes in_use{}; refused_outright(request.size_bytes, in_use))
     return budget_refusal(request, in_use);
   return with_observer_retry([&] { return grow_one(request); });
 }
@@ -343,14 +369,12 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
   if (caching_) {
     std::lock_guard lock(mutex_);
     for (std::size_t i = 0; i < n; ++i) {
-      hit[i] = take_cached_locked(cache, requests[i].category, classes[i]);
+      hit[i] = take_cached_locked(cache, requests[i].category, requests[i].size_bytes, classes[i]);
       if (hit[i] != nullptr)
         out[i] = DeviceAllocation{&device_, hit[i]->alloc_id.load(std::memory_order_relaxed)};
     }
   }
-  std::vector<DeviceAllocation> grown;
   auto fail = [&](Failure f) -> RhiExpected<std::vector<DeviceAllocation>> {
-    for (DeviceAllocation a : grown) (void)device_.dealloc_memory(a);
     std::lock_guard lock(mutex_);  // the hits go back to the cache, charged as cache again
     for (std::size_t i = 0; i < n; ++i)
       if (hit[i] != nullptr) cache_freed_locked(cache, hit[i], requests[i].category);
@@ -360,47 +384,81 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
     if (hit[i] == nullptr || !requests[i].zero_fill) continue;
     if (auto cleared = device_.fill_zero(out[i]); !cleared) return fail(std::move(cleared).error());
   }
-  // 2. Growth: the misses are reserved together, checked against live free memory, allocated.
-  std::vector<CategoryRequest> growth;
-  uint64_t growth_bytes = 0;     // what the device must give (size classes)
-  uint64_t requested_bytes = 0;  // what the caller asked for, as failures report it
-  for (std::size_t i = 0; i < n; ++i)
-    if (hit[i] == nullptr) {
-      growth.push_back({requests[i].category, classes[i]});
-      growth_bytes += classes[i];  // the budget refuses a sum that wraps before it is used
-      requested_bytes = requests[i].size_bytes > UINT64_MAX - requested_bytes
-                            ? UINT64_MAX
-                            : requested_bytes + requests[i].size_bytes;
+  // 2. Growth: the misses at their size classes; if that is refused, at their exact sizes
+  // (rounding never refuses what fits unrounded).
+  std::size_t hits = 0;
+  for (Record *r : hit) hits += r != nullptr;
+  if (hits < n) {
+    std::vector<uint64_t> block_bytes = classes;
+    auto grown = grow_misses(requests, hit, block_bytes, out);
+    if (!grown) {
+      std::vector<uint64_t> exact(n);
+      uint64_t size_total = 0, class_total = 0;  // of the misses, saturating
+      for (std::size_t i = 0; i < n; ++i) {
+        exact[i] = requests[i].size_bytes;
+        if (hit[i] != nullptr) continue;
+        size_total = exact[i] > UINT64_MAX - size_total ? UINT64_MAX : size_total + exact[i];
+        class_total = classes[i] > UINT64_MAX - class_total ? UINT64_MAX : class_total + classes[i];
+      }
+      if (rounding_refused(grown.error(), size_total, class_total)) {
+        block_bytes = exact;
+        grown = grow_misses(requests, hit, block_bytes, out);
+        if (!grown && grown.error().result == RhiResult::out_of_memory)
+          grown.error().class_bytes = class_total;
+      }
     }
-  const std::size_t hits = n - growth.size();
-  if (!growth.empty()) {
-    auto reservation = reserve_growth(growth);
-    if (!reservation) {
-      Failure f = std::move(reservation).error();
-      f.requested_bytes = requested_bytes;
-      return fail(std::move(f));
-    }
-    const auto growing = serialize_growth();  // held until every block is allocated
-    if (auto live =
-            check_live_with_eviction(growth_bytes, growth.front().category, requested_bytes);
-        !live)
-      return fail(std::move(live).error());
-    for (std::size_t i = 0; i < n; ++i) {
-      if (hit[i] != nullptr) continue;
-      auto block = allocate_block(requests[i], classes[i]);
-      if (!block)
-        return fail(std::move(block).error());  // frees `grown`, then the reservation goes
-      out[i] = *block;
-      grown.push_back(*block);
-    }
-    reservation->commit();
+    if (!grown) return fail(std::move(grown).error());
     std::lock_guard lock(mutex_);
     for (std::size_t i = 0; i < n; ++i)
-      if (hit[i] == nullptr) register_block_locked(cache, out[i], requests[i].category, classes[i]);
+      if (hit[i] == nullptr)
+        register_block_locked(cache, out[i], requests[i].category, block_bytes[i]);
   }
   count(kAllocations, n);
   count(kCacheHits, hits);
   return out;
+}
+
+RhiStatus DeviceMemory::grow_misses(std::span<const AllocRequest> requests,
+                                    std::span<Record *const> hit,
+                                    std::span<const uint64_t> block_bytes,
+                                    std::span<DeviceAllocation> out) {
+  // The misses are reserved together, checked against live free memory, allocated.
+  std::vector<CategoryRequest> growth;
+  uint64_t growth_bytes = 0;     // what the device must give
+  uint64_t requested_bytes = 0;  // what the caller asked for, as failures report it
+  for (std::size_t i = 0; i < requests.size(); ++i)
+    if (hit[i] == nullptr) {
+      growth.push_back({requests[i].category, block_bytes[i]});
+      growth_bytes += block_bytes[i];  // the budget refuses a sum that wraps before it is used
+      requested_bytes = requests[i].size_bytes > UINT64_MAX - requested_bytes
+                            ? UINT64_MAX
+                            : requested_bytes + requests[i].size_bytes;
+    }
+  auto reservation = reserve_growth(growth);
+  if (!reservation) {
+    Failure f = std::move(reservation).error();
+    f.requested_bytes = requested_bytes;
+    return std::unexpected(std::move(f));
+  }
+  std::vector<DeviceAllocation> grown;
+  auto fail = [&](Failure f) -> RhiStatus {
+    for (DeviceAllocation a : grown) (void)device_.dealloc_memory(a);
+    return std::unexpected(std::move(f));  // then the reservation goes
+  };
+  const auto growing = serialize_growth();  // held until every block is allocated
+  if (auto live =
+          check_live_with_eviction(growth_bytes, growth.front().category, requested_bytes);
+      !live)
+    return fail(std::move(live).error());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (hit[i] != nullptr) continue;
+    auto block = allocate_block(requests[i], block_bytes[i]);
+    if (!block) return fail(std::move(block).error());
+    out[i] = *block;
+    grown.push_back(*block);
+  }
+  reservation->commit();
+  return {};
 }
 
 bool DeviceMemory::notify_observers(const Failure &failure) {
@@ -441,7 +499,7 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_admitted(
 
 void DeviceMemory::count_refusal(const Failure &failure) {
   if (failure.result != RhiResult::out_of_memory || failure.oom_source != OomSource::budget) return;
-  if (failure.site == kLiveCheckSite)
+  if (failure.budget_check == BudgetCheck::live_free)
     live_refusals_.fetch_add(1, std::memory_order_relaxed);
   else
     count(kBudgetRefusals);

@@ -321,7 +321,7 @@ bool DeviceMemory::try_free_lock_free(DeviceAllocation alloc) {
 // --- the locked path's cache operations (mutex_ held) -----------------------------------------
 
 DeviceMemory::Record *DeviceMemory::take_cached_locked(Cache *cache, MemoryCategory category,
-                                                       uint64_t class_bytes) {
+                                                       uint64_t size_bytes, uint64_t class_bytes) {
   Record *record = nullptr;
   const uint32_t bin = detail::bin_of_class(class_bytes);
   if (cache != nullptr && bin < detail::kCacheBins && detail::class_of_bin(bin) == class_bytes) {
@@ -332,13 +332,15 @@ DeviceMemory::Record *DeviceMemory::take_cached_locked(Cache *cache, MemoryCateg
     }
   }
   if (record == nullptr) {
-    const auto block = pool_.take(class_bytes);
+    // The class, or a block the pool allocated at an exact size between the two.
+    const auto block = pool_.take_within(size_bytes, class_bytes);
     if (!block) return nullptr;
-    record = blocks_->find(block->alloc_id);
+    record = blocks_->find(block->first.alloc_id);
   }
   record->category.store(category, std::memory_order_relaxed);
   set_owner_locked(record, cache);
-  move_locked(cache, MemoryCategory::pool_cache, category, class_bytes);
+  move_locked(cache, MemoryCategory::pool_cache, category,
+              record->class_bytes.load(std::memory_order_relaxed));
   return record;
 }
 

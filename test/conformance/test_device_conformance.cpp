@@ -36,7 +36,9 @@ namespace {
 constexpr uint64_t operator""_KiB(unsigned long long n) { return n << 10; }
 constexpr uint64_t operator""_MiB(unsigned long long n) { return n << 20; }
 
-constexpr std::string_view kAllocSite = "LlvmDevice::allocate_memory_runtime";
+// The function that refuses: allocate_memory_runtime calls it, DeviceMemory calls it directly, so
+// it is on every allocation's path (allocate_memory_runtime is not on DeviceMemory's).
+constexpr std::string_view kAllocSite = "LlvmDevice::allocate_runtime";
 
 struct CpuFactory {
   static constexpr const char *kName = "cpu";

@@ -26,6 +26,10 @@ check "budget run exits 0" test "$rc" -eq 0
 check "large cases REFUSED BudgetExceededError naming bytes and budget" \
   grep -Eq '^axpy/f32/large: REFUSED BudgetExceededError: cpu could not allocate 256.00 MiB .*budget 64.00 MiB' "$tmp/b64.txt"
 check "tiny cases OK under the budget" grep -q '^axpy/f32/tiny: OK$' "$tmp/b64.txt"
+check "a budget refusal advises kiln-ops' own flag and KILN_POOL_LIMIT_MB" \
+  grep -Eq '^axpy/f32/large: REFUSED .*raise the budget \(--budget-mb or KILN_POOL_LIMIT_MB\)' "$tmp/b64.txt"
+check "no refusal advises another interface's knob" \
+  bash -c "! grep -Eq 'kiln.init|BudgetConfig|ExecutorConfig' '$tmp/b64.txt'"
 check "no FAIL under the budget" bash -c "! grep -q ': FAIL' '$tmp/b64.txt'"
 
 # KILN_POOL_LIMIT_MB gives the same refusals.
@@ -58,6 +62,8 @@ done
 "$ops" --heap-mb 0 --filter 'compact_heap/f32/small|fill/i64/tiny' > "$tmp/heap.txt" 2>&1
 check "heap exhaustion is REFUSED DeviceHeapExhaustedError" grep -q '^compact_heap/f32/small: REFUSED DeviceHeapExhaustedError' "$tmp/heap.txt"
 check "the next case after heap exhaustion is OK" grep -q '^fill/i64/tiny: OK$' "$tmp/heap.txt"
+check "heap exhaustion advises --heap-mb" \
+  grep -Eq '^compact_heap/f32/small: REFUSED .*raise the device heap \(--heap-mb\)' "$tmp/heap.txt"
 
 # Usage errors exit 2; --list and --json work.
 "$ops" --backend tpu > /dev/null 2>&1; check "unknown backend exits 2" test $? -eq 2

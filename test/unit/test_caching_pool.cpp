@@ -103,9 +103,10 @@ TEST_CASE("size_class is monotone and answers 0 when rounding would overflow", "
 
   constexpr uint64_t kMax = UINT64_MAX;
   constexpr uint64_t kTop = uint64_t{1} << 63;
-  // The largest class: 2^63 + 3 * 2^61 = 2^64 - 2^61. Anything above it overflows.
-  constexpr uint64_t kLargestClass = kMax - (uint64_t{1} << 61) + 1;
-  CHECK(CachingPool::size_class(kTop + 1) == kTop + (kTop >> 2));
+  // Above 2^63 the step is 2^57 (1/64 of the size): the largest class is 2^64 - 2^57.
+  // Anything above it overflows.
+  constexpr uint64_t kLargestClass = kMax - (uint64_t{1} << 57) + 1;
+  CHECK(CachingPool::size_class(kTop + 1) == kTop + (kTop >> 6));
   CHECK(CachingPool::size_class(kLargestClass) == kLargestClass);
   CHECK(CachingPool::size_class(kLargestClass - 1) == kLargestClass);
   CHECK(CachingPool::size_class(kLargestClass + 1) == 0);

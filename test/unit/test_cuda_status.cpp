@@ -64,3 +64,12 @@ TEST_CASE("without a driver library the cuda backend is not_supported, naming th
   CHECK(driver.error().result == RhiResult::not_supported);
   CHECK_THAT(driver.error().message(), Catch::Contains("/nonexistent/libcuda-missing.so"));
 }
+
+TEST_CASE("CUDA_ERROR_OUT_OF_MEMORY from a copy is no allocation of 0 B", "[cuda][status]") {
+  auto status = to_rhi(nullptr, kErrorOutOfMemory, "cuMemcpyHtoD_v2", "cuda:0");
+  REQUIRE_FALSE(status);
+  CHECK_FALSE(status.error().allocating);
+  CHECK_THAT(status.error().message(),
+             Catch::StartsWith("cuda:0 ran out of memory in cuMemcpyHtoD_v2") &&
+                 !Catch::Contains("0 B") && !Catch::Contains("ndarray"));
+}

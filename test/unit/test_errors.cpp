@@ -20,7 +20,10 @@ void check_throws_as(Failure f, ErrorKind kind) {
     throw_error(f);
   } catch (const E &e) {
     CHECK(e.kind() == kind);
-    CHECK(std::string(e.what()) == f.message());
+    Failure advised = f;  // what() advises with the C++ API's knobs
+    advise(advised, kCppKnobs);
+    CHECK(std::string(e.what()) == advised.message());
+    CHECK(e.failure().advice == advised.advice);
     CHECK(e.failure().requested_bytes == f.requested_bytes);
     return;
   } catch (...) {

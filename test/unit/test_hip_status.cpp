@@ -106,3 +106,12 @@ TEST_CASE("the machine's HIP runtime without an AMD GPU is NotSupported with its
   CHECK_THAT(answer, Catch::StartsWith("hipError"));  // the runtime's own answer, by name
   CHECK_THAT(ex.error().message(), Catch::Contains(answer) && Catch::Contains("libamdhip64"));
 }
+
+TEST_CASE("hipErrorOutOfMemory from a launch is no allocation of 0 B", "[hip][status]") {
+  auto status = to_rhi(nullptr, kErrorOutOfMemory, "hipModuleLaunchKernel", "amdgpu:0");
+  REQUIRE_FALSE(status);
+  CHECK_FALSE(status.error().allocating);
+  CHECK_THAT(status.error().message(),
+             Catch::StartsWith("amdgpu:0 ran out of memory in hipModuleLaunchKernel") &&
+                 !Catch::Contains("0 B") && !Catch::Contains("ndarray"));
+}

@@ -152,7 +152,8 @@ int run(int argc, char **argv) {
   }
   if (report.setup_failure) {
     fmt::print(stderr, "kiln-ops: could not set up the {} backend: {}\n",
-               kiln::to_string(args.suite.config.backend), kiln::describe(*report.setup_failure));
+               kiln::to_string(args.suite.config.backend),
+               kiln::describe(*report.setup_failure, kiln::ops::kKilnOpsKnobs));
     return 1;
   }
   return report.failed == 0 ? 0 : 1;

@@ -29,7 +29,7 @@ CaseResult run_case(const Case &c, LlvmRuntimeExecutor &ex) {
     const Failure &f = outcome.error();
     const ErrorKind kind = classify(f);
     r.error_name = std::string(error_name(kind));
-    r.detail = describe(f);
+    r.detail = describe(f, kKilnOpsKnobs);
     // Out-of-memory and a lost device are answers a run must survive; anything else is a bug.
     r.verdict = (is_out_of_memory(kind) || kind == ErrorKind::device_lost) ? Verdict::refused
                                                                             : Verdict::fail;
@@ -162,7 +162,7 @@ RhiStatus write_json(const SuiteReport &report, const std::string &path) {
                i + 1 < report.results.size() ? "," : "");
   }
   fmt::print(file, "  ],\n  \"setup_failure\": {},\n",
-             json_string(report.setup_failure ? describe(*report.setup_failure) : ""));
+             json_string(report.setup_failure ? describe(*report.setup_failure, kKilnOpsKnobs) : ""));
   fmt::print(file, "  \"ok\": {}, \"refused\": {}, \"failed\": {}, \"allocations\": {},\n",
              report.ok, report.refused, report.failed, report.allocations);
   fmt::print(file, "  \"peak_bytes\": {{");

@@ -15,6 +15,9 @@
 
 namespace kiln::ops {
 
+/// kiln-ops' own knobs, named by the advice of a refusal (it has no reserve flag).
+inline constexpr InterfaceKnobs kKilnOpsKnobs{"--budget-mb", "", "--heap-mb"};
+
 /// One operation case: a name like "axpy/f32/medium" and the code that runs and checks it.
 struct Case {
   std::string name;

@@ -29,6 +29,8 @@ __all__ = [
 # name -> default. The defaults are what an instance made by hand (not by kiln) reports.
 FIELDS = {
     "requested_bytes": 0,   # bytes the failed request asked for
+    "class_bytes": 0,       # the pool's size class when it was larger and did not fit either
+    "budget_check": "none", # which budget check refused: "limit", "live_free" (else "none")
     "device": "",           # "cpu", "mock", "cuda:0"
     "category": "",         # "ndarray", "staging", "argument_buffer", "runtime_heap", ...
     "free_bytes": None,     # live free device memory at the failure
@@ -37,12 +39,13 @@ FIELDS = {
     "reserve_bytes": None,  # headroom kept free (set when the live check refused)
     "live_age_ms": None,    # ms between reading free/total and the failure (0: read for it)
     "in_use_bytes": None,   # dict: category -> bytes kiln held at the failure
-    "site": "",             # the call that failed, e.g. "MemoryBudget::reserve"
+    "site": "",             # the function that refused, e.g. "MemoryBudget::reserve"
     "driver_status": "",    # the driver's own status name, e.g. "MOCK_ERROR_OUT_OF_MEMORY"
     "result": "",           # the RhiResult: "out_of_memory", "invalid_usage", ...
     "oom_source": "",       # "driver", "budget", "device_heap", "host" or "none"
     "detail": "",           # what was wrong (invalid usage, runtime faults)
     "context": (),          # lines added on the way up, innermost first
+    "advice": "",           # what to do, naming kiln.init's arguments (also in str(e))
 }
 
 

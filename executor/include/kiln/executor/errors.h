@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "kiln/executor/advice.h"
 #include "kiln/rhi/result.h"
 
 namespace kiln {
@@ -31,15 +32,17 @@ enum class ErrorKind : uint8_t {
 [[nodiscard]] std::string_view error_name(ErrorKind kind);
 [[nodiscard]] bool is_out_of_memory(ErrorKind kind);
 
-/// Base of every kiln exception; carries the full Failure. what() is the full message.
+/// Base of every kiln exception; carries the full Failure. what() is the full message, with the
+/// advice of `knobs` (the C++ API's unless the failure already has advice).
 class Error : public std::runtime_error {
  public:
-  explicit Error(Failure failure);
+  explicit Error(Failure failure, const InterfaceKnobs &knobs = kCppKnobs);
   [[nodiscard]] const Failure &failure() const noexcept { return failure_; }
   [[nodiscard]] ErrorKind kind() const noexcept { return kind_; }
   [[nodiscard]] std::string_view name() const noexcept { return error_name(kind_); }
 
  private:
+  Error(Failure &&advised_failure, std::nullptr_t);  // the message is made once, advice in
   Failure failure_;
   ErrorKind kind_;
 };
@@ -65,8 +68,9 @@ T value_or_throw(RhiExpected<T> expected) {
   if constexpr (!std::is_void_v<T>) return std::move(expected).value();
 }
 
-/// "<ErrorName>: <message>", the line kiln-ops prints after REFUSED.
-[[nodiscard]] std::string describe(const Failure &failure);
+/// "<ErrorName>: <message>", the line kiln-ops prints after REFUSED; the message advises with
+/// `knobs` unless the failure already has advice.
+[[nodiscard]] std::string describe(const Failure &failure, const InterfaceKnobs &knobs = kCppKnobs);
 
 }  // namespace kiln
 

@@ -54,9 +54,17 @@ enum class OomSource : uint8_t {
   host,         ///< host memory could not be had (e.g. a host-side staging copy)
 };
 
+/// Which check of kiln's budget refused an out_of_memory with oom_source budget.
+enum class BudgetCheck : uint8_t {
+  none = 0,   ///< not a budget refusal
+  limit,      ///< the budget's limit: in-use + request would pass it
+  live_free,  ///< the device's live free memory minus the reserve is smaller than the request
+};
+
 [[nodiscard]] std::string_view to_string(RhiResult result);
 [[nodiscard]] std::string_view to_string(MemoryCategory category);
 [[nodiscard]] std::string_view to_string(OomSource source);
+[[nodiscard]] std::string_view to_string(BudgetCheck check);
 
 /// Bytes per category, indexed by MemoryCategory.
 using CategoryBytes = std::array<uint64_t, kNumMemoryCategories>;
@@ -81,17 +89,32 @@ struct MemorySnapshot {
 struct Failure {
   RhiResult result = RhiResult::error;
   OomSource oom_source = OomSource::none;
+  /// For oom_source budget: which check refused (the message words each with its own figures).
+  BudgetCheck budget_check = BudgetCheck::none;
   MemoryCategory category = MemoryCategory::ndarray;
   uint64_t requested_bytes = 0;
+  /// The caching pool's size class for the request when it is larger than requested_bytes and
+  /// did not fit either (the pool falls back to the exact size before it refuses); 0 otherwise.
+  uint64_t class_bytes = 0;
+  /// Whether the failure is about allocating `requested_bytes` of `category`. False for an
+  /// out-of-memory answer to another operation (a copy, a launch, a module load), which `site`
+  /// names: the message then names no size and no category.
+  bool allocating = true;
+  /// Whether a FaultPlan injected this failure (no memory setting cures it).
+  bool injected = false;
   std::string device;                ///< "cpu", "mock", "cuda:0"
-  const char *site = "";             ///< the call that failed, e.g. "cuMemAlloc_v2", "MemoryBudget::reserve"
+  const char *site = "";             ///< the function that refused, e.g. "cuMemAlloc_v2", "MemoryBudget::reserve"
   const char *driver_status = "";    ///< the driver's own status name, e.g. "CUDA_ERROR_OUT_OF_MEMORY"
   std::string detail;                ///< what was wrong, for invalid_usage and runtime faults
   bool has_memory = false;           ///< whether `memory` was filled
   MemorySnapshot memory;             ///< live memory picture (out_of_memory failures)
   std::vector<std::string> context;  ///< lines added on the way up, innermost first
+  /// What to do, in the words of the caller's interface. Filled by the interface layer (the
+  /// executor's advise(), with the knobs of C++, Python or kiln-ops); the layers below never
+  /// name a knob. Empty: the message gives no advice.
+  std::string advice;
 
-  /// The full one-line message: what failed, the numbers, what to do.
+  /// The full one-line message: what failed, the numbers, then `advice` when there is one.
   [[nodiscard]] std::string message() const;
   /// Adds a context line ("while allocating ndarray f32[1024]"); returns *this for chaining.
   Failure &add_context(std::string line) &;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "kiln/rhi/device.h"
@@ -15,12 +16,21 @@ namespace kiln::runtime {
 class CachingPool {
  public:
   /// The size class of a request: the bytes a block serving it has. Requests up to 512 B share
-  /// one class; above, sizes round up to a quarter of their power of two (at most 25 % slack),
-  /// the same spirit as PyTorch's and RMM's binning. Returns 0 when rounding would overflow.
+  /// one class; up to 4 MiB (the thread caches' classes), sizes round up to a quarter of their
+  /// power of two (at most 25 % slack, at most 1 MiB above 1 MiB). Above 4 MiB the step is the
+  /// smaller of that quarter and max(2 MiB, the power of two at most 1/64 of the size), so a
+  /// block over 1 MiB wastes less than max(2 MiB, 1/64 of it) (PyTorch rounds large blocks to
+  /// 2 MiB; the 1/64 keeps the number of classes of very large blocks small). Every class is
+  /// its own class, and the function is monotone. Returns 0 when rounding would overflow.
   [[nodiscard]] static uint64_t size_class(uint64_t size_bytes);
 
   /// A cached block of exactly `class_bytes`, removed from the pool, or nullopt.
   [[nodiscard]] std::optional<DeviceAllocation> take(uint64_t class_bytes);
+  /// The smallest cached block of `min_bytes` to `max_bytes` (a request's exact size and its
+  /// class: blocks the pool allocated at the exact size when the class did not fit), removed
+  /// from the pool with its bytes, or nullopt.
+  [[nodiscard]] std::optional<std::pair<DeviceAllocation, uint64_t>> take_within(
+      uint64_t min_bytes, uint64_t max_bytes);
   /// Keeps a block of `class_bytes` for reuse.
   void put(DeviceAllocation block, uint64_t class_bytes);
 

@@ -272,7 +272,22 @@ class DeviceMemory {
       std::span<const AllocRequest> requests);
   [[nodiscard]] RhiExpected<std::vector<DeviceAllocation>> try_allocate_group(
       std::span<const AllocRequest> requests);
+  /// Whether `failure`, refusing `class_bytes`, was for want of what rounding added: the budget
+  /// (limit or live check) refused, or the driver did while the device's free memory lies
+  /// between `size_bytes` and `class_bytes`. Then the exact size is tried.
+  [[nodiscard]] bool rounding_refused(const Failure &failure, uint64_t size_bytes,
+                                      uint64_t class_bytes);
+  /// Grows by one block of the request's size class; if rounding_refused, by one of its exact
+  /// size (a failure then names the class too).
   [[nodiscard]] RhiExpected<DeviceAllocation> grow_one(const AllocRequest &request);
+  [[nodiscard]] RhiExpected<DeviceAllocation> grow_one_at(const AllocRequest &request,
+                                                          uint64_t block_bytes);
+  /// Reserves, live-checks and allocates blocks of `block_bytes[i]` for every request without a
+  /// hit, writing them to `out`; on failure holds nothing (the blocks it got go back).
+  [[nodiscard]] RhiStatus grow_misses(std::span<const AllocRequest> requests,
+                                      std::span<Record *const> hit,
+                                      std::span<const uint64_t> block_bytes,
+                                      std::span<DeviceAllocation> out);
   /// With the live check on, one growing thread at a time from the device's answer to the
   /// driver's (else two could both fit in the same free memory); an empty lock otherwise.
   [[nodiscard]] std::unique_lock<std::mutex> serialize_growth();
@@ -288,9 +303,10 @@ class DeviceMemory {
   /// given the bytes held per category now.
   [[nodiscard]] static bool evicting_would_fit(uint64_t size_bytes, uint64_t limit_bytes,
                                                const CategoryBytes &in_use);
-  /// The budget refuses a growth of `class_bytes` and no eviction could make room: true, with the
-  /// bytes held per category in `in_use`. (No observer registered: they take the general path.)
-  [[nodiscard]] bool refused_outright(uint64_t class_bytes, CategoryBytes &in_use) const;
+  /// The budget refuses a growth of `size_bytes` (a request's exact size: its class may still be
+  /// refused and the exact size not) and no eviction could make room: true, with the bytes held
+  /// per category in `in_use`. (No observer registered: they take the general path.)
+  [[nodiscard]] bool refused_outright(uint64_t size_bytes, CategoryBytes &in_use) const;
   /// That refusal, built once where the caller returns it (no lock, no device call).
   [[nodiscard]] RhiExpected<DeviceAllocation> budget_refusal(const AllocRequest &request,
                                                              const CategoryBytes &in_use);
@@ -316,8 +332,9 @@ class DeviceMemory {
 
   // Under mutex_.
   [[nodiscard]] Cache *my_cache_locked();
+  /// A cached block of `class_bytes`, or one of an exact size in [size_bytes, class_bytes].
   [[nodiscard]] Record *take_cached_locked(Cache *cache, MemoryCategory category,
-                                           uint64_t class_bytes);
+                                           uint64_t size_bytes, uint64_t class_bytes);
   /// Caches a freed block: in `cache`'s bin when it has room (true), else the shared pool.
   bool keep_cached_locked(Cache *cache, Record *record);
   /// Caches a block that was live in `category` (freed, or a hit handed back), charged as cache.
