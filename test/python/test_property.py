@@ -16,6 +16,9 @@ Configuration (environment):
   KILN_PROPERTY_EXAMPLES  sequences per backend (default 40: CI, about 30 s for four backends)
   KILN_PROPERTY_STEPS     steps per sequence (default 40)
   KILN_PROPERTY_SEED      a seed for a random run; unset: derandomized (the same run every time)
+  KILN_PROPERTY_BURST     random steps per "burst" rule (default 4): the same rules with arguments
+                          from a numpy generator, invariants checked after each; long runs use
+                          more (Hypothesis's own step costs several times a kiln call)
   KILN_PROPERTY_REPORT    a file to which the operation count is appended (every 10,000 and at
                           the end of each backend's run)
 A long run (issue 11: at least 1,000,000 operations over the four backends), e.g.:
@@ -44,6 +47,7 @@ EXAMPLES = int(os.environ.get("KILN_PROPERTY_EXAMPLES", "40"))
 STEPS = int(os.environ.get("KILN_PROPERTY_STEPS", "40"))
 SEED = os.environ.get("KILN_PROPERTY_SEED")
 REPORT = os.environ.get("KILN_PROPERTY_REPORT")
+BURST = int(os.environ.get("KILN_PROPERTY_BURST", "4"))
 
 DTYPES = {kiln.f32: np.float32, kiln.f64: np.float64, kiln.i32: np.int32, kiln.i64: np.int64}
 KILN_DTYPES = list(DTYPES)
@@ -94,11 +98,46 @@ class Live:
         self.accounted_bytes = accounted_bytes  # what its allocation added to allocated_bytes
 
 
+def integral(model):
+    """Whether every value of `model` is a whole number (what an array read before it was ever
+    written may hold is arbitrary: its sums and products are not exact)."""
+    if model.dtype.kind == "i":
+        return True
+    with np.errstate(invalid="ignore"):
+        return bool(np.all(np.isfinite(model)) and np.all(model == np.round(model)))
+
+
 def exact_sum(model):
-    """numpy's sum of `model` when every dtype sums it exactly, else None."""
+    """numpy's sum of `model` when every dtype sums it exactly (whole numbers, small enough),
+    else None."""
+    if not integral(model):
+        return None
     total = np.abs(model.astype(np.float64)).sum()
     limit = (1 << 24) if model.dtype == np.float32 else (1 << 31) if model.dtype == np.int32 else (1 << 52)
     return model.astype(np.float64).sum() if total < limit else None
+
+
+def one_d(n):
+    return (n,)
+
+
+def big_one_d(mib):
+    """A 1-D shape of `mib` MiB in f64 (half that in the 4-byte dtypes)."""
+    return ((mib * MiB) // 8,)
+
+
+def random_shape(rng):
+    """The numpy-RNG twin of KilnMachine.shapes (for bursts)."""
+    kind = rng.integers(0, 3)
+    if kind == 0:
+        return tuple(int(d) for d in rng.integers(0, 10, size=rng.integers(1, 4)))
+    if kind == 1:
+        return one_d(int(rng.integers(1, 4097)))
+    return big_one_d(int(rng.integers(1, 13)))
+
+
+def random_fault(rng):
+    return None if rng.integers(0, 2) == 0 else int(rng.integers(1, 5))
 
 
 class KilnMachine(RuleBasedStateMachine):
@@ -246,8 +285,8 @@ class KilnMachine(RuleBasedStateMachine):
 
     shapes = st.one_of(
         st.lists(st.integers(0, 9), min_size=1, max_size=3).map(tuple),
-        st.integers(1, 4096).map(lambda n: (n,)),
-        st.integers(1, 12).map(lambda mib: ((mib * MiB) // 8,)),  # big: refusals happen
+        st.integers(1, 4096).map(one_d),
+        st.integers(1, 12).map(big_one_d),  # refusals happen
     )
     faults = st.one_of(st.none(), st.integers(1, 4))
 
@@ -380,7 +419,8 @@ class KilnMachine(RuleBasedStateMachine):
             dst.model = None if src.model is None else src.model.copy()
 
     def small(self, v):
-        return v.model is not None and (v.model.size == 0 or np.abs(v.model).max() <= LIMIT)
+        return v.model is not None and integral(v.model) and (
+            v.model.size == 0 or np.abs(v.model).max() <= LIMIT)
 
     @precondition(lambda self: self.live)
     @rule(alpha=st.integers(-3, 3), i=st.integers(0, 99), j=st.integers(0, 99),
@@ -528,6 +568,64 @@ class KilnMachine(RuleBasedStateMachine):
         count()
         self.observer_id = None
         self.observer_victims = []
+
+    # -- bursts: many random operations per Hypothesis step (long runs) -------------------------
+
+    def burst_steps(self, rng):
+        """(name, call) of one random step with numpy-drawn arguments, or None when its
+        precondition does not hold. The same rules, the same checks as Hypothesis's steps."""
+        i, j, k = (int(x) for x in rng.integers(0, 100, size=3))
+        dtype = KILN_DTYPES[int(rng.integers(0, 4))]
+        value = int(rng.integers(-9, 10))
+        fault = random_fault(rng)
+        have = bool(self.live)
+        table = [
+            ("create", True, lambda: self.create(dtype, random_shape(rng), fault)),
+            ("from_numpy", True, lambda: self.from_numpy(
+                dtype, tuple(int(d) for d in rng.integers(0, 8, size=rng.integers(1, 4))),
+                int(rng.integers(0, 2**32)), ["c", "f", "strided", "swapped"][int(rng.integers(0, 4))],
+                fault)),
+            ("to_numpy", have, lambda: self.to_numpy(i)),
+            ("view", have, lambda: self.view(i, value, bool(rng.integers(0, 2)))),
+            ("free", have, lambda: self.free(i)),
+            ("use_after_free_or_replace", bool(self.freed or self.stale),
+             lambda: self.use_after_free_or_replace(
+                 i, ["to_numpy", "fill", "reduce_sum", "free"][int(rng.integers(0, 4))])),
+            ("fill", have, lambda: self.fill(i, value, fault)),
+            ("copy", have, lambda: self.copy(i, j, fault)),
+            ("axpy", have, lambda: self.axpy(int(rng.integers(-3, 4)), i, j,
+                                              bool(rng.integers(0, 2)), fault)),
+            ("reduce_sum", have, lambda: self.reduce_sum(i, fault)),
+            ("matmul", have, lambda: self.matmul(i, j, k, bool(rng.integers(0, 2)), fault)),
+            ("compact_positive", have, lambda: self.compact_positive(i, fault)),
+            ("empty_cache", True, self.empty_cache),
+            ("add_observer", have and self.observer_id is None, lambda: self.add_observer(i)),
+            ("remove_observer", self.observer_id is not None, self.remove_observer),
+            ("init_again", rng.integers(0, 4) == 0, lambda: self.init_again(
+                [None, 512 * 1024, 20 * MiB, 40 * MiB, 256 * MiB][int(rng.integers(0, 5))],
+                [None, 1 * MiB, 64 * 1024][int(rng.integers(0, 3))], bool(rng.integers(0, 2)))),
+        ]
+        name, allowed, call = table[int(rng.integers(0, len(table)))]
+        return (name, call) if allowed else None
+
+    @precondition(lambda self: BURST > 0)
+    @rule(seed=st.integers(0, 2**32 - 1))
+    def burst(self, seed):
+        """BURST random steps from a numpy generator seeded by `seed`, every invariant checked
+        after each; a failure names the seed and the steps taken."""
+        rng = np.random.default_rng(seed)
+        done = []
+        try:
+            for _ in range(BURST):
+                step = self.burst_steps(rng)
+                if step is None:
+                    continue
+                done.append(step[0])
+                step[1]()
+                self.observers_did_not_fail()
+                self.memory_is_accounted()
+        except BaseException as e:
+            raise AssertionError(f"burst seed {seed}, steps {done}: {e!r}") from e
 
     # -- after every step ------------------------------------------------------------------------
 
