@@ -253,8 +253,9 @@ class KilnMachine(RuleBasedStateMachine):
             count()
         except kiln.BudgetExceededError as e:
             count()
-            # Only a budget smaller than the executor's own memory (the device heap) is refused.
-            assert budget is not None and e.requested_bytes > budget, str(e)
+            # Only a budget smaller than the executor's own memory (code, device heap) is refused.
+            assert budget is not None, str(e)
+            assert e.requested_bytes + sum(e.in_use_bytes.values()) > budget, str(e)
             if before is not None:  # the old executor stays, unchanged
                 assert kiln.memory_stats()["allocated_bytes"] == before["allocated_bytes"]
             return False

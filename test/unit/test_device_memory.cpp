@@ -197,11 +197,13 @@ TEST_CASE("allocating 0 bytes through DeviceMemory is invalid_usage and charges 
           "[device_memory]") {
   MockDevice mock(mock_options(1_GiB));
   auto memory = make_memory(mock, fixed_limit(100_MiB));
+  const uint64_t queries_before = mock.memory_info_count();
   auto zero = memory->allocate(MemoryCategory::ndarray, 0);
   REQUIRE_FALSE(zero);
   CHECK(zero.error().result == RhiResult::invalid_usage);
   CHECK(memory->in_use_bytes() == 0);
   CHECK(mock.driver_allocation_count() == 0);
+  CHECK(mock.memory_info_count() == queries_before);  // refused before any live check
 }
 
 TEST_CASE("double free through DeviceMemory is invalid_usage and releases nothing twice",
