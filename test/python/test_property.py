@@ -171,8 +171,13 @@ class KilnMachine(RuleBasedStateMachine):
         s = kiln.memory_stats()
         return s["limit_bytes"] - s["allocated_bytes"]
 
-    def check_oom(self, e, requested, room_before, fault):
-        """An out-of-memory error is truthful: a fault was armed, or memory was really short."""
+    def check_oom(self, e, requested, room_before, fault, operands=()):
+        """An out-of-memory error is truthful: a fault was armed, or memory was really short.
+        The one other error an operation may end in here: an OOM observer freed one of its
+        operands to make room (then kiln says the operand was used after it was freed)."""
+        if isinstance(e, kiln.InvalidUsageError) and any(v.array.is_freed for v in operands):
+            assert "freed" in str(e), str(e)
+            return
         assert isinstance(e, kiln.OutOfMemoryError) and isinstance(e, MemoryError), repr(e)
         if fault and type(e) is kiln.DeviceOutOfMemoryError:
             assert e.driver_status == "injected fault (FaultPlan)", str(e)
@@ -217,8 +222,9 @@ class KilnMachine(RuleBasedStateMachine):
         else:
             assert nbytes <= accounted <= max(512, nbytes + nbytes // 4 + 1), (accounted, nbytes)
 
-    def new_array(self, make, model, nbytes, fault):
-        """Runs `make` (which allocates `nbytes`); on success the array joins the model."""
+    def new_array(self, make, model, nbytes, fault, operands=()):
+        """Runs `make` (which allocates `nbytes`, reading `operands`); on success the array
+        joins the model."""
         room = self.room()
         before = kiln.memory_stats()["allocated_bytes"]
         try:
@@ -227,8 +233,8 @@ class KilnMachine(RuleBasedStateMachine):
             count()
         except kiln.Error as e:
             count()
+            self.check_oom(e, nbytes, room, fault is not None, operands)
             self.sweep_observer_victims()
-            self.check_oom(e, nbytes, room, fault is not None)
             return None
         freed = self.sweep_observer_victims()
         assert a.nbytes == nbytes
@@ -389,8 +395,8 @@ class KilnMachine(RuleBasedStateMachine):
             return True, value
         except kiln.Error as e:
             count()
+            self.check_oom(e, needs_bytes, room, fault is not None, touched)
             self.sweep_observer_victims()
-            self.check_oom(e, needs_bytes, room, fault is not None)
             for v in touched:
                 if v.model is not None and not v.array.is_freed:
                     np.testing.assert_array_equal(v.array.to_numpy(), v.model)
@@ -497,7 +503,7 @@ class KilnMachine(RuleBasedStateMachine):
                 out.model = expected
             return
         nbytes = expected.nbytes
-        self.new_array(lambda: kiln.matmul(a.array, b.array), expected, nbytes, fault)
+        self.new_array(lambda: kiln.matmul(a.array, b.array), expected, nbytes, fault, [a, b])
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 99), fault=faults)
@@ -514,14 +520,14 @@ class KilnMachine(RuleBasedStateMachine):
             count()
         except kiln.DeviceHeapExhaustedError as e:
             count()
-            heap = self.config.get("device_heap_bytes", 16 * MiB)
-            assert expected.nbytes * 8 > heap, (expected.nbytes, heap, str(e))
-            assert e.category == "runtime_heap"
+            # The heap's use per element depends on the backend (a block per thread on GPUs),
+            # so only this much is sure: there was something to allocate.
+            assert expected.size > 0, str(e)
+            assert e.category == "runtime_heap" and e.requested_bytes > 0, str(e)
             return
         except kiln.Error as e:
             count()
-            self.sweep_observer_victims()
-            self.check_oom(e, expected.nbytes, room, fault is not None)
+            self.check_oom(e, expected.nbytes, room, fault is not None, [v])
             return
         freed = self.sweep_observer_victims()
         accounted = kiln.memory_stats()["allocated_bytes"] - before + freed
@@ -638,6 +644,7 @@ class KilnMachine(RuleBasedStateMachine):
     def memory_is_accounted(self):
         if not self.config:
             return
+        self.sweep_observer_victims()  # whatever path the observer ran on
         s = kiln.memory_stats()
         held = sum(v.accounted_bytes for v in self.live)
         assert s["allocated_bytes"] == self.base_bytes + held, (s, self.base_bytes, held)
