@@ -649,6 +649,7 @@ class KilnMachine(RuleBasedStateMachine):
         held = sum(v.accounted_bytes for v in self.live)
         assert s["allocated_bytes"] == self.base_bytes + held, (s, self.base_bytes, held)
         assert s["current_total_bytes"] == s["allocated_bytes"] + s["current_bytes"]["pool_cache"]
+        assert s["current_total_bytes"] <= s["limit_bytes"], s  # the budget is never passed
 
     def teardown(self):
         for v in self.live + self.stale:
