@@ -19,6 +19,7 @@ Configuration (environment):
   KILN_PROPERTY_BURST     random steps per "burst" rule (default 4): the same rules with arguments
                           from a numpy generator, invariants checked after each; long runs use
                           more (Hypothesis's own step costs several times a kiln call)
+  KILN_PROPERTY_SHRINK    0: no shrinking, the first failure as found (scripts/mutation-check)
   KILN_PROPERTY_REPORT    a file to which the operation count is appended (every 10,000 and at
                           the end of each backend's run)
 A long run (issue 11: at least 1,000,000 operations over the four backends), e.g.:
@@ -38,7 +39,7 @@ import kiln
 import kiln.testing
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, Phase, settings, strategies as st  # noqa: E402
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,  # noqa: E402
                                  precondition, rule, run_state_machine_as_test)
 
@@ -664,6 +665,8 @@ def hypothesis_settings():
                   suppress_health_check=list(HealthCheck), print_blob=True)
     if SEED is None:
         kwargs["derandomize"] = True
+    if os.environ.get("KILN_PROPERTY_SHRINK") == "0":  # report the first failure as found
+        kwargs["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
     return settings(**kwargs)
 
 
