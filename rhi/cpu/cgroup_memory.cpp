@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <fstream>
 #include <sstream>
@@ -107,6 +108,15 @@ std::optional<MemoryLimit> own_memory_limit() {
   }();
   if (!files) return std::nullopt;
   return limit_at(*files);
+}
+
+void cap_by_limit(const std::optional<MemoryLimit> &limit, uint64_t *total_bytes,
+                  uint64_t *free_bytes) {
+  if (!limit) return;
+  *total_bytes = std::min(*total_bytes, limit->limit_bytes);
+  const uint64_t left =
+      limit->limit_bytes > limit->usage_bytes ? limit->limit_bytes - limit->usage_bytes : 0;
+  *free_bytes = std::min(*free_bytes, left);
 }
 
 }  // namespace kiln::cgroup

@@ -24,6 +24,12 @@ struct MemoryLimit {
 /// The same for this process: /proc/self/cgroup under /sys/fs/cgroup.
 [[nodiscard]] std::optional<MemoryLimit> own_memory_limit();
 
+/// Caps the host's `*total_bytes` / `*free_bytes` by a cgroup's `limit`: the total at most the
+/// limit, the free bytes at most what the limit leaves above the cgroup's usage (0 when usage is
+/// at or past it). No limit: both unchanged. Pure.
+void cap_by_limit(const std::optional<MemoryLimit> &limit, uint64_t *total_bytes,
+                  uint64_t *free_bytes);
+
 }  // namespace kiln::cgroup
 
 #endif  // KILN_RHI_CPU_CGROUP_MEMORY_H_

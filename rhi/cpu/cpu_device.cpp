@@ -16,12 +16,7 @@ namespace {
 
 // A container's memory limit caps what the host reports.
 Device::MemoryInfo apply_cgroup_limit(Device::MemoryInfo info) {
-  if (auto cg = cgroup::own_memory_limit()) {
-    info.total_bytes = std::min(info.total_bytes, cg->limit_bytes);
-    const uint64_t cg_free =
-        cg->limit_bytes > cg->usage_bytes ? cg->limit_bytes - cg->usage_bytes : 0;
-    info.free_bytes = std::min(info.free_bytes, cg_free);
-  }
+  cgroup::cap_by_limit(cgroup::own_memory_limit(), &info.total_bytes, &info.free_bytes);
   return info;
 }
 

@@ -92,6 +92,7 @@ RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> 
   // does not fit now did not fit at the moment of that load.
   if (overflow || !fits(total))
     return std::unexpected(refusal(overflow ? UINT64_MAX : total, first));
+  if (before_lock_hook_ != nullptr) before_lock_hook_(before_lock_context_);
   std::lock_guard lock(mutex_);
   if (!fits(total)) return std::unexpected(refusal(total, first));
   const uint64_t in_use = in_use_total_.load(kRelaxed) + total;
@@ -119,6 +120,11 @@ void MemoryBudget::release(MemoryCategory category, uint64_t size_bytes) {
       std::min(current.load(kRelaxed), size_bytes);  // never below zero, even on a caller's bug
   current.store(current.load(kRelaxed) - n, kRelaxed);
   in_use_total_.store(in_use_total_.load(kRelaxed) - n, kRelaxed);
+}
+
+void MemoryBudget::set_before_lock_hook_for_testing(void (*hook)(void *context), void *context) {
+  before_lock_hook_ = hook;
+  before_lock_context_ = context;
 }
 
 uint64_t MemoryBudget::limit_bytes() const { return limit_bytes_.load(kRelaxed); }

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <latch>
+#include <optional>
 #include <random>
 #include <string_view>
 #include <thread>
@@ -363,4 +364,77 @@ TEST_CASE("8 threads reserving and releasing never push in_use past the limit",
   CHECK(budget.stats().refusals == refused.load());
   CHECK(budget.in_use_bytes() == 0);
   CHECK(budget.stats().current_total_bytes() == 0);
+}
+
+namespace {
+
+// The race the re-check under the lock closes, made deterministic: when the first reservation
+// has passed the lock-free check (8 MiB fit a 10 MiB budget), a second thread reserves 8 MiB
+// before the first takes the lock. The hook runs once.
+struct SecondReserverInTheGap {
+  MemoryBudget *budget = nullptr;
+  MemoryCategory category = MemoryCategory::ndarray;
+  uint64_t size_bytes = 0;
+  std::atomic<bool> fired{false};
+  bool second_granted = false;
+  std::optional<Reservation> second;
+
+  static void run(void *self) {
+    auto &gap = *static_cast<SecondReserverInTheGap *>(self);
+    if (gap.fired.exchange(true)) return;  // the second thread's own reserve passes through
+    std::thread other([&gap] {
+      auto r = gap.budget->reserve(gap.category, gap.size_bytes);
+      gap.second_granted = r.has_value();
+      if (r) gap.second.emplace(std::move(*r));
+    });
+    other.join();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the re-check under the lock refuses what another thread took after the lock-free check",
+          "[budget][threads][recheck]") {
+  MemoryBudget budget(10_MiB);
+  SecondReserverInTheGap gap;
+  gap.budget = &budget;
+  gap.size_bytes = 8_MiB;
+  budget.set_before_lock_hook_for_testing(&SecondReserverInTheGap::run, &gap);
+
+  auto first = budget.reserve(MemoryCategory::staging, 8_MiB);
+
+  REQUIRE(gap.fired.load());
+  CHECK(gap.second_granted);  // the second thread got in first
+  REQUIRE_FALSE(first.has_value());  // and the first, re-checked under the lock, is refused
+  CHECK(first.error().result == RhiResult::out_of_memory);
+  CHECK(first.error().oom_source == OomSource::budget);
+  CHECK(first.error().requested_bytes == 8_MiB);
+  CHECK(first.error().memory.limit_bytes == 10_MiB);
+  CHECK(budget.in_use_bytes() == 8_MiB);  // never past the limit
+  CHECK(in_use(budget, MemoryCategory::staging) == 0);
+  CHECK(budget.stats().refusals == 1);
+  budget.set_before_lock_hook_for_testing(nullptr, nullptr);
+  gap.second.reset();
+  CHECK(budget.in_use_bytes() == 0);
+  CHECK(budget.reserve(MemoryCategory::staging, 8_MiB).has_value());  // the gap closed: it fits
+}
+
+TEST_CASE("a group reservation is re-checked under the lock as one total",
+          "[budget][threads][recheck]") {
+  MemoryBudget budget(10_MiB);
+  SecondReserverInTheGap gap;
+  gap.budget = &budget;
+  gap.size_bytes = 4_MiB;
+  budget.set_before_lock_hook_for_testing(&SecondReserverInTheGap::run, &gap);
+  const std::array<CategoryRequest, 2> group{{{MemoryCategory::argument_buffer, 3_MiB},
+                                              {MemoryCategory::staging, 4_MiB}}};
+
+  auto first = budget.reserve(group);  // 7 MiB fit 10 at the lock-free check, not after 4 more
+
+  CHECK(gap.second_granted);
+  REQUIRE_FALSE(first.has_value());
+  CHECK(first.error().requested_bytes == 7_MiB);
+  CHECK(budget.in_use_bytes() == 4_MiB);
+  CHECK(in_use(budget, MemoryCategory::argument_buffer) == 0);
+  budget.set_before_lock_hook_for_testing(nullptr, nullptr);
 }

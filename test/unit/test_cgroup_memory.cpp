@@ -64,6 +64,26 @@ TEST_CASE("no readable cgroup files means no limit", "[cgroup]") {
   CHECK_FALSE(read_memory_limit("garbage", t.root.string()));
 }
 
+TEST_CASE("a cgroup limit caps the host's total and free memory; no limit changes nothing",
+          "[cgroup]") {
+  using kiln::cgroup::cap_by_limit;
+  using kiln::cgroup::MemoryLimit;
+  uint64_t total = 64ull << 30, free_bytes = 48ull << 30;  // the host: 64 GiB, 48 free
+  cap_by_limit(MemoryLimit{2ull << 30, 512ull << 20}, &total, &free_bytes);
+  CHECK(total == 2ull << 30);                          // the container's 2 GiB
+  CHECK(free_bytes == (2ull << 30) - (512ull << 20));  // what it leaves above its usage
+  total = 64ull << 30, free_bytes = 1ull << 30;        // the host is the tighter one
+  cap_by_limit(MemoryLimit{2ull << 30, 0}, &total, &free_bytes);
+  CHECK(total == 2ull << 30);
+  CHECK(free_bytes == 1ull << 30);
+  cap_by_limit(MemoryLimit{2ull << 30, 3ull << 30}, &total, &free_bytes);  // usage past the limit
+  CHECK(free_bytes == 0);
+  total = 64ull << 30, free_bytes = 48ull << 30;
+  cap_by_limit(std::nullopt, &total, &free_bytes);
+  CHECK(total == 64ull << 30);
+  CHECK(free_bytes == 48ull << 30);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The host's side: /proc/meminfo (rhi/cpu/meminfo.cpp).
 

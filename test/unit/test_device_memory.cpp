@@ -197,11 +197,13 @@ TEST_CASE("allocating 0 bytes through DeviceMemory is invalid_usage and charges 
           "[device_memory]") {
   MockDevice mock(mock_options(1_GiB));
   auto memory = make_memory(mock, fixed_limit(100_MiB));
+  const uint64_t queries_before = mock.memory_info_count();
   auto zero = memory->allocate(MemoryCategory::ndarray, 0);
   REQUIRE_FALSE(zero);
   CHECK(zero.error().result == RhiResult::invalid_usage);
   CHECK(memory->in_use_bytes() == 0);
   CHECK(mock.driver_allocation_count() == 0);
+  CHECK(mock.memory_info_count() == queries_before);  // refused before any live check
 }
 
 TEST_CASE("double free through DeviceMemory is invalid_usage and releases nothing twice",
@@ -569,4 +571,143 @@ TEST_CASE("fail_at_count arms a count without resetting it, so nested plans coun
   auto fourth = memory->allocate(MemoryCategory::ndarray, 1_MiB);
   CHECK(fourth);
   memory->fault_plan().clear();
+namespace {
+
+// Another thread allocates `size_bytes` when the first allocation has passed the budget's
+// lock-free check and has not yet taken its lock (MemoryBudget's test hook; runs once).
+struct AllocatorInTheGap {
+  DeviceMemory *memory = nullptr;
+  uint64_t size_bytes = 0;
+  std::atomic<bool> fired{false};
+  std::optional<DeviceAllocation> taken;
+
+  static void run(void *self) {
+    auto &gap = *static_cast<AllocatorInTheGap *>(self);
+    if (gap.fired.exchange(true)) return;  // the other thread's own reservation passes through
+    std::thread other([&gap] {
+      auto alloc = gap.memory->allocate(MemoryCategory::ndarray, gap.size_bytes);
+      if (alloc) gap.taken = *alloc;
+    });
+    other.join();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("growth that another thread's allocation no longer leaves room for is refused",
+          "[device_memory][threads][recheck]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, fixed_limit(10_MiB));
+  AllocatorInTheGap gap;
+  gap.memory = memory.get();
+  gap.size_bytes = 8_MiB;
+  memory->budget_for_testing().set_before_lock_hook_for_testing(&AllocatorInTheGap::run, &gap);
+
+  auto first = memory->allocate(MemoryCategory::ndarray, 8_MiB);
+
+  REQUIRE(gap.fired.load());
+  REQUIRE(gap.taken.has_value());  // the other thread got in first
+  REQUIRE_FALSE(first.has_value());
+  CHECK(first.error().result == RhiResult::out_of_memory);
+  CHECK(first.error().oom_source == OomSource::budget);
+  CHECK(first.error().requested_bytes == 8_MiB);
+  CHECK(memory->in_use_bytes() == 8_MiB);  // never past the 10 MiB limit
+  CHECK(charged(*memory, MemoryCategory::ndarray) == 8_MiB);
+  CHECK(mock.held_bytes() == 8_MiB);  // the driver was asked once
+  memory->budget_for_testing().set_before_lock_hook_for_testing(nullptr, nullptr);
+  CHECK(memory->free(*gap.taken));
+  CHECK(memory->in_use_bytes() == 0);
+}
+
+TEST_CASE("a live refusal carries the reserve it keeps and is counted as a live refusal",
+          "[device_memory][live]") {
+  // 1 GiB device; other processes hold 924 MiB from the first allocation on: 100 MiB free.
+  MockDevice mock(mock_options(1_GiB, {0, 924_MiB}));
+  BudgetConfig config = no_cache();
+  config.limit_bytes = 1_GiB;  // the limit alone would allow it
+  config.reserve_bytes = 40_MiB;
+  auto memory = make_memory(mock, config);
+  auto refused = memory->allocate(MemoryCategory::ndarray, 80_MiB);  // 80 > 100 - 40
+  REQUIRE_FALSE(refused);
+  const kiln::Failure &f = refused.error();
+  CHECK(f.oom_source == OomSource::budget);
+  REQUIRE(f.has_memory);
+  CHECK(f.memory.reserve_bytes == 40_MiB);
+  CHECK(f.memory.free_bytes == 100_MiB);
+  CHECK(f.requested_bytes + f.memory.reserve_bytes > f.memory.free_bytes);  // figures agree
+  const auto stats = memory->stats();
+  CHECK(stats.live_refusals == 1);
+  CHECK(stats.ledger.refusals == 0);  // not a refusal by the limit
+}
+
+TEST_CASE("the summary has a line with the refusals by the limit and by live free memory",
+          "[device_memory][live]") {
+  MockDevice mock(mock_options(1_GiB, {0, 924_MiB}));
+  BudgetConfig config = no_cache();
+  config.limit_bytes = 16_MiB;
+  config.reserve_bytes = 40_MiB;
+  auto memory = make_memory(mock, config);
+  for (int i = 0; i < 3; ++i) CHECK_FALSE(memory->allocate(MemoryCategory::ndarray, 32_MiB));
+  memory->set_limit_bytes(1_GiB);
+  for (int i = 0; i < 2; ++i) CHECK_FALSE(memory->allocate(MemoryCategory::ndarray, 80_MiB));
+  const auto stats = memory->stats();
+  REQUIRE(stats.ledger.refusals == 3);
+  REQUIRE(stats.live_refusals == 2);
+  const std::string text = memory->summary();
+  CAPTURE(text);
+  std::string line;
+  for (std::size_t start = 0, end; start < text.size(); start = end + 1) {
+    end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    if (text.substr(start, end - start).find("refus") != std::string::npos)
+      line = text.substr(start, end - start);
+  }
+  REQUIRE_FALSE(line.empty());
+  CHECK(line.find('3') != std::string::npos);
+  CHECK(line.find('2') != std::string::npos);
+}
+
+TEST_CASE("a refusal an OOM observer cures is retried, served and counted as one retry",
+          "[device_memory][observer]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, fixed_limit(10_MiB));
+  auto first = memory->allocate(MemoryCategory::ndarray, 6_MiB);
+  REQUIRE(first);
+  std::optional<DeviceAllocation> spare = *first;
+  int calls = 0;
+  (void)memory->add_oom_observer([&](const kiln::Failure &) {
+    ++calls;
+    if (spare) {
+      REQUIRE(memory->free(*spare));
+      spare.reset();
+    }
+  });
+
+  SECTION("a budget refusal") {
+    auto a = memory->allocate(MemoryCategory::ndarray, 8_MiB);  // 6 + 8 > 10, then 8 fits
+    REQUIRE(a);
+    CHECK(calls == 1);
+    CHECK(memory->stats().retries == 1);
+    CHECK(memory->stats().ledger.refusals == 0);  // cured: not a refusal
+    CHECK(memory->free(*a));
+  }
+  SECTION("an injected fault") {
+    memory->fault_plan().fail_nth_allocation(1);
+    auto a = memory->allocate(MemoryCategory::ndarray, 1_MiB);
+    REQUIRE(a);
+    CHECK(calls == 1);
+    CHECK(memory->stats().retries == 1);
+    CHECK(memory->free(*a));
+  }
+  SECTION("an observer that frees nothing: refused, no retry") {
+    REQUIRE(memory->free(*spare));
+    spare.reset();
+    auto held = memory->allocate(MemoryCategory::ndarray, 6_MiB);
+    REQUIRE(held);
+    CHECK_FALSE(memory->allocate(MemoryCategory::ndarray, 8_MiB));
+    CHECK(calls == 1);
+    CHECK(memory->stats().retries == 0);
+    CHECK(memory->stats().ledger.refusals == 1);
+    CHECK(memory->free(*held));
+  }
 }

@@ -108,3 +108,51 @@ TEST_CASE("format_bytes picks a readable unit", "[errors]") {
   CHECK(format_bytes(512ull << 20) == "512.00 MiB");
   CHECK(format_bytes(4ull << 30) == "4.00 GiB");
 }
+
+TEST_CASE("every message ends its first part with the site that refused", "[errors]") {
+  Failure budget = oom(OomSource::budget);
+  budget.site = "MemoryBudget::reserve";
+  CHECK_THAT(budget.message(), Catch::Contains("[at MemoryBudget::reserve]"));
+  const Failure lost = make_failure(RhiResult::device_lost, "cuda:0", "cuLaunchKernel", "fault");
+  CHECK_THAT(lost.message(), Catch::Contains("[at cuLaunchKernel]"));
+  Failure no_site = make_failure(RhiResult::error, "cpu", "", "x");
+  CHECK_THAT(no_site.message(), !Catch::Contains("[at"));
+}
+
+TEST_CASE("device-heap exhaustion advises the heap's size, never the budget's knob", "[errors]") {
+  Failure f = oom(OomSource::device_heap);
+  f.category = MemoryCategory::runtime_heap;
+  f.driver_status = "";
+  f.has_memory = true;
+  f.memory.limit_bytes = 1ull << 30;
+  const std::string m = f.message();
+  CAPTURE(m);
+  CHECK_THAT(m, !Catch::Contains("KILN_POOL_LIMIT_MB") && !Catch::Contains("free arrays"));
+  CHECK_THAT(m, Catch::Contains("heap"));
+}
+
+TEST_CASE("a refusal by live free memory gives the free bytes, the reserve and what is usable",
+          "[errors]") {
+  Failure f = oom(OomSource::budget);
+  f.driver_status = "";
+  f.requested_bytes = 80ull << 20;
+  f.has_memory = true;
+  f.memory.free_bytes = 100ull << 20;
+  f.memory.total_bytes = 1ull << 30;
+  f.memory.reserve_bytes = 40ull << 20;  // only live refusals carry a reserve
+  f.memory.limit_bytes = 1ull << 30;     // the limit had room: it did not refuse
+  const std::string m = f.message();
+  CAPTURE(m);
+  // The figures that explain the decision: 80 MiB > 100 MiB free - 40 MiB reserve = 60 MiB.
+  CHECK_THAT(m, Catch::Contains(format_bytes(40ull << 20)) && Catch::Contains(format_bytes(60ull << 20)));
+  f.memory.reserve_bytes = 0;  // a limit refusal: the budget's room is what explains it
+  f.memory.in_use_bytes[static_cast<int>(MemoryCategory::ndarray)] = 1000ull << 20;
+  CHECK_THAT(f.message(), Catch::Contains(format_bytes(24ull << 20)));  // 1 GiB - 1000 MiB left
+}
+
+TEST_CASE("format_bytes moves to the next unit at exactly 1024", "[errors]") {
+  CHECK(format_bytes(1023) == "1023 B");
+  CHECK(format_bytes(1024) == "1.00 KiB");
+  CHECK(format_bytes(1ull << 20) == "1.00 MiB");
+  CHECK(format_bytes(1ull << 30) == "1.00 GiB");
+}

@@ -392,3 +392,20 @@ TEST_CASE("an executor whose code object does not fit the budget is refused befo
   CHECK(ex.error().category == MemoryCategory::code_object);
   CHECK(ex.error().requested_bytes == host_program()->code_size_bytes());
 }
+
+TEST_CASE("a host operand is staged as staging, and a fault at its buffer names that category",
+          "[executor][launch]") {
+  auto ex = make_mock_executor();
+  const std::vector<int64_t> x = {1, 2, 3, 4};
+  Ndarray y = upload<int64_t>(*ex, DataType::i64, {10, 20, 30, 40});
+  const auto staging = static_cast<std::size_t>(MemoryCategory::staging);
+  ex->memory().reset_peaks();
+  REQUIRE(ex->axpy_from_host(Scalar::of_int(1), bytes_of(x), y));
+  CHECK(ex->memory().stats().ledger.peak_bytes[staging] >= x.size() * sizeof(int64_t));
+  CHECK(ex->memory().in_use_by_category()[staging] == 0);  // given back after the launch
+  ex->memory().fault_plan().fail_nth_allocation(3);  // argument buffer, result buffer, staging
+  auto refused = ex->axpy_from_host(Scalar::of_int(1), bytes_of(x), y);
+  ex->memory().fault_plan().clear();
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().category == MemoryCategory::staging);
+}

@@ -87,6 +87,13 @@ class MemoryBudget {
   /// Whether `total_bytes` more would fit now (no lock; a reservation decides for good).
   [[nodiscard]] bool fits(uint64_t total_bytes) const;
 
+  /// Test hook: when set, reserve() calls `hook(context)` after its lock-free check let a request
+  /// through and before it takes the lock, so a test can make another thread reserve in that gap
+  /// and check that the re-check under the lock refuses what no longer fits (a race that threads
+  /// alone hit only sometimes). nullptr (the default) removes it. Set it while no other thread
+  /// reserves; the hook may call reserve() itself (from any thread).
+  void set_before_lock_hook_for_testing(void (*hook)(void *context), void *context);
+
  private:
   friend class Reservation;
   void give_back(const CategoryBytes &bytes);
@@ -97,6 +104,8 @@ class MemoryBudget {
   std::atomic<uint64_t> in_use_total_{0};
   std::atomic<uint64_t> refusals_{0};
   std::array<std::atomic<uint64_t>, kNumMemoryCategories> current_bytes_{};
+  void (*before_lock_hook_)(void *) = nullptr;  // tests only: set_before_lock_hook_for_testing
+  void *before_lock_context_ = nullptr;
   CategoryBytes peak_bytes_{};  // mutex_
   uint64_t peak_total_bytes_ = 0;  // mutex_
 };

@@ -205,6 +205,8 @@ class DeviceMemory {
   /// The device's own fault_plan() counts only the calls that reach the driver.
   [[nodiscard]] RequestFaultPlan &fault_plan() { return fault_plan_; }
   [[nodiscard]] LlvmDevice &device() const { return device_; }
+  /// The budget itself, for tests that need its hooks (MemoryBudget::set_before_lock_hook_...).
+  [[nodiscard]] MemoryBudget &budget_for_testing() { return budget_; }
 
   /// The budget's limit in bytes.
   [[nodiscard]] uint64_t limit_bytes() const { return budget_.limit_bytes(); }
