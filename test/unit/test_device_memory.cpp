@@ -571,6 +571,8 @@ TEST_CASE("fail_at_count arms a count without resetting it, so nested plans coun
   auto fourth = memory->allocate(MemoryCategory::ndarray, 1_MiB);
   CHECK(fourth);
   memory->fault_plan().clear();
+}
+
 namespace {
 
 // Another thread allocates `size_bytes` when the first allocation has passed the budget's
