@@ -139,13 +139,15 @@ TEST_CASE("a refusal by live free memory gives the free bytes, the reserve and w
   f.has_memory = true;
   f.memory.free_bytes = 100ull << 20;
   f.memory.total_bytes = 1ull << 30;
+  f.budget_check = BudgetCheck::live_free;
   f.memory.reserve_bytes = 40ull << 20;  // only live refusals carry a reserve
   f.memory.limit_bytes = 1ull << 30;     // the limit had room: it did not refuse
   const std::string m = f.message();
   CAPTURE(m);
   // The figures that explain the decision: 80 MiB > 100 MiB free - 40 MiB reserve = 60 MiB.
   CHECK_THAT(m, Catch::Contains(format_bytes(40ull << 20)) && Catch::Contains(format_bytes(60ull << 20)));
-  f.memory.reserve_bytes = 0;  // a limit refusal: the budget's room is what explains it
+  f.budget_check = BudgetCheck::limit;  // a limit refusal: the budget's room is what explains it
+  f.memory.reserve_bytes = 0;
   f.memory.in_use_bytes[static_cast<int>(MemoryCategory::ndarray)] = 1000ull << 20;
   CHECK_THAT(f.message(), Catch::Contains(format_bytes(24ull << 20)));  // 1 GiB - 1000 MiB left
 }
