@@ -56,16 +56,6 @@ KILN_DTYPES = list(DTYPES)
 # most a few thousand of them fit the 24-bit mantissa of f32 only when small: see exact_sum).
 LIMIT = 1 << 12
 
-# Known defects of issue 11 that other helpers fix; the test avoids the inputs that show them
-# (tighten these once they are merged):
-# - section 3: the caching pool rounds a request up to a size class (up to 2x) and is refused when
-#   the rounded size does not fit, though the exact size would. A refusal is accepted as truthful
-#   when POOL_ROUNDING x the request does not fit the room.
-POOL_ROUNDING = 2
-# - section 2: matmul without out= allocates the output before checking the shapes, so a bad
-#   shape under a full budget or an armed fault is reported as out-of-memory. Bad shapes are only
-#   tried with no fault armed and room for the output.
-
 OPERATIONS = {"count": 0}
 
 
@@ -184,11 +174,12 @@ class KilnMachine(RuleBasedStateMachine):
             assert e.driver_status == "injected fault (FaultPlan)", str(e)
             return
         if type(e) is kiln.BudgetExceededError:
-            if e.reserve_bytes:  # refused by live free device memory
+            if e.budget_check == "live_free":  # refused by live free device memory
                 assert e.requested_bytes + e.reserve_bytes > e.free_bytes, str(e)
-            else:
+            else:  # the limit refused: never because of the pool's rounding (exact fallback)
+                assert e.budget_check == "limit", str(e)
                 assert e.requested_bytes >= requested, (requested, str(e))
-                assert e.requested_bytes * POOL_ROUNDING > room_before, (room_before, str(e))
+                assert e.requested_bytes > room_before, (room_before, str(e))
             return
         if type(e) is kiln.DeviceHeapExhaustedError:
             return  # checked by the caller (only compact_positive may see it)
@@ -487,10 +478,8 @@ class KilnMachine(RuleBasedStateMachine):
                     and out.array.dtype == a.array.dtype):
                 valid = False
         if not valid:
-            if not use_out and two_d and (fault is not None or self.room() < 1 * MiB):
-                return  # issue 11 section 2 (see the top): the output is allocated first
-            with pytest.raises(kiln.InvalidUsageError):
-                with self.maybe_fault(fault if use_out or not two_d else None):
+            with pytest.raises(kiln.InvalidUsageError):  # checked before anything is allocated
+                with self.maybe_fault(fault):
                     kiln.matmul(a.array, b.array, out=None if out is None else out.array)
             count()
             return
