@@ -460,14 +460,47 @@ struct PyArray {
   }
 };
 
+/// Every busy mark with the thread that set it. A forked child keeps only the forking thread's
+/// marks: the arrays the parent's other threads were using can be freed there (those threads do
+/// not exist in the child), while the forking thread's own launches still hold theirs.
+struct BusyPin {
+  PyArray *array;
+  std::thread::id thread;
+};
+std::vector<BusyPin> g_busy_pins;  // guarded by g_busy_pins_mutex (a thread unwinding at exit
+                                   // may drop its marks without the GIL)
+ForkSafeMutex g_busy_pins_mutex(ForkSafeMutex::Policy::hold_across_fork);
+
+ForkRegistration g_busy_fork_registration(ForkHooks{nullptr, nullptr, [] {
+  const std::thread::id me = std::this_thread::get_id();
+  std::erase_if(g_busy_pins, [me](const BusyPin &pin) {
+    if (pin.thread == me) return false;
+    --pin.array->busy;
+    return true;
+  });
+}});
+
 /// Marks arrays busy while a launch runs without the GIL.
 class BusyScope {
  public:
   explicit BusyScope(std::initializer_list<PyArray *> arrays) : arrays_(arrays) {
-    for (PyArray *a : arrays_) ++a->busy;
+    std::lock_guard lock(g_busy_pins_mutex);
+    for (PyArray *a : arrays_) {
+      ++a->busy;
+      g_busy_pins.push_back(BusyPin{a, std::this_thread::get_id()});
+    }
   }
   ~BusyScope() {
-    for (PyArray *a : arrays_) --a->busy;
+    std::lock_guard lock(g_busy_pins_mutex);
+    const std::thread::id me = std::this_thread::get_id();
+    for (PyArray *a : arrays_) {
+      --a->busy;
+      for (auto it = g_busy_pins.rbegin(); it != g_busy_pins.rend(); ++it)
+        if (it->array == a && it->thread == me) {
+          g_busy_pins.erase(std::next(it).base());
+          break;
+        }
+    }
   }
   BusyScope(const BusyScope &) = delete;
   BusyScope &operator=(const BusyScope &) = delete;

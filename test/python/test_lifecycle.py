@@ -105,6 +105,46 @@ FORK_POOL = """
 """
 
 
+# Another thread is inside a launch on y (stopped in an OOM observer, so deterministically) when
+# the main thread forks: in the child that thread does not exist, so y is not in use there.
+FORK_WHILE_ANOTHER_THREAD_LAUNCHES = """
+    kiln.init(ARCH, budget_bytes=20 << 20, **dict(INIT, device_heap_bytes=1 << 20))
+    y = kiln.ndarray(kiln.f32, (1 << 20,))
+    hog = kiln.ndarray(kiln.f32, (3 << 20,))            # 12 MiB: staging 4 MiB more is refused
+    inside, release = threading.Event(), threading.Event()
+    def observer(e):
+        inside.set()
+        release.wait(60)
+    kiln.add_oom_observer(observer)
+    def launch():
+        try:
+            kiln.axpy(1.0, np.ones(1 << 20, dtype=np.float32), y)
+        except MemoryError:
+            pass
+    t = threading.Thread(target=launch)
+    t.start()
+    assert inside.wait(60)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            y.free()                                    # the launching thread is not here
+            print("child: freed", flush=True)
+            os._exit(0)
+        except BaseException as e:
+            print("child:", type(e).__name__, e, flush=True)
+            os._exit(3)
+    release.set()
+    t.join()
+    _, status = os.waitpid(pid, 0)
+    sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.parametrize("arch", ["cpu", "mock"])
+def test_forked_child_can_free_an_array_another_thread_was_launching_on(arch):
+    assert_clean(run_script(arch, FORK_WHILE_ANOTHER_THREAD_LAUNCHES), 0)
+
+
 @pytest.mark.parametrize("arch", ["cpu", "mock"])
 def test_multiprocessing_fork_pool_workers_use_kiln(arch):
     proc = run_script(arch, FORK_POOL)
