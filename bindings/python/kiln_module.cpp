@@ -899,6 +899,7 @@ py::object matmul(py::handle a_obj, py::handle b_obj, py::object out_obj) {
   // The whole call is checked before the output exists (validation before reservation).
   const std::array<int64_t, 2> shape = check(ex->matmul_output_shape(aa, bb));
   if (out_obj.is_none()) {
+    BusyScope operands({&a, &b});  // an OOM observer may not free them while out is allocated
     out_obj = py::cast(PyArray(check(ex->ndarray(aa.dtype(), shape)), ex));
   }
   PyArray &c = as_array(out_obj, "matmul", "out");

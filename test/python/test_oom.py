@@ -316,3 +316,31 @@ def test_an_observer_that_refers_to_an_array_does_not_leak_after_init():
     del y
     gc.collect()
     assert ref() is None
+
+
+def test_matmul_operands_stay_pinned_while_its_output_is_refused():
+    # An OOM observer that frees the operands cannot turn the refusal of matmul's output into a
+    # use-after-free usage error: the caller gets the out-of-memory error, the operands live on.
+    kiln.init("cpu", budget_bytes=24 << 20, device_heap_bytes=1 << 20)
+    a = kiln.from_numpy(np.ones((2048, 1), dtype=np.float32))
+    b = kiln.from_numpy(np.ones((1, 2048), dtype=np.float32))  # a @ b is 16 MiB
+    hog = kiln.ndarray(kiln.f32, (2 << 20,))                     # 8 MiB: the output cannot fit
+    tried = []
+
+    def observer(e):
+        for operand in (a, b):
+            try:
+                operand.free()
+            except kiln.InvalidUsageError as refused:
+                tried.append(str(refused))
+
+    oid = kiln.add_oom_observer(observer)
+    try:
+        with pytest.raises(kiln.BudgetExceededError):
+            kiln.matmul(a, b)
+    finally:
+        kiln.remove_oom_observer(oid)
+    assert len(tried) >= 2 and all("in use" in t for t in tried), tried
+    assert not a.is_freed and not b.is_freed
+    assert kiln.reduce_sum(a) == 2048.0
+    del hog
