@@ -357,6 +357,38 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate_locked_path(MemoryCategory 
   return with_observer_retry([&] { return grow_one(request); });
 }
 
+namespace {
+
+uint64_t saturating_add(uint64_t a, uint64_t b) { return b > UINT64_MAX - a ? UINT64_MAX : a + b; }
+
+}  // namespace
+
+// A group is granted whole or not at all, so its refusal reports the whole group: the blocks it
+// reused from the cache count too (they go back there, and the snapshot shows them as cache).
+// Reporting only the misses would refuse less than the room the message shows.
+Failure DeviceMemory::whole_group_refusal(Failure f, std::span<const AllocRequest> requests,
+                                          std::span<Record *const> hit) {
+  if (f.result != RhiResult::out_of_memory || !f.allocating) return f;
+  uint64_t reused_bytes = 0, reused_class_bytes = 0;
+  std::size_t reused = 0;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (hit[i] == nullptr) continue;
+    ++reused;
+    reused_bytes = saturating_add(reused_bytes, requests[i].size_bytes);
+    reused_class_bytes =
+        saturating_add(reused_class_bytes, hit[i]->class_bytes.load(std::memory_order_relaxed));
+  }
+  if (reused == 0) return f;
+  const uint64_t misses_class = f.class_bytes > f.requested_bytes ? f.class_bytes : f.requested_bytes;
+  f.requested_bytes = saturating_add(f.requested_bytes, reused_bytes);
+  const uint64_t class_total = saturating_add(misses_class, reused_class_bytes);
+  f.class_bytes = class_total > f.requested_bytes ? class_total : 0;
+  const std::string what = f.detail.empty() ? std::string(to_string(f.category)) : f.detail;
+  f.detail = fmt::format("{} ({} buffers granted together, {} of them, {}, reusable from the "
+                         "pool's cache)", what, requests.size(), reused, format_bytes(reused_bytes));
+  return f;
+}
+
 RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
     std::span<const AllocRequest> requests) {
   const std::size_t n = requests.size();
@@ -407,7 +439,7 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::try_allocate_group(
           grown.error().class_bytes = class_total;
       }
     }
-    if (!grown) return fail(std::move(grown).error());
+    if (!grown) return fail(whole_group_refusal(std::move(grown).error(), requests, hit));
     std::lock_guard lock(mutex_);
     for (std::size_t i = 0; i < n; ++i)
       if (hit[i] == nullptr)

@@ -205,3 +205,36 @@ TEST_CASE("on a 9.6 GiB device an 8 GiB array is held and charged as 8 GiB",
     (void)memory->release_cached();
   }
 }
+
+TEST_CASE("a group's refusal reports the whole group, its blocks reused from the cache included",
+          "[caching_pool][rounding][group]") {
+  const bool live = GENERATE(false, true);
+  CAPTURE(live);
+  // By the limit: a 1 MiB budget. By live free memory: a 1 MiB device, the limit far away.
+  MockDevice mock(mock_options(live ? 1_MiB : 1_GiB));
+  auto memory = make_memory(mock, cached(live ? 1_GiB : 1_MiB, 0));
+  auto reused = memory->allocate(MemoryCategory::ndarray, 600_KiB);
+  REQUIRE(reused);
+  REQUIRE(memory->free(*reused));  // now 600 KiB of cache, evictable, which the group reuses
+  const AllocRequest requests[] = {{MemoryCategory::ndarray, 600_KiB},
+                                   {MemoryCategory::staging, 500_KiB}};
+  auto group = memory->allocate_group(requests);
+  REQUIRE_FALSE(group);
+  const Failure &f = group.error();
+  INFO(f.message());
+  REQUIRE(f.result == RhiResult::out_of_memory);
+  CHECK(f.budget_check == (live ? BudgetCheck::live_free : BudgetCheck::limit));
+  // The room a reader sees counts the cache as evictable; only the whole group exceeds it.
+  const uint64_t cache = f.memory.in_use_bytes[static_cast<size_t>(MemoryCategory::pool_cache)];
+  CHECK(cache >= 600_KiB);
+  CHECK(f.requested_bytes == 1100_KiB);
+  CHECK(f.requested_bytes > (live ? live_room(f) : limit_room(f)) + cache);
+  CHECK(f.message().find("2 buffers granted together, 1 of them, 600.00 KiB, reusable") !=
+        std::string::npos);
+  // Nothing was lost: the cached block is still there and serves a request alone.
+  CHECK(charged(*memory, MemoryCategory::ndarray) == 0);
+  CHECK(charged(*memory, MemoryCategory::staging) == 0);
+  auto again = memory->allocate(MemoryCategory::ndarray, 600_KiB);
+  REQUIRE(again);
+  REQUIRE(memory->free(*again));
+}
