@@ -81,6 +81,12 @@ typedef size_t (*kiln_fake_cuda_bytes_fn)(void);
 typedef unsigned long long (*kiln_fake_cuda_count_fn)(void);
 typedef int (*kiln_fake_cuda_sticky_error_fn)(void);
 
+/// A test hook: the next call of `entry` (e.g. "cuLaunchKernel") sets kiln_fake_cuda_paused()
+/// and then waits hold_ms milliseconds inside the driver, holding its lock, before it goes on.
+/// For tests that fork or exit while a driver call is in progress. Returns 0, or -1 for NULL.
+int kiln_fake_cuda_pause_in(const char *entry, unsigned hold_ms);
+int kiln_fake_cuda_paused(void);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif

@@ -113,6 +113,8 @@ struct State {
   uint64_t oom_count = 0;
   uint64_t launch_count = 0;
   std::map<const Module *, std::unique_ptr<Module>> modules;
+  std::string pause_entry;  ///< the next call of this entry waits, holding the lock (a test hook)
+  unsigned pause_ms = 0;    ///< for how long
 
   /// Frees every allocation and module (the context went away, or a reset).
   void release_device_memory();
@@ -136,6 +138,14 @@ struct LockedState {
   State *operator->() const { return state; }
 };
 LockedState lock_state();
+
+/// A test hook that holds the state lock inside a call, so that a test can fork (or do anything
+/// else) while a driver call is in progress: after pause_in(entry, hold_ms) the next call of that
+/// entry sets paused() and waits hold_ms milliseconds, holding the lock, before it goes on (a
+/// timer, not a resume call: a thread that forks may hold locks a resuming thread would need).
+/// paused() takes no lock.
+void pause_in(std::string_view entry, unsigned hold_ms);
+[[nodiscard]] bool paused();
 
 /// Resets the state to a freshly loaded library's (the caller holds the lock).
 void reset_state(State &state);

@@ -1,10 +1,14 @@
 // The shared core's state: environment parsing, fault plan, call bookkeeping, memory accounting
 // and the memory and module operations both API layers run.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <pthread.h>
+#include <thread>
 
 #include "fake_gpu.h"
 
@@ -110,7 +114,15 @@ State &global_state() {
 }
 
 std::mutex &global_mutex() {
-  static auto *mutex = new std::mutex();
+  static auto *mutex = [] {
+    auto *created = new std::mutex();
+    // A fork while another thread is inside an entry point would leave the child a lock no
+    // thread of its own will release. Like a real driver, the fake takes its lock around fork
+    // so that the child starts with the lock free and the state between calls.
+    pthread_atfork([] { global_mutex().lock(); }, [] { global_mutex().unlock(); },
+                   [] { global_mutex().unlock(); });
+    return created;
+  }();
   return *mutex;
 }
 
@@ -208,10 +220,30 @@ LockedState lock_state() {
   return {std::move(lock), &global_state()};
 }
 
+// --- the pause hook ------------------------------------------------------------------------------
+
+namespace {
+std::atomic<bool> g_paused{false};
+}  // namespace
+
+void pause_in(std::string_view entry, unsigned hold_ms) {
+  auto state = lock_state();
+  state->pause_entry = std::string(entry);
+  state->pause_ms = hold_ms;
+  g_paused.store(false);
+}
+
+bool paused() { return g_paused.load(); }
+
 // --- Call ----------------------------------------------------------------------------------------
 
 Call::Call(const char *entry, Needs needs) : state(lock_state()), answer(dialect().success) {
   ++state->call_counts[entry];
+  if (!state->pause_entry.empty() && state->pause_entry == entry) {
+    state->pause_entry.clear();
+    g_paused.store(true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(state->pause_ms));
+  }
   const Dialect &d = dialect();
   if (state->mode == Mode::stub) answer = d.stub;
   else if (state->sticky_error != d.success && needs != Needs::teardown) answer = state->sticky_error;

@@ -30,6 +30,8 @@ size_t kiln_fake_hip_module_bytes(void);
 unsigned long long kiln_fake_hip_oom_count(void);
 int kiln_fake_hip_sticky_error(void);
 unsigned long long kiln_fake_hip_launch_count(void);
+int kiln_fake_hip_pause_in(const char *entry, unsigned hold_ms);
+int kiln_fake_hip_paused(void);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -190,6 +190,45 @@ def test_forked_child_on_a_gpu_gets_NotSupportedError_then_a_new_init_works(arch
     assert proc.stdout.strip() == "ok"
 
 
+# A fork while another thread is inside a driver call (held there 300 ms by the fake's pause
+# hook, so the race is the same every run): the driver's own lock must not reach the child held, or the
+# child's first driver call (its kiln.init) waits forever.
+FORK_DURING_DRIVER_CALL = """
+    import ctypes, time
+    api, entry = ("cuda", "cuLaunchKernel") if ARCH == "cuda" else ("hip", "hipModuleLaunchKernel")
+    fake = ctypes.CDLL(os.environ["KILN_CUDA_DRIVER" if ARCH == "cuda" else "KILN_HIP_RUNTIME"])
+    kiln.init(ARCH, **INIT)
+    x = kiln.from_numpy(np.ones(1000, dtype=np.float32))
+    getattr(fake, f"kiln_fake_{api}_pause_in")(entry.encode(), 300)  # ms, the lock held
+    t = threading.Thread(target=kiln.reduce_sum, args=(x,))
+    t.start()
+    while not getattr(fake, f"kiln_fake_{api}_paused")():
+        time.sleep(0.001)
+    # The fork waits for the call to end (the driver's prepare handler takes its lock).
+    pid = os.fork()
+    if pid == 0:
+        try:
+            kiln.init(ARCH, **INIT)
+            y = kiln.from_numpy(np.ones(10, dtype=np.float32))
+            assert kiln.reduce_sum(y) == 10
+        except BaseException as e:
+            print("child failed:", repr(e), flush=True)
+            os._exit(3)
+        os._exit(0)
+    t.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, os.waitstatus_to_exitcode(status)
+    print("ok")
+"""
+
+
+@pytest.mark.parametrize("arch", [p for p in BACKENDS if p.values[0] in ("cuda", "amdgpu")])
+def test_fork_while_another_thread_is_inside_the_driver(arch):
+    proc = run_script(arch, FORK_DURING_DRIVER_CALL)
+    assert_clean(proc, 0)
+    assert proc.stdout.strip() == "ok"
+
+
 # --- interpreter exit with threads inside kiln -------------------------------------------------
 
 EXIT_WITH_DAEMONS = """
