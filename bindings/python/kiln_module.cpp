@@ -695,8 +695,10 @@ PyArray from_numpy(py::handle value) {
   auto [input, dtype] = host_input(value, "from_numpy");
   const std::vector<int64_t> shape(input.shape(), input.shape() + input.ndim());
   auto ex = executor();
-  const py::array arr = contiguous_host_array(input, "from_numpy");
+  // The device array first: a refusal comes before a host copy of a non-contiguous input (a
+  // broadcast view of terabytes is refused by the budget, not by the host's memory).
   PyArray out(check(ex->ndarray(dtype, shape)), ex);
+  const py::array arr = contiguous_host_array(input, "from_numpy");
   const auto *data = static_cast<const std::byte *>(arr.data());
   const std::span<const std::byte> bytes(data, static_cast<std::size_t>(arr.nbytes()));
   check(launch({}, [&] { return ex->write(out.array, bytes); }));

@@ -138,3 +138,23 @@ def test_a_mismatched_numpy_x_is_refused_before_it_is_copied():
     finally:
         tracemalloc.stop()
     assert peak_bytes < 4 * MiB, f"x was copied before the check ({peak_bytes} bytes traced)"
+
+
+def test_from_numpy_is_refused_by_the_budget_before_a_non_contiguous_input_is_copied():
+    """from_numpy allocates the device array before it makes its input contiguous: a broadcast
+    view far larger than the budget is a BudgetExceededError, with no host copy made."""
+    import tracemalloc
+    kiln.init(arch="cpu", num_threads=2, budget_bytes=64 * MiB)
+    x = np.lib.stride_tricks.as_strided(np.ones(1, ">f4"), shape=(1 << 28,), strides=(0,))  # 1 GiB
+    tracemalloc.start()
+    try:
+        with pytest.raises(kiln.BudgetExceededError) as info:
+            kiln.from_numpy(x)
+        peak_bytes = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.value.requested_bytes == 1 << 30
+    assert peak_bytes < 4 * MiB, f"x was copied before the refusal ({peak_bytes} bytes traced)"
+    # What fits is copied as before (byte-swapped and strided: made contiguous, native).
+    small = np.arange(12, dtype=">f8").reshape(3, 4)[:, ::2]
+    np.testing.assert_array_equal(kiln.from_numpy(small).to_numpy(), small)
