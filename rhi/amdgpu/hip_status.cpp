@@ -13,7 +13,9 @@ struct Code {
 
 // Codes kiln classifies, with the runtime's names (hip_runtime_api.h, enum hipError_t).
 constexpr Code kCodes[] = {
-    {kErrorInvalidValue, "hipErrorInvalidValue", RhiResult::invalid_usage},
+    // kiln checks every argument before it calls the driver, so a value the driver refuses is
+    // a fault of kiln or of the driver, never the caller's usage: RuntimeFaultError.
+    {kErrorInvalidValue, "hipErrorInvalidValue", RhiResult::error},
     {kErrorOutOfMemory, "hipErrorOutOfMemory", RhiResult::out_of_memory},
     {kErrorNotInitialized, "hipErrorNotInitialized", RhiResult::not_supported},
     {kErrorDeinitialized, "hipErrorDeinitialized", RhiResult::not_supported},

@@ -13,7 +13,9 @@ struct Code {
 
 // Codes kiln classifies, with the driver's names (CUDA Driver API reference, cudaError_enum).
 constexpr Code kCodes[] = {
-    {kErrorInvalidValue, "CUDA_ERROR_INVALID_VALUE", RhiResult::invalid_usage},
+    // kiln checks every argument before it calls the driver, so a value the driver refuses is
+    // a fault of kiln or of the driver, never the caller's usage: RuntimeFaultError.
+    {kErrorInvalidValue, "CUDA_ERROR_INVALID_VALUE", RhiResult::error},
     {kErrorOutOfMemory, "CUDA_ERROR_OUT_OF_MEMORY", RhiResult::out_of_memory},
     {kErrorNotInitialized, "CUDA_ERROR_NOT_INITIALIZED", RhiResult::not_supported},
     {kErrorDeinitialized, "CUDA_ERROR_DEINITIALIZED", RhiResult::not_supported},

@@ -107,3 +107,19 @@ def test_init_recovers_after_a_lost_device_once_its_arrays_are_gone(fake):
     assert fake.kiln_fake_hip_call_count(b"hipDeviceReset") == 1
     kiln.init(arch="amdgpu", device_heap_bytes=1 << 20)
     assert workload() == pytest.approx(2 * 500500 + 1000)
+
+
+@needs_fake
+@pytest.mark.parametrize("entry", [b"hipModuleLaunchKernel", b"hipMemcpyHtoD", b"hipMemGetInfo"])
+def test_a_value_the_runtime_refuses_is_a_RuntimeFaultError_not_a_usage_error(fake, entry):
+    """hipErrorInvalidValue from the runtime is a fault of kiln or HIP (kiln checked every
+    value first): RuntimeFaultError, never InvalidUsageError."""
+    kiln.init(arch="amdgpu", device_heap_bytes=1 << 20, caching=False)
+    x = kiln.from_numpy(np.ones(1000, dtype=np.float32))
+    assert fake.kiln_fake_hip_inject_fault(entry, 1, 1) == 0  # hipErrorInvalidValue
+    with pytest.raises(kiln.RuntimeFaultError) as info:
+        kiln.axpy(1.0, np.ones(1000, dtype=np.float32), x)
+        kiln.ndarray(kiln.f32, (1 << 20,))  # hipMemGetInfo: the live check before growth
+    assert not isinstance(info.value, (kiln.InvalidUsageError, MemoryError)), repr(info.value)
+    assert "hipErrorInvalidValue" in str(info.value)
+    assert workload() == pytest.approx(2 * 500500 + 1000)

@@ -101,3 +101,18 @@ def test_init_recovers_after_a_lost_device_once_its_arrays_are_gone(fake):
     kiln.init(arch="cuda", device_heap_bytes=1 << 20)
     assert workload() == pytest.approx(2 * 500500 + 1000)
     assert x.is_freed and y.is_freed
+
+
+@pytest.mark.parametrize("entry", [b"cuLaunchKernel", b"cuMemcpyHtoD_v2", b"cuMemGetInfo_v2"])
+def test_a_value_the_driver_refuses_is_a_RuntimeFaultError_not_a_usage_error(fake, entry):
+    """kiln checks every value before the driver sees it: CUDA_ERROR_INVALID_VALUE from the
+    driver is a fault of kiln or the driver (RuntimeFaultError), never the caller's mistake."""
+    kiln.init(arch="cuda", device_heap_bytes=1 << 20, caching=False)
+    x = kiln.from_numpy(np.ones(1000, dtype=np.float32))
+    assert fake.kiln_fake_cuda_inject_fault(entry, 1, 1) == 0  # CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(kiln.RuntimeFaultError) as info:
+        kiln.axpy(1.0, np.ones(1000, dtype=np.float32), x)
+        kiln.ndarray(kiln.f32, (1 << 20,))  # cuMemGetInfo_v2: the live check before growth
+    assert not isinstance(info.value, (kiln.InvalidUsageError, MemoryError)), repr(info.value)
+    assert "CUDA_ERROR_INVALID_VALUE" in str(info.value)
+    assert workload() == pytest.approx(2 * 500500 + 1000)  # not sticky: the device goes on

@@ -46,8 +46,10 @@ TEST_CASE("absent drivers and devices are not_supported", "[cuda][status]") {
   CHECK(std::string(map(kErrorStubLibrary).driver_status) == "CUDA_ERROR_STUB_LIBRARY");
 }
 
-TEST_CASE("invalid value is invalid_usage, anything else is error with its name", "[cuda][status]") {
-  CHECK(map(kErrorInvalidValue).result == RhiResult::invalid_usage);
+TEST_CASE("a driver code is error with its name, invalid value too (kiln checked the values)",
+          "[cuda][status]") {
+  CHECK(map(kErrorInvalidValue).result == RhiResult::error);
+  CHECK(std::string(map(kErrorInvalidValue).driver_status) == "CUDA_ERROR_INVALID_VALUE");
   const Failure unknown = map(12345);
   CHECK(unknown.result == RhiResult::error);
   CHECK_THAT(unknown.message(), Catch::Contains("12345") && Catch::Contains("cuTest"));
