@@ -285,6 +285,22 @@ void check_not_in_observer(const char *site) {
                                     site));
 }
 
+/// operator.index(value), for a value is_integer() accepted. Errors: InvalidTypeError when the
+/// value's own __index__ raises (the error it raised is the new one's __cause__).
+py::int_ index_of(py::handle value, const char *site) {
+  py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(value.ptr()));
+  if (i) return i;
+  py::error_already_set cause;  // fetches and clears the error __index__ raised
+  const std::string detail = fmt::format("{}: {}.__index__() raised {}", site, type_name(value),
+                                         std::string(py::repr(cause.value())));
+  try {
+    raise_invalid_type(site, detail);
+  } catch (py::error_already_set &typed) {
+    PyException_SetCause(typed.value().ptr(), cause.value().inc_ref().ptr());
+    throw;
+  }
+}
+
 std::shared_ptr<LlvmRuntimeExecutor> executor();
 
 /// Whether `value` is an integer kiln takes: anything with __index__ (int, numpy integers)
@@ -304,8 +320,7 @@ uint64_t to_bytes(py::handle value, const char *name, const char *site = "init")
   if (!is_integer(value))
     raise_invalid_type(site, fmt::format("{}: {} must be a non-negative int, got {} {}", site, name,
                                          type_name(value), std::string(py::repr(value))));
-  py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(value.ptr()));
-  if (!i) throw py::error_already_set();
+  py::int_ i = index_of(value, site);
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
   if (overflow != 0 || v < 0)
@@ -570,8 +585,7 @@ std::vector<int64_t> to_shape(py::handle value) {
   };
   auto dim = [&](py::handle d) {
     if (!is_integer(d)) wrong_type();
-    py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(d.ptr()));
-    if (!i) throw py::error_already_set();
+    py::int_ i = index_of(d, "ndarray");
     int overflow = 0;
     const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
     if (overflow != 0)
@@ -635,8 +649,9 @@ void free_array(py::handle self) {
 
 /// `value` as a numpy array of a kiln dtype, not copied yet (np.asarray for array-likes that are
 /// not numpy arrays), so that a call can be checked whole before any copy of a large input.
-/// Errors: InvalidUsageError for other dtypes (float16, bool, object, structured, ...),
-/// InvalidTypeError for masked arrays (their mask would be ignored).
+/// Errors: InvalidUsageError for numpy arrays of other dtypes (float16, bool, object,
+/// structured, ...), InvalidTypeError for masked arrays (their mask would be ignored) and for
+/// values that are not numbers (None, str, bytes, objects numpy cannot read as numbers).
 std::pair<py::array, DataType> host_input(py::handle value, const char *site) {
   py::module_ np = py::module_::import("numpy");
   if (py::isinstance(value, np.attr("ma").attr("MaskedArray")))
@@ -660,6 +675,11 @@ std::pair<py::array, DataType> host_input(py::handle value, const char *site) {
   const py::dtype dt = arr.dtype();
   const char kind = dt.kind();
   const auto size = dt.itemsize();
+  // Something that is not numbers at all (None, a str, a dict): a wrong type, not a wrong dtype.
+  if (!py::isinstance<py::array>(value) && std::string_view("OSUV").find(kind) != std::string_view::npos)
+    raise_invalid_type(site, fmt::format("{} needs a numpy array or a sequence of numbers (f32, "
+                                         "f64, i32 or i64), got {} {}",
+                                         site, type_name(value), std::string(py::repr(value)).substr(0, 80)));
   std::optional<DataType> kiln_dtype;
   if (kind == 'f' && size == 4) kiln_dtype = DataType::f32;
   if (kind == 'f' && size == 8) kiln_dtype = DataType::f64;
@@ -820,8 +840,7 @@ Scalar to_scalar(py::handle value, DataType dtype, const char *site) {
     return s;
   }
   if (!is_integer(value)) wrong_type("an int");
-  py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(value.ptr()));
-  if (!i) throw py::error_already_set();
+  py::int_ i = index_of(value, site);
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
   const bool fits = overflow == 0 && (dtype == DataType::i64 || (v >= INT32_MIN && v <= INT32_MAX));
@@ -1093,6 +1112,31 @@ py::object make_error(py::handle result_obj, py::handle oom_source_obj, py::hand
   return make_exception(f);
 }
 
+/// Raises InvalidTypeError for a call of `name` whose arguments do not match `parameters` (too
+/// many or too few, an unknown keyword): what pybind11 would raise as a plain TypeError.
+[[noreturn]] void raise_signature_mismatch(const char *name, const char *parameters,
+                                           const py::args &args, const py::kwargs &kwargs) {
+  std::string given = std::string(py::repr(args));
+  if (!kwargs.empty()) given += " and keywords " + std::string(py::repr(kwargs));
+  if (given.size() > 200) given = given.substr(0, 200) + "...";
+  raise_invalid_type(name, fmt::format("{}{} does not take the arguments {}", name, parameters, given));
+}
+
+/// Adds to function `name` of `scope` (a module or class) a last overload that takes anything
+/// and raises InvalidTypeError (raise_signature_mismatch; `name` and `parameters` are literals): pybind11 tries it only when the real
+/// one's arguments did not match, so the calls that match pay nothing.
+void typed_mismatch(py::module_ &scope, const char *name, const char *parameters) {
+  scope.def(name, [name, parameters](py::args args, py::kwargs kwargs) {
+    raise_signature_mismatch(name, parameters, args, kwargs);
+  });
+}
+template <class Class>
+void typed_method_mismatch(Class &cls, const char *name, const char *parameters) {
+  cls.def(name, [name, parameters](py::handle, py::args args, py::kwargs kwargs) {
+    raise_signature_mismatch(name, parameters, args, kwargs);
+  });
+}
+
 }  // namespace
 }  // namespace kiln::python
 
@@ -1232,6 +1276,33 @@ PYBIND11_MODULE(_kiln, m) {
   m.def("reset_peak_memory_stats", [] { executor()->memory().reset_peaks(); }, guarded());
   m.def("add_oom_observer", &add_oom_observer, py::arg("callback"), guarded());
   m.def("remove_oom_observer", &remove_oom_observer, py::arg("observer_id"), guarded());
+
+  // Wrong arity or an unknown keyword: InvalidTypeError, not pybind11's plain TypeError.
+  cls.def(py::init([](py::args args, py::kwargs kwargs) -> PyArray {
+    raise_signature_mismatch("ndarray", "(dtype, shape)", args, kwargs);
+  }));
+  typed_method_mismatch(cls, "free", "()");
+  typed_method_mismatch(cls, "to_numpy", "()");
+  for (const auto &[name, parameters] : std::initializer_list<std::pair<const char *, const char *>>{
+           {"init", "(arch='cpu', *, budget_bytes=None, reserve_bytes=None, live_check=True, "
+                    "caching=True, device_heap_bytes=None, mock_capacity_bytes=None, "
+                    "mock_other_process_bytes=None, num_threads=None, fault_at=None, "
+                    "fail_sizes_at_least=None)"},
+           {"device", "()"},
+           {"from_numpy", "(a)"},
+           {"fill", "(out, value)"},
+           {"copy", "(dst, src)"},
+           {"axpy", "(alpha, x, y)"},
+           {"reduce_sum", "(x)"},
+           {"matmul", "(a, b, out=None)"},
+           {"compact_positive", "(x)"},
+           {"memory_stats", "()"},
+           {"memory_summary", "()"},
+           {"empty_cache", "()"},
+           {"reset_peak_memory_stats", "()"},
+           {"add_oom_observer", "(callback)"},
+           {"remove_oom_observer", "(observer_id)"}})
+    typed_mismatch(m, name, parameters);
 
   m.def("_push_fault", &push_fault, py::arg("at"), guarded());
   m.def("_pop_fault", &pop_fault, guarded());

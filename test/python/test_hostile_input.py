@@ -409,3 +409,48 @@ def test_make_error_refuses_arguments_of_the_wrong_type_or_range(kwargs, error):
 def test_a_numpy_bool_is_not_an_integer(use):
     with pytest.raises(BAD_TYPE):
         use(np.True_)
+
+
+class _RaisingIndex:
+    def __index__(self):
+        raise ValueError("no index today")
+
+
+@pytest.mark.parametrize("call", [
+    lambda: kiln.ndarray(kiln.f32, (_RaisingIndex(),)),
+    lambda: kiln.ndarray(kiln.f32, _RaisingIndex()),
+    lambda: kiln.init("cpu", budget_bytes=_RaisingIndex()),
+    lambda: kiln.fill(kiln.ndarray(kiln.i32, 2), _RaisingIndex()),
+], ids=["shape-dim", "shape", "budget", "fill-i32"])
+def test_an_index_that_raises_is_InvalidTypeError_with_the_error_as_cause(call):
+    with pytest.raises(kiln.InvalidTypeError) as info:
+        call()
+    assert "__index__() raised ValueError" in str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+@pytest.mark.parametrize("call", [
+    lambda a: kiln.ndarray(kiln.f32),
+    lambda a: kiln.ndarray(kiln.f32, 3, 4),
+    lambda a: kiln.ndarray(dtype=kiln.f32, shape=3, order="C"),
+    lambda a: kiln.reduce_sum(),
+    lambda a: kiln.reduce_sum(a, a),
+    lambda a: kiln.fill(a, 1.0, bogus=3),
+    lambda a: kiln.axpy(1.0, a),
+    lambda a: kiln.matmul(a),
+    lambda a: kiln.copy(a),
+    lambda a: kiln.init("cpu", 5),
+    lambda a: kiln.memory_stats(1),
+    lambda a: kiln.add_oom_observer(),
+    lambda a: a.free(1),
+    lambda a: a.to_numpy(copy=True),
+], ids=lambda f: None)
+def test_wrong_arity_or_an_unknown_keyword_is_InvalidTypeError(call):
+    """pybind11's "incompatible function arguments" TypeError becomes kiln.InvalidTypeError."""
+    kiln.init("cpu", num_threads=2)
+    a = kiln.ndarray(kiln.f32, (4,))
+    with pytest.raises(kiln.InvalidTypeError) as info:
+        call(a)
+    assert "does not take the arguments" in str(info.value)
+    kiln.fill(a, 2.0)  # nothing was lost
+    assert kiln.reduce_sum(a) == 8.0

@@ -43,13 +43,24 @@ def test_non_contiguous_and_non_native_inputs_are_copied_to_contiguous():
 
 @pytest.mark.parametrize("bad", [np.zeros(3, np.float16), np.zeros(3, np.uint8),
                                  np.zeros(3, bool), np.zeros(3, np.complex64),
-                                 np.array([object(), 1]), np.array(["a"]), "text"],
-                         ids=lambda b: str(getattr(b, "dtype", type(b).__name__)))
+                                 np.array([object(), 1]), np.array(["a"])],
+                         ids=lambda b: str(b.dtype))
 def test_unsupported_numpy_dtypes_are_invalid_usage(bad):
     with pytest.raises(ValueError) as info:
         kiln.from_numpy(bad)
     assert type(info.value) is kiln.InvalidUsageError
     assert "f32, f64, i32, i64" in str(info.value)
+
+
+@pytest.mark.parametrize("bad", ["text", b"bytes", None, {"a": 1}, [None, 1], object()],
+                         ids=lambda b: type(b).__name__)
+def test_inputs_that_are_not_numbers_are_invalid_type(bad):
+    """What numpy can only read as objects or strings is a wrong type (a TypeError too)."""
+    for call in (lambda: kiln.from_numpy(bad), lambda: kiln.axpy(1.0, bad, kiln.ndarray(kiln.f32, 2))):
+        with pytest.raises(TypeError) as info:
+            call()
+        assert type(info.value) is kiln.InvalidTypeError
+        assert "a sequence of numbers" in str(info.value)
 
 
 @pytest.mark.parametrize("shape", [(-1,), (3, -2), -5])
