@@ -90,6 +90,20 @@ check "an invalid RE2 filter is named" grep -q 'is not a valid regex' "$tmp/re.t
 "$ops" --json "" --filter fill/f32/tiny > /dev/null 2> "$tmp/json_empty.txt"; rc=$?
 check "--json with an empty path exits 2 before the run" test "$rc" -eq 2
 check "--json with an empty path says so" grep -q -- '--json needs a file name' "$tmp/json_empty.txt"
+"$ops" --json - --filter fill/f32/tiny > "$tmp/json_stdout.txt" 2> "$tmp/json_stderr.txt"; rc=$?
+check "--json - exits 0" test "$rc" -eq 0
+check "--json - writes the JSON alone to stdout" /usr/bin/python3 -c \
+  'import json, sys; d = json.load(open(sys.argv[1])); assert d["cases"][0]["name"] == "fill/f32/tiny"' \
+  "$tmp/json_stdout.txt"
+check "--json - sends the verdict lines to stderr" grep -q 'fill/f32/tiny: OK' "$tmp/json_stderr.txt"
+check "--json - makes no file named -" test ! -e ./-
+"$ops" --json - --filter fill/f32/tiny > /dev/full 2> /dev/null; rc=$?
+check "--json - into a full stdout exits 1 (got $rc)" test "$rc" -eq 1
+for args in "--bogus" "--budget-mb x --list" "--json"; do
+  # shellcheck disable=SC2086
+  "$ops" $args > /dev/null 2> /dev/full; rc=$?
+  check "a usage error with a full stderr still exits 2 (kiln-ops $args, got $rc)" test "$rc" -eq 2
+done
 for args in "--filter fill/f32/tiny" "--list" "--help"; do
   # shellcheck disable=SC2086
   "$ops" $args > /dev/full 2> "$tmp/full.txt"; rc=$?

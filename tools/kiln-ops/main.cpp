@@ -31,7 +31,8 @@ constexpr const char *kUsage = R"(usage: kiln-ops [options]
   --fault-at N           the N-th allocation, counted from the first case, fails (out of
                          memory); 0 injects nothing
   --threads N            CPU worker threads (default: all cores)
-  --json PATH            also write the results as JSON
+  --json PATH            also write the results as JSON ('-': to stdout, the verdict lines
+                         then go to stderr)
   --list                 print the case names and exit
   --help                 this text
 )";
@@ -55,8 +56,9 @@ bool is_numeric_flag(std::string_view flag) {
   return false;
 }
 
+// Status 2 even when stderr cannot be written (fmt::print would throw, and end in status 1).
 int usage_error(const std::string &why) {
-  fmt::print(stderr, "kiln-ops: {}\n{}", why, kUsage);
+  (void)std::fputs(fmt::format("kiln-ops: {}\n{}", why, kUsage).c_str(), stderr);
   return 2;
 }
 
@@ -136,7 +138,9 @@ int run(int argc, char **argv) {
     for (const auto &c : cases) fmt::print("{}\n", c.name);
     return 0;
   }
-  if (!args.json_path.empty()) {
+  if (args.json_path == "-") {
+    args.suite.out = stderr;  // stdout carries the JSON alone
+  } else if (!args.json_path.empty()) {
     // Find out now, not after a long run, that the results cannot be written.
     std::FILE *probe = std::fopen(args.json_path.c_str(), "a");
     if (probe == nullptr) return usage_error(fmt::format("--json {}: cannot write there", args.json_path));

@@ -149,7 +149,8 @@ constexpr const char *kVerdictNames[] = {"OK", "FAIL", "REFUSED"};
 }  // namespace
 
 RhiStatus write_json(const SuiteReport &report, const std::string &path) {
-  std::FILE *file = std::fopen(path.c_str(), "w");
+  const bool to_stdout = path == "-";
+  std::FILE *file = to_stdout ? stdout : std::fopen(path.c_str(), "w");
   if (file == nullptr)
     return std::unexpected(make_failure(RhiResult::error, "kiln-ops", "write_json",
                                         fmt::format("cannot write {}", path)));
@@ -170,10 +171,10 @@ RhiStatus write_json(const SuiteReport &report, const std::string &path) {
     fmt::print(file, "\"{}\": {}{}", to_string(static_cast<MemoryCategory>(i)), report.peak_bytes[i],
                i + 1 < kNumMemoryCategories ? ", " : "");
   fmt::print(file, "}}\n}}\n");
-  const bool ok = std::fclose(file) == 0;
+  const bool ok = to_stdout ? std::fflush(file) == 0 && std::ferror(file) == 0 : std::fclose(file) == 0;
   if (!ok)
     return std::unexpected(make_failure(RhiResult::error, "kiln-ops", "write_json",
-                                        fmt::format("cannot write {}", path)));
+                                        fmt::format("cannot write {}", to_stdout ? "stdout" : path)));
   return {};
 }
 

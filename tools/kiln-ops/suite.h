@@ -74,7 +74,7 @@ struct SuiteReport {
 [[nodiscard]] std::vector<Case> selected_cases(const SuiteOptions &options);
 /// Runs the suite. Never throws for device answers; a refused case does not stop the sweep.
 [[nodiscard]] SuiteReport run_suite(const SuiteOptions &options);
-/// Writes the report as JSON. Errors: error when the file cannot be written.
+/// Writes the report as JSON to `path` ("-": stdout). Errors: error when it cannot be written.
 [[nodiscard]] RhiStatus write_json(const SuiteReport &report, const std::string &path);
 
 }  // namespace kiln::ops
