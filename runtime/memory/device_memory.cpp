@@ -22,10 +22,16 @@ RhiExpected<std::optional<uint64_t>> pool_limit_from_env() {
   uint64_t mb = 0;
   const char *end = value + std::strlen(value);
   auto [ptr, ec] = std::from_chars(value, end, mb);
-  if (ec != std::errc() || ptr != end || mb > (UINT64_MAX >> 20))
+  const bool whole = ptr == end && (ec == std::errc() || ec == std::errc::result_out_of_range);
+  if (!whole)
     return std::unexpected(invalid_usage(
         "kiln", "pool_limit_from_env",
         fmt::format("KILN_POOL_LIMIT_MB='{}' is not a whole number of MiB", value)));
+  if (ec != std::errc() || mb > (UINT64_MAX >> 20))
+    return std::unexpected(invalid_usage(
+        "kiln", "pool_limit_from_env",
+        fmt::format("KILN_POOL_LIMIT_MB='{}' is too large: at most {} MiB (2**64 bytes)", value,
+                    UINT64_MAX >> 20)));
   return std::optional<uint64_t>{mb << 20};
 }
 

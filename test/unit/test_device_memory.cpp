@@ -141,6 +141,17 @@ TEST_CASE("a bad KILN_POOL_LIMIT_MB is invalid_usage", "[device_memory][env]") {
   auto parsed = kiln::runtime::pool_limit_from_env();
   REQUIRE_FALSE(parsed);
   CHECK(parsed.error().result == RhiResult::invalid_usage);
+  // A whole number too large is said to be too large, not "not a whole number".
+  const bool too_large = std::string_view(bad) == "99999999999999999999";
+  CHECK((parsed.error().detail.find("too large") != std::string::npos) == too_large);
+  CHECK((parsed.error().detail.find("not a whole number") != std::string::npos) == !too_large);
+}
+
+TEST_CASE("KILN_POOL_LIMIT_MB beyond 2**64 bytes is too large", "[device_memory][env]") {
+  ScopedPoolLimitEnv env("17592186044416");  // 2**44 MiB
+  auto parsed = kiln::runtime::pool_limit_from_env();
+  REQUIRE_FALSE(parsed);
+  CHECK_THAT(parsed.error().detail, Catch::Contains("too large: at most 17592186044415 MiB"));
 }
 
 TEST_CASE("without a limit the budget is total - default_reserve_bytes(total)",
