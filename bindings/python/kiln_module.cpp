@@ -152,11 +152,29 @@ std::string type_name(py::handle value) {
   return module == "builtins" ? name : module + "." + name;
 }
 
+// A KeyboardInterrupt or SystemExit an OOM observer raised on this thread (a new reference),
+// raised when the call that ran the observer returns (check()), in place of its result.
+thread_local PyObject *t_observer_interrupt = nullptr;
+
+/// Raises what an observer stashed in t_observer_interrupt, if anything (the GIL is held).
+void raise_observer_interrupt() {
+  if (t_observer_interrupt == nullptr) return;
+  PyObject *value = std::exchange(t_observer_interrupt, nullptr);
+  PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(value)), value);
+  Py_DECREF(value);
+  throw py::error_already_set();
+}
+
+/// The result of an executor call, or its failure raised as the named Python error. An
+/// interrupt raised by an OOM observer during the call comes first (the result is dropped:
+/// RAII handles free what it held).
 void check(const RhiStatus &status) {
+  raise_observer_interrupt();
   if (!status) raise_failure(status.error());
 }
 template <class T>
 T check(RhiExpected<T> expected) {
+  raise_observer_interrupt();
   if (!expected) raise_failure(expected.error());
   return std::move(expected).value();
 }
@@ -1016,7 +1034,12 @@ uint64_t add_oom_observer(py::handle fn) {
     ObserverScope in_observer;
     try {
       py::handle(callback->fn)(make_exception(failure));
-    } catch (py::error_already_set &e) {  // never into C++: reported like an error in __del__
+    } catch (py::error_already_set &e) {
+      if (!e.matches(PyExc_Exception)) {  // KeyboardInterrupt, SystemExit: the caller gets it
+        if (t_observer_interrupt == nullptr) t_observer_interrupt = e.value().inc_ref().ptr();
+        return;
+      }
+      // Never into C++: reported like an error in __del__.
       e.discard_as_unraisable(py::reinterpret_borrow<py::object>(callback->fn));
     } catch (const std::exception &e) {
       PyErr_SetString(PyExc_RuntimeError, e.what());

@@ -454,3 +454,25 @@ def test_wrong_arity_or_an_unknown_keyword_is_InvalidTypeError(call):
     assert "does not take the arguments" in str(info.value)
     kiln.fill(a, 2.0)  # nothing was lost
     assert kiln.reduce_sum(a) == 8.0
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_an_observer_that_raises_KeyboardInterrupt_or_SystemExit_reaches_the_caller(interrupt):
+    """Ctrl-C (or sys.exit) inside an OOM observer is not swallowed as an unraisable error: the
+    call that ran the observer raises it, and kiln stays usable."""
+    kiln.init("cpu", num_threads=2, budget_bytes=64 << 20)
+    seen = []
+
+    def observer(e):
+        seen.append(e)
+        raise interrupt()
+
+    kiln.add_oom_observer(observer)
+    with pytest.raises(interrupt):
+        kiln.ndarray(kiln.f32, (1 << 30,))
+    assert len(seen) == 1 and isinstance(seen[0], kiln.BudgetExceededError)
+    a = kiln.ndarray(kiln.f32, (4,))  # nothing is left pending on this thread
+    kiln.fill(a, 1.0)
+    assert kiln.reduce_sum(a) == 4.0
+    kiln.init("cpu", num_threads=2)  # the observer goes with its executor
+
