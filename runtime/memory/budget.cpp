@@ -95,6 +95,7 @@ RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> 
   if (before_lock_hook_ != nullptr) before_lock_hook_(before_lock_context_);
   std::lock_guard lock(mutex_);
   if (!fits(total)) return std::unexpected(refusal(total, first));
+  if (under_lock_hook_ != nullptr) under_lock_hook_(under_lock_context_);
   const uint64_t in_use = in_use_total_.load(kRelaxed) + total;
   in_use_total_.store(in_use, kRelaxed);
   for (std::size_t i = 0; i < kNumMemoryCategories; ++i) {
@@ -125,6 +126,11 @@ void MemoryBudget::release(MemoryCategory category, uint64_t size_bytes) {
 void MemoryBudget::set_before_lock_hook_for_testing(void (*hook)(void *context), void *context) {
   before_lock_hook_ = hook;
   before_lock_context_ = context;
+}
+
+void MemoryBudget::set_under_lock_hook_for_testing(void (*hook)(void *context), void *context) {
+  under_lock_hook_ = hook;
+  under_lock_context_ = context;
 }
 
 uint64_t MemoryBudget::limit_bytes() const { return limit_bytes_.load(kRelaxed); }

@@ -229,6 +229,54 @@ def test_fork_while_another_thread_is_inside_the_driver(arch):
     assert proc.stdout.strip() == "ok"
 
 
+# Forks while other threads allocate, free and launch without pause: whatever lock a thread of
+# the parent holds at that moment (pool, budget, device, registry), the child must get it free.
+# Not deterministic (the deterministic tests hold each lock with a hook: test_lifecycle.cpp and
+# the fake drivers' pause hook above); it can only miss a regression, never fail without one.
+FORK_STORM = """
+    import time
+    kiln.init(ARCH, budget_bytes=256 << 20, **INIT)
+    stop = threading.Event()
+    def churn():
+        x = kiln.from_numpy(np.ones(10_000, dtype=np.float32))
+        while not stop.is_set():
+            a = kiln.ndarray(kiln.f32, (int(np.random.randint(1, 50_000)),))
+            kiln.fill(a, 1.0)
+            kiln.axpy(1.0, x, x)
+            a.free()
+    threads = [threading.Thread(target=churn, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    for i in range(40):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                y = kiln.from_numpy(np.arange(100, dtype=np.float32))
+                assert kiln.reduce_sum(y) == 4950
+                y.free()
+                kiln.init(ARCH, budget_bytes=64 << 20, **INIT)
+                assert kiln.reduce_sum(kiln.from_numpy(np.ones(10, dtype=np.float32))) == 10
+            except BaseException as e:
+                print("child failed:", repr(e), flush=True)
+                os._exit(3)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, (i, os.waitstatus_to_exitcode(status))
+    stop.set()
+    for t in threads:
+        t.join()
+    print("ok")
+"""
+
+
+@pytest.mark.parametrize("arch", ["cpu", "mock"])
+def test_forks_while_other_threads_allocate_and_launch(arch):
+    proc = run_script(arch, FORK_STORM)
+    assert_clean(proc, 0)
+    assert proc.stdout.strip() == "ok"
+
+
 # --- interpreter exit with threads inside kiln -------------------------------------------------
 
 EXIT_WITH_DAEMONS = """

@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <fstream>
 #include <future>
 #include <string>
 #include <system_error>
+#include <thread>
 
 #include <catch2/catch.hpp>
 #include <llvm/Support/ErrorHandling.h>
@@ -19,6 +21,7 @@
 #include "kiln/executor/program.h"
 #include "kiln/rhi/fork_hooks.h"
 #include "kiln/runtime/host_memory_guard.h"
+#include "kiln/runtime/memory/budget.h"
 #include "kiln/runtime/thread_pool.h"
 
 using namespace kiln;
@@ -86,6 +89,30 @@ TEST_CASE("a ForkSafeMutex another thread holds at fork() is usable in the child
         }) == 0);
   release.set_value();
   holder.join();
+}
+
+TEST_CASE("a fork while another thread is inside the budget's lock leaves the child a usable budget",
+          "[fork]") {
+  runtime::MemoryBudget budget(1 << 20);
+  static std::atomic<bool> inside{false};
+  inside = false;
+  // The other thread stays 300 ms inside the lock; the fork waits for it (hold_across_fork).
+  budget.set_under_lock_hook_for_testing(
+      [](void *) {
+        inside = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      },
+      nullptr);
+  std::thread reserving([&] { (void)budget.reserve(MemoryCategory::ndarray, 1); });
+  while (!inside) std::this_thread::yield();
+  CHECK(in_child([&] {
+          budget.set_under_lock_hook_for_testing(nullptr, nullptr);
+          auto r = budget.reserve(MemoryCategory::staging, 64);  // hangs if the lock came locked
+          return r && budget.in_use_bytes() >= 64 ? 0 : 1;
+        }) == 0);
+  reserving.join();
+  budget.set_under_lock_hook_for_testing(nullptr, nullptr);
+  CHECK(budget.reserve(MemoryCategory::staging, 64));
 }
 
 TEST_CASE("check_host_headroom refuses address space that cannot be mapped as host out-of-memory",

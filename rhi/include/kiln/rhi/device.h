@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "kiln/rhi/fault_plan.h"
+#include "kiln/rhi/fork_hooks.h"
 #include "kiln/rhi/result.h"
 
 namespace kiln {
@@ -181,7 +182,8 @@ class LlvmDevice : public Device {
   std::atomic<bool> lost_{false};
   std::string lost_cause_;  // written once, before lost_ is set
   std::optional<Failure> deferred_;  // the first failed free not yet reported (guarded by mutex_)
-  mutable std::mutex mutex_;
+  // A leaf lock (map updates only): held across fork() so the child sees live_ whole.
+  mutable ForkSafeMutex mutex_{ForkSafeMutex::Policy::hold_across_fork};
   std::unordered_map<uint64_t, Entry> live_;
   uint64_t next_alloc_id_ = 1;
   std::atomic<uint64_t> live_bytes_{0};  // written under mutex_, read without it

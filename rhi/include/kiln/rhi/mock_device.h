@@ -48,7 +48,7 @@ class MockDevice final : public HostMemoryDevice {
   [[nodiscard]] uint64_t other_process_bytes();
 
   const uint64_t capacity_bytes_;
-  std::mutex script_mutex_;
+  ForkSafeMutex script_mutex_{ForkSafeMutex::Policy::hold_across_fork};  // a leaf lock
   std::vector<uint64_t> script_;
   std::size_t script_pos_ = 0;
   std::atomic<uint64_t> held_bytes_{0};

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 
+#include "kiln/rhi/fork_hooks.h"
 #include "kiln/rhi/result.h"
 
 namespace kiln::runtime {
@@ -93,19 +94,27 @@ class MemoryBudget {
   /// alone hit only sometimes). nullptr (the default) removes it. Set it while no other thread
   /// reserves; the hook may call reserve() itself (from any thread).
   void set_before_lock_hook_for_testing(void (*hook)(void *context), void *context);
+  /// Test hook: when set, reserve() calls `hook(context)` while it holds its lock (after the
+  /// re-check), so a test can fork() while another thread is inside. nullptr removes it; set it
+  /// while no other thread reserves.
+  void set_under_lock_hook_for_testing(void (*hook)(void *context), void *context);
 
  private:
   friend class Reservation;
   void give_back(const CategoryBytes &bytes);
   [[nodiscard]] Failure refusal(uint64_t requested_bytes, MemoryCategory category);
 
-  mutable std::mutex mutex_;  // serializes charges; the figures below are read without it
+  // Serializes charges; the figures below are read without it. A leaf lock (arithmetic only),
+  // held across fork() so that a child never inherits it locked.
+  mutable ForkSafeMutex mutex_{ForkSafeMutex::Policy::hold_across_fork};
   std::atomic<uint64_t> limit_bytes_;
   std::atomic<uint64_t> in_use_total_{0};
   std::atomic<uint64_t> refusals_{0};
   std::array<std::atomic<uint64_t>, kNumMemoryCategories> current_bytes_{};
   void (*before_lock_hook_)(void *) = nullptr;  // tests only: set_before_lock_hook_for_testing
   void *before_lock_context_ = nullptr;
+  void (*under_lock_hook_)(void *) = nullptr;  // tests only: set_under_lock_hook_for_testing
+  void *under_lock_context_ = nullptr;
   CategoryBytes peak_bytes_{};  // mutex_
   uint64_t peak_total_bytes_ = 0;  // mutex_
 };

@@ -17,6 +17,7 @@
 
 #include "kiln/rhi/device.h"
 #include "kiln/rhi/fault_plan.h"
+#include "kiln/rhi/fork_hooks.h"
 #include "kiln/runtime/memory/budget.h"
 #include "kiln/runtime/memory/caching_pool.h"
 
@@ -406,7 +407,9 @@ class DeviceMemory {
   void fill_live_figures(MemorySnapshot &memory, bool may_reuse);
   /// annotate's work for an out-of-memory failure, with the bytes held per category given.
   void fill_picture(Failure &failure, const CategoryBytes &in_use);
-  std::mutex observers_mutex_;
+  // Reset in a forked child, not held across fork(): dropping an observer under it may wait
+  // for the Python GIL, which the forking thread may hold.
+  ForkSafeMutex observers_mutex_{ForkSafeMutex::Policy::reset_in_child};
   std::vector<std::pair<uint64_t, OomObserver>> observers_;
   std::atomic<std::size_t> observer_count_{0};  // lets a refusal skip the lock when 0
   uint64_t next_observer_id_ = 1;
