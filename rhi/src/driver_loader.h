@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/rhi/fork_hooks.h"
 #include "kiln/rhi/result.h"
 
 namespace kiln::driver {
@@ -52,10 +53,11 @@ template <class Table, class Fill>
 [[nodiscard]] RhiExpected<const Table *> load_once(const LibraryInfo &info,
                                                    std::initializer_list<const char *> defaults,
                                                    Fill fill) {
-  static std::mutex mutex;
+  // Held across fork() (a fork waits for a load in progress): a child never inherits it locked.
+  static auto *mutex = new ForkSafeMutex(ForkSafeMutex::Policy::hold_across_fork);  // never freed
   static std::map<std::vector<std::string>, std::unique_ptr<Table>> loaded;  // never freed
   const std::vector<std::string> candidates = library_candidates(info, defaults);
-  std::lock_guard lock(mutex);
+  std::lock_guard lock(*mutex);
   if (auto it = loaded.find(candidates); it != loaded.end()) return it->second.get();
   KILN_ASSIGN_OR_RETURN(const OpenedLibrary opened, open_first(info, candidates));
   auto table = std::make_unique<Table>();

@@ -26,6 +26,7 @@
 #include <llvm/Target/TargetOptions.h>
 
 #include "gpu_pipeline.h"
+#include "kiln/rhi/fork_hooks.h"
 
 #if KILN_HAVE_NVPTX
 extern "C" const uint8_t kiln_bitcode_kiln_device_runtime_nvptx_begin[];
@@ -200,10 +201,12 @@ RhiExpected<std::string> generate_ptx(std::string_view sm_arch) {
                                             std::string(sm_arch) + " or any older SM version"));
   }
 
-  // One generation per SM version per process; the lock also serializes first generations.
-  static std::mutex mutex;
+  // One generation per SM version per process; the lock also serializes first generations. Held
+  // across fork() (a fork waits for a generation in progress), so a child never inherits it
+  // locked; never destroyed, as a thread may still generate at exit.
+  static auto *mutex = new ForkSafeMutex(ForkSafeMutex::Policy::hold_across_fork);
   static std::map<int, std::string> cache;
-  const std::lock_guard lock(mutex);
+  const std::lock_guard lock(*mutex);
   if (const auto it = cache.find(*sm_version); it != cache.end()) return it->second;
   KILN_ASSIGN_OR_RETURN(std::string ptx, emit_ptx(*target, *sm_version));
   cache.emplace(*sm_version, ptx);
