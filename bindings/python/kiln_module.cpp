@@ -1233,7 +1233,15 @@ PYBIND11_MODULE(_kiln, m) {
     replace_executor(nullptr);
   });
 
-  py::class_<PyArray> cls(m, "ndarray", py::buffer_protocol());
+  py::class_<PyArray> cls(m, "ndarray", R"(ndarray(dtype, shape): an array in device memory.
+
+dtype: kiln.f32, f64, i32, i64 (or their names); shape: an int or a sequence of ints (at most 32
+dimensions). The contents are uninitialized. Errors: InvalidTypeError (wrong types),
+InvalidUsageError (a negative dimension, too many dimensions, a size beyond numpy's), an
+OutOfMemoryError subclass when the memory cannot be had. Freed by del / garbage collection or
+a.free(); a.to_numpy() copies it to a new numpy array; on cpu and mock np.asarray(a) is a
+zero-copy view. Thread safety: any thread may use an array, but freeing one while another
+thread uses it is InvalidUsageError.)", py::buffer_protocol());
   // Every accessor goes through as_array: an instance made by ndarray.__new__ alone is refused.
   const auto arr = [](py::handle self) -> PyArray & { return as_array(self, "ndarray", "self"); };
   cls.def(py::init(&make_ndarray), py::arg("dtype"), py::arg("shape"), guarded())

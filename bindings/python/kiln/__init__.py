@@ -3,7 +3,8 @@
     import kiln
     kiln.init(arch="cpu", budget_bytes=256 << 20)
     a = kiln.from_numpy(numpy.arange(6, dtype=numpy.float32).reshape(2, 3))
-    kiln.axpy(2.0, a, b)
+    b = kiln.from_numpy(numpy.ones((2, 3), dtype=numpy.float32))
+    kiln.axpy(2.0, a, b)               # b = 2*a + b
     try:
         big = kiln.ndarray(kiln.f32, (1 << 40,))
     except MemoryError as e:           # every out-of-memory kind is a MemoryError
