@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks of the CUDA backend, for a machine with an NVIDIA GPU and driver but without
-# LLVM 14 or a package registry. Two steps:
+# LLVM or a package registry. Two steps:
 #
 #   scripts/gpu-check.sh build            # here: builds gpu-bundle/ (static LLVM, stripped)
 #   scripts/gpu-check.sh run [OUT_DIR]    # there: runs the bundle, writes OUT_DIR/gpu-check.txt
