@@ -14,6 +14,9 @@
 //   kiln_axpy/<dtype>/<size>        LlvmRuntimeExecutor::axpy, y[i] = alpha * x[i] + y[i].
 //                                   Bytes: 3 * size (x read, y read, y written).
 //   kiln_reduce_sum/<dtype>/<size>  LlvmRuntimeExecutor::reduce_sum(x). Bytes: size.
+//   kiln_cpu_jit_compile            runtime::CpuJit::create(): the CPU JIT's whole compile of the
+//                                   device runtime (parse the embedded bitcode, O3 for this CPU,
+//                                   ORC LLJIT code generation), wall time per compile in ms.
 // Sizes: 64MiB (memory-bound) and 256KiB (cache-resident: the launch overhead shows).
 //
 // Reading the ratio: STREAM counts 3 * size for the triad, but a cache that allocates on write
@@ -54,6 +57,7 @@
 
 #include "kiln/executor/errors.h"
 #include "kiln/executor/executor.h"
+#include "kiln/runtime/cpu_jit.h"
 
 namespace {
 
@@ -262,7 +266,21 @@ void bench_kiln_reduce_sum(benchmark::State &state, DataType dtype, uint64_t siz
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * size_bytes));
 }
 
+/// One full CPU JIT compile per iteration (the executor's own JIT is not reused).
+void bench_cpu_jit_compile(benchmark::State &state) {
+  for (auto _ : state) {
+    auto jit = kiln::runtime::CpuJit::create();
+    if (!jit) {
+      state.SkipWithError(kiln::describe(jit.error()).c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(jit->get());
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
+constexpr const char *kJitCompileName = "kiln_cpu_jit_compile";
+
 // The summary: the console table as usual, plus each run's bytes per second kept by name.
 class SummaryReporter : public benchmark::ConsoleReporter {
  public:
@@ -274,6 +292,10 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       if (run.error_occurred) continue;
       // With repetitions the mean aggregate comes after the repetitions and overwrites them.
       if (run.run_type == Run::RT_Aggregate && run.aggregate_name != "mean") continue;
+      if (run.run_name.function_name == kJitCompileName) {
+        jit_compile_ms_ = run.GetAdjustedRealTime();  // the table's unit: ms
+        continue;
+      }
       auto it = run.counters.find("bytes_per_second");
       if (it != run.counters.end()) bytes_per_second_[run.run_name.function_name] = it->second.value;
     }
@@ -285,7 +307,11 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     return it == bytes_per_second_.end() ? -1.0 : it->second / 1e9;
   }
 
+  /// Milliseconds per CPU JIT compile, or a negative number if that case did not run.
+  [[nodiscard]] double jit_compile_ms() const { return jit_compile_ms_; }
+
  private:
+  double jit_compile_ms_ = -1.0;
   std::map<std::string, double> bytes_per_second_;
 };
 
@@ -321,6 +347,8 @@ void print_summary(const SummaryReporter &reporter, unsigned num_threads) {
       }
     }
   }
+  if (reporter.jit_compile_ms() >= 0)
+    fmt::print("  cpu jit compile (CpuJit::create): {:.0f} ms\n", reporter.jit_compile_ms());
   std::fflush(stdout);
 }
 
@@ -337,6 +365,11 @@ void register_benchmarks() {
           ->UseRealTime();
     }
   }
+  // A few whole compiles (each takes hundreds of ms), not a min time.
+  benchmark::RegisterBenchmark(kJitCompileName, bench_cpu_jit_compile)
+      ->Unit(benchmark::kMillisecond)
+      ->Iterations(5)
+      ->UseRealTime();
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 #
 #   kiln_device_bitcode(<name> SOURCE <file> TRIPLE <triple>
 #                       [EXTRA_FLAGS <flag>...] [DEPENDS <file>...])
-#     Compiles <file> with clang-14 for <triple> into ${CMAKE_CURRENT_BINARY_DIR}/<name>.bc and
+#     Compiles <file> with clang-19 (LLVM_TOOLS_BINARY_DIR's clang) for <triple> into ${CMAKE_CURRENT_BINARY_DIR}/<name>.bc and
 #     defines a custom target <name> that builds it. The target's KILN_BITCODE_FILE property holds
 #     the .bc path. EXTRA_FLAGS are appended to the clang command line, e.g. `-nogpulib` for
 #     amdgcn. nvptx64-nvidia-cuda needs none: its bitcode is built generic (clang writes sm_20 /
@@ -24,12 +24,15 @@
 # The device flags: -ffreestanding (implies -fno-builtin, so the optimizer never turns loops into
 # memcpy/memset calls that a GPU target could not resolve), no exceptions, no RTTI, -O3.
 
+# The clang of the LLVM the code generators link, so the bitcode is never newer than its reader.
 find_program(KILN_CLANG_DEVICE_COMPILER
-  NAMES clang++-14 clang-14
-  HINTS /usr/lib/llvm-14/bin
-  DOC "clang 14 used to compile the device runtime module to LLVM bitcode")
+  NAMES clang++-${LLVM_VERSION_MAJOR} clang-${LLVM_VERSION_MAJOR} clang++ clang
+  HINTS ${LLVM_TOOLS_BINARY_DIR}
+  NO_DEFAULT_PATH
+  DOC "clang ${LLVM_VERSION_MAJOR} used to compile the device runtime module to LLVM bitcode")
 if(NOT KILN_CLANG_DEVICE_COMPILER)
-  message(FATAL_ERROR "kiln: clang-14 not found (install clang-14 or set KILN_CLANG_DEVICE_COMPILER)")
+  message(FATAL_ERROR "kiln: clang-${LLVM_VERSION_MAJOR} not found in ${LLVM_TOOLS_BINARY_DIR} "
+                      "(apt-get install clang-${LLVM_VERSION_MAJOR} or set KILN_CLANG_DEVICE_COMPILER)")
 endif()
 
 set(KILN_DEVICE_INCLUDE_DIR ${CMAKE_CURRENT_LIST_DIR}/../runtime/include)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The GPU checks of the CUDA backend, for a machine with an NVIDIA GPU and driver but without
-# LLVM 14 or a package registry. Two steps:
+# LLVM or a package registry. Two steps:
 #
 #   scripts/gpu-check.sh build            # here: builds gpu-bundle/ (static LLVM, stripped)
 #   scripts/gpu-check.sh run [OUT_DIR]    # there: runs the bundle, writes OUT_DIR/gpu-check.txt
 #
-# `build` makes gpu-bundle/kiln-gpu-check with LLVM linked statically (x86 + NVPTX), fmt and
-# libstdc++ compiled in, and checks it is under 64 MiB and needs only libc, libm, libz and
-# libtinfo. Carry gpu-bundle/ to the GPU machine (e.g. the device tool's carry list) with this
+# `build` makes gpu-bundle/kiln-gpu-check with LLVM 19 linked statically (x86 + NVPTX; its zstd
+# too), fmt, RE2 and libstdc++ compiled in, and checks it is under 64 MiB and needs only libc,
+# libm and libz. Carry gpu-bundle/ to the GPU machine (e.g. the device tool's carry list) with this
 # script. `run` executes, within about 8 minutes: the kiln-ops cases on cuda (every verdict), the
 # seed
 # scenario: a larger-than-device ndarray is DeviceOutOfMemoryError and a small one works after;
@@ -32,8 +32,8 @@ build() {
   echo "gpu-bundle: $size bytes"
   if [ "$size" -gt "$limit_bytes" ]; then echo "gpu-bundle is over 64 MiB"; return 1; fi
   local needs
-  needs=$(ldd "$bundle/kiln-gpu-check" | grep -vE 'linux-vdso|ld-linux|libc\.so|libm\.so|libz\.so|libtinfo\.so')
-  if [ -n "$needs" ]; then echo "gpu-bundle needs more than libc/libm/libz/libtinfo:"; echo "$needs"; return 1; fi
+  needs=$(ldd "$bundle/kiln-gpu-check" | grep -vE 'linux-vdso|ld-linux|libc\.so|libm\.so|libz\.so')
+  if [ -n "$needs" ]; then echo "gpu-bundle needs more than libc/libm/libz:"; echo "$needs"; return 1; fi
   ldd "$bundle/kiln-gpu-check"
 }
 

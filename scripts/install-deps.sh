@@ -5,8 +5,11 @@ set -euo pipefail
 
 packages=(
   build-essential cmake make pkg-config
-  llvm-14-dev clang-14 lld-14 zlib1g-dev libzstd-dev libxml2-dev libtinfo-dev libz3-dev libffi-dev libedit-dev
-  llvm-16 lld-16  # llc-16 and ld.lld-16: the gfx1100 code object (LLVM 14 predates gfx1100)
+  # LLVM 19, the one toolchain (host JIT, NVPTX, AMDGPU): llvm-19-dev (find_package(LLVM 19),
+  # libLLVM, llc, llvm-readobj), clang-19 (the device-runtime bitcode), lld-19 (ld.lld links HSACO);
+  # the libraries LLVM 19's CMake package and static libraries name (zlib, zstd, libxml2, z3,
+  # ffi, edit)
+  llvm-19-dev clang-19 lld-19 zlib1g-dev libzstd-dev libxml2-dev libz3-dev libffi-dev libedit-dev
   libfmt-dev catch2 libbenchmark-dev
   libre2-dev  # kiln-ops --filter: linear-time regex matching (std::regex recursed and crashed)
   libamdhip64-dev  # the real HIP runtime (no GPU here): tests show --backend amdgpu is NotSupported

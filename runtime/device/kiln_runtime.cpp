@@ -1,7 +1,7 @@
 // The kiln device runtime module: the kernels and the device heap allocator.
 //
 // Freestanding C++17 (no libc, no std headers, no exceptions, no RTTI), compiled at build time by
-// clang-14 into LLVM bitcode once per target triple (see cmake/KilnDeviceBitcode.cmake). It
+// clang-19 into LLVM bitcode once per target triple (see cmake/KilnDeviceBitcode.cmake). It
 // implements exactly the ABI of kiln/runtime/kernel_abi.h. On the CPU, several host threads run
 // kernels concurrently on disjoint [begin, end) ranges with distinct task indices, so everything
 // shared (the heap bump offset, the error area) is updated with atomics.
@@ -289,7 +289,7 @@ KILN_FOR_EACH_KERNEL(KILN_RANGE_KERNEL)
 // task (see kernel_abi.h). They are plain extern "C" functions here, so the bitcode stays generic:
 // - nvptx64: the PTX emitter (runtime/jit/ptx_codegen.cpp) marks every kiln_*_gpu function as a
 //   kernel in nvvm.annotations and chooses the SM version when it emits PTX;
-// - amdgcn: clang-14 has no attribute for the amdgpu_kernel calling convention outside OpenCL
+// - amdgcn: clang has no attribute for the amdgpu_kernel calling convention outside OpenCL
 //   and HIP, so the build-time code-object generator (runtime/jit/amdgcn_codegen_main.cpp) sets
 //   it on every kiln_*_gpu function in LLVM IR and chooses the gfx processor.
 // Both read the block size from the hardware, not from a constant: the launcher may launch
@@ -306,9 +306,9 @@ int64_t gpu_task_index() {
   const uint64_t block_size = static_cast<uint32_t>(__nvvm_read_ptx_sreg_ntid_x());
   const uint64_t thread = static_cast<uint32_t>(__nvvm_read_ptx_sreg_tid_x());
 #else
-  // Workgroup id and work-item id come from hardware registers; the workgroup size is read by
-  // clang-14 from the HSA kernel dispatch packet (__builtin_amdgcn_dispatch_ptr, field
-  // workgroup_size_x), which hipModuleLaunchKernel fills with the launch's block size.
+  // Workgroup id and work-item id come from hardware registers; with code object v5
+  // (-mcode-object-version=5) clang reads the workgroup size from the implicit kernel arguments
+  // (hidden_group_size_x), which hipModuleLaunchKernel fills with the launch's block size.
   const uint64_t block = __builtin_amdgcn_workgroup_id_x();
   const uint64_t block_size = __builtin_amdgcn_workgroup_size_x();
   const uint64_t thread = __builtin_amdgcn_workitem_id_x();

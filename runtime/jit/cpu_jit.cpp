@@ -11,7 +11,6 @@
 #include <utility>
 
 #include <llvm/Bitcode/BitcodeReader.h>
-#include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/ExecutionEngine/Orc/ObjectTransformLayer.h>
@@ -88,7 +87,7 @@ std::set<std::string, std::less<>> collect_kernel_names(const llvm::Module &modu
   std::set<std::string, std::less<>> names;
   for (const llvm::Function &function : module) {
     if (function.isDeclaration() || function.hasLocalLinkage()) continue;
-    if (function.getName().startswith("kiln_")) names.insert(function.getName().str());
+    if (function.getName().starts_with("kiln_")) names.insert(function.getName().str());
   }
   return names;
 }
@@ -99,7 +98,7 @@ RhiExpected<llvm::orc::JITTargetMachineBuilder> detect_host() {
     return std::unexpected(llvm_failure(builder.takeError(), "CpuJit::create",
                                         "could not detect the host CPU", RhiResult::not_supported));
   }
-  builder->setCodeGenOptLevel(llvm::CodeGenOpt::Aggressive);
+  builder->setCodeGenOptLevel(llvm::CodeGenOptLevel::Aggressive);
   return std::move(*builder);
 }
 
@@ -110,20 +109,22 @@ struct CpuJit::Impl {
   std::set<std::string, std::less<>> kernel_names;
   std::unique_ptr<llvm::orc::LLJIT> jit;
 
-  /// Resolves a symbol the module defines; failures become `error` Failures.
-  RhiExpected<uint64_t> lookup_address(std::string_view name, const char *site) {
-    auto symbol = jit->lookup(llvm::StringRef(name.data(), name.size()));
-    if (!symbol) {
-      return std::unexpected(llvm_failure(symbol.takeError(), site,
+  /// Resolves a symbol the module defines as a `Fn`; failures become `error` Failures.
+  template <class Fn>
+  RhiExpected<Fn> lookup(std::string_view name, const char *site) {
+    auto address = jit->lookup(llvm::StringRef(name.data(), name.size()));
+    if (!address) {
+      return std::unexpected(llvm_failure(address.takeError(), site,
                                           "could not resolve " + std::string(name)));
     }
-    return static_cast<uint64_t>(symbol->getAddress());
+    return address->toPtr<Fn>();
   }
 };
 
 namespace {
 
-/// Builds the LLJIT: host target machine, process symbols visible, object sizes counted.
+/// Builds the LLJIT: host target machine, object sizes counted. The process's symbols are
+/// visible to the module through LLJIT's own "Process" JITDylib (linked by default).
 RhiExpected<std::unique_ptr<llvm::orc::LLJIT>> build_lljit(llvm::orc::JITTargetMachineBuilder host,
                                                            std::atomic<uint64_t> *code_size) {
   auto jit = llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(std::move(host)).create();
@@ -131,13 +132,6 @@ RhiExpected<std::unique_ptr<llvm::orc::LLJIT>> build_lljit(llvm::orc::JITTargetM
     return std::unexpected(
         llvm_failure(jit.takeError(), "CpuJit::create", "could not create the LLJIT"));
   }
-  auto process_symbols = llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
-      (*jit)->getDataLayout().getGlobalPrefix());
-  if (!process_symbols) {
-    return std::unexpected(llvm_failure(process_symbols.takeError(), "CpuJit::create",
-                                        "could not expose process symbols to the JIT"));
-  }
-  (*jit)->getMainJITDylib().addGenerator(std::move(*process_symbols));
   (*jit)->getObjTransformLayer().setTransform(
       [code_size](std::unique_ptr<llvm::MemoryBuffer> object)
           -> llvm::Expected<std::unique_ptr<llvm::MemoryBuffer>> {
@@ -191,7 +185,7 @@ RhiExpected<std::unique_ptr<CpuJit>> CpuJit::create() {
   }
   // Compile eagerly: the whole module is one materialization unit, so one lookup compiles it
   // all, surfaces codegen errors here and makes code_size_bytes() meaningful.
-  KILN_RETURN_IF_ERROR(impl->lookup_address(kHeapAllocatorName, "CpuJit::create"));
+  KILN_RETURN_IF_ERROR(impl->lookup<KilnHeapAllocateFn>(kHeapAllocatorName, "CpuJit::create"));
   return std::unique_ptr<CpuJit>(new CpuJit(std::move(impl)));
 }
 
@@ -205,14 +199,11 @@ RhiExpected<KilnKernelFn> CpuJit::lookup_kernel(std::string_view name) {
                                          "no kernel named '" + std::string(name) +
                                              "' in the device runtime (expected kiln_<op>_<dtype>)"));
   }
-  KILN_ASSIGN_OR_RETURN(uint64_t address, impl_->lookup_address(name, "CpuJit::lookup_kernel"));
-  return reinterpret_cast<KilnKernelFn>(static_cast<uintptr_t>(address));
+  return impl_->lookup<KilnKernelFn>(name, "CpuJit::lookup_kernel");
 }
 
 RhiExpected<KilnHeapAllocateFn> CpuJit::lookup_heap_allocator() {
-  KILN_ASSIGN_OR_RETURN(uint64_t address,
-                        impl_->lookup_address(kHeapAllocatorName, "CpuJit::lookup_heap_allocator"));
-  return reinterpret_cast<KilnHeapAllocateFn>(static_cast<uintptr_t>(address));
+  return impl_->lookup<KilnHeapAllocateFn>(kHeapAllocatorName, "CpuJit::lookup_heap_allocator");
 }
 
 uint64_t CpuJit::code_size_bytes() const {

@@ -110,7 +110,12 @@ std::string_view amdgpu_processor(uint32_t e_flags) {
     case 0x030: return "gfx908";
     case 0x036: return "gfx1030";
     case 0x03f: return "gfx90a";
-    case 0x041: return "gfx1100";  // EF_AMDGPU_MACH_AMDGCN_GFX1100 (LLVM 16; reserved in LLVM 14)
+    case 0x041: return "gfx1100";
+    case 0x046: return "gfx1101";
+    case 0x047: return "gfx1102";
+    case 0x048: return "gfx1200";
+    case 0x04c: return "gfx942";
+    case 0x04e: return "gfx1201";
     default: return {};
   }
 }

@@ -26,7 +26,7 @@ int prepare_entry_points(llvm::Module &module, llvm::function_ref<void(llvm::Fun
     function.removeFnAttr("tune-cpu");
     if (function.isDeclaration()) continue;
     const llvm::StringRef name = function.getName();
-    if (name.startswith("kiln_") && name.endswith("_gpu")) {
+    if (name.starts_with("kiln_") && name.ends_with("_gpu")) {
       mark_kernel(function);
       ++kernels;
     } else {
@@ -64,6 +64,9 @@ llvm::Error verify_and_emit(llvm::Module &module, llvm::TargetMachine &tm,
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
                                    "the optimized module failed verification: " + verifier_os.str());
   llvm::raw_svector_ostream os(out);
+  // Code generation still runs on the legacy pass manager: in LLVM 19 TargetMachine's new-PM
+  // codegen pipeline (buildCodeGenPipeline) is experimental and NVPTX does not implement it.
+  // Every IR pipeline (optimize above) is the new pass manager's.
   llvm::legacy::PassManager codegen;
   if (tm.addPassesToEmitFile(codegen, os, nullptr, type))
     return llvm::createStringError(llvm::inconvertibleErrorCode(),

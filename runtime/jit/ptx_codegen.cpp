@@ -142,8 +142,8 @@ RhiExpected<std::string> emit_ptx(const llvm::Target &target, int sm_version) {
   const std::string cpu = "sm_" + std::to_string(sm_version);
   const std::string features = "+ptx" + std::to_string(min_ptx_version(sm_version));
   std::unique_ptr<llvm::TargetMachine> tm(target.createTargetMachine(
-      kTriple, cpu, features, llvm::TargetOptions(), llvm::Reloc::PIC_, llvm::None,
-      llvm::CodeGenOpt::Aggressive));
+      kTriple, cpu, features, llvm::TargetOptions(), llvm::Reloc::PIC_, std::nullopt,
+      llvm::CodeGenOptLevel::Aggressive));
   if (!tm) {
     return std::unexpected(make_failure(RhiResult::error, kDevice, kSite,
                                         "LLVM could not create an NVPTX target machine for " + cpu));
@@ -172,7 +172,7 @@ RhiExpected<std::string> emit_ptx(const llvm::Target &target, int sm_version) {
   }
   gpu::optimize(*module, *tm);
   llvm::SmallString<0> ptx;
-  if (llvm::Error error = gpu::verify_and_emit(*module, *tm, llvm::CGFT_AssemblyFile, *collected, ptx)) {
+  if (llvm::Error error = gpu::verify_and_emit(*module, *tm, llvm::CodeGenFileType::AssemblyFile, *collected, ptx)) {
     return std::unexpected(llvm_failure(std::move(error), "PTX emission for " + cpu + " failed"));
   }
   return std::string(ptx.data(), ptx.size());

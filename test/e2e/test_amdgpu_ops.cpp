@@ -51,7 +51,7 @@ TEST_CASE("kiln-ops cases on amdgpu against the fake HIP runtime are all OK", "[
   CHECK(fake.held_bytes() == 0);  // teardown gave everything back to the runtime
 }
 
-TEST_CASE("every built code object (gfx1100 from llc-16 too) loads and runs the kiln-ops cases",
+TEST_CASE("every built code object (gfx942 and gfx1201 too) loads and runs the kiln-ops cases",
           "[amdgpu][e2e]") {
   REQUIRE_FALSE(runtime::amdgcn_code_objects().empty());
   for (const runtime::AmdgcnCodeObject &object : runtime::amdgcn_code_objects()) {

@@ -13,6 +13,7 @@ for arch in "$@"; do
   ptx="$work_dir/kiln_$arch.ptx"
   "$kiln_ptx" "$arch" > "$ptx"
   grep -q '^\.visible \.entry kiln_axpy_f32_gpu(' "$ptx"
+  grep -qx "\.target $arch" "$ptx"  # native: never an older SM version the driver forwards
   "$ptxas" -arch="$arch" "$ptx" -o "$work_dir/kiln_$arch.cubin"
   echo "ptxas -arch=$arch: OK ($(grep -c '\.entry' "$ptx") entries, $(grep '^\.target' "$ptx"), $(grep '^\.version' "$ptx"))"
 done

@@ -15,29 +15,26 @@
 using namespace kiln;
 using namespace kiln::runtime;
 
-TEST_CASE("gfx90a first, gfx908 and gfx1030 (LLVM 14), gfx1100 (llc-16), never gfx942",
+// The issue's processors (gfx90a, gfx942, gfx1100) and the other CDNA/RDNA ones LLVM 19 builds.
+const std::set<std::string> kExpectedTargets{"gfx90a",  "gfx942",  "gfx1100", "gfx908", "gfx1030",
+                                             "gfx1101", "gfx1102", "gfx1200", "gfx1201"};
+
+TEST_CASE("gfx90a first, then gfx942, gfx1100 and every other CDNA/RDNA target, all from LLVM 19",
           "[amdgpu][codegen]") {
   std::set<std::string> built;
   for (const AmdgcnCodeObject &object : amdgcn_code_objects()) built.emplace(object.target);
   REQUIRE_FALSE(amdgcn_code_objects().empty());
   CHECK(amdgcn_code_objects().front().target == "gfx90a");
-  std::set<std::string> expected{"gfx90a", "gfx908", "gfx1030"};
-  std::vector<const char *> absent{"gfx942"};  // needs LLVM 17; neither llc knows it
-  if (KILN_TEST_HAVE_LLVM_16_TOOLS)
-    expected.emplace("gfx1100");
-  else
-    absent.push_back("gfx1100");
-  CHECK(built == expected);
-  for (const char *target : absent) {
+  CHECK(built == kExpectedTargets);
+  for (const char *target : {"gfx906", "gfx1151", "gfx950"}) {  // not built (gfx950: LLVM 20)
     auto missing = amdgcn_code_object(target);
     REQUIRE_FALSE(missing);
     CHECK(missing.error().result == RhiResult::not_supported);
-    CHECK_THAT(missing.error().message(), Catch::Contains(target) && Catch::Contains("gfx90a"));
+    CHECK_THAT(missing.error().message(), Catch::Contains(target) && Catch::Contains("gfx942"));
   }
   CHECK(value_or_throw(amdgcn_code_object()).target == "gfx90a");
   CHECK(value_or_throw(amdgcn_code_object("gfx1030:xnack-")).target == "gfx1030");
-  if (KILN_TEST_HAVE_LLVM_16_TOOLS)
-    CHECK(value_or_throw(amdgcn_code_object("gfx1100")).target == "gfx1100");
+  CHECK(value_or_throw(amdgcn_code_object("gfx942:sramecc+:xnack-")).target == "gfx942");
 }
 
 TEST_CASE("every code object is an AMDGPU HSA ELF for its own gfx target with all 24 kernels",
@@ -49,6 +46,7 @@ TEST_CASE("every code object is an AMDGPU HSA ELF for its own gfx target with al
     REQUIRE(read_elf_image(std::as_bytes(object.image), &info, &error));
     CHECK(info.machine == kElfMachineAmdgpu);  // EM_AMDGPU = 224
     CHECK(info.os_abi == kElfOsAbiAmdgpuHsa);
+    CHECK(info.abi_version == kElfAbiVersionAmdgpuHsaV5);  // code object v5, pinned at build
     CHECK(info.type == 3);  // ET_DYN: linked by ld.lld -shared
     CHECK(amdgpu_processor(info.flags) == object.target);
     CHECK(elf_image_size(object.image.data()) == object.image.size());
@@ -72,12 +70,13 @@ TEST_CASE("Program::create(amdgcn) holds the chosen code object and knows its ke
   CHECK(program->code_image().size() == gfx90a.image.size());
   auto gfx1030 = value_or_throw(Program::create(CodegenArch::amdgcn, "gfx1030"));
   CHECK(gfx1030->code_size_bytes() == value_or_throw(amdgcn_code_object("gfx1030")).image.size());
-  if (KILN_TEST_HAVE_LLVM_16_TOOLS) {
-    auto gfx1100 = value_or_throw(Program::create(CodegenArch::amdgcn, "gfx1100"));
-    CHECK(gfx1100->code_size_bytes() == value_or_throw(amdgcn_code_object("gfx1100")).image.size());
-    CHECK(gfx1100->has_kernel("kiln_matmul_f64"));
+  for (const char *target : {"gfx942", "gfx1100", "gfx1201"}) {
+    INFO(target);
+    auto chosen = value_or_throw(Program::create(CodegenArch::amdgcn, target));
+    CHECK(chosen->code_size_bytes() == value_or_throw(amdgcn_code_object(target)).image.size());
+    CHECK(chosen->has_kernel("kiln_matmul_f64"));
   }
-  auto absent = Program::create(CodegenArch::amdgcn, "gfx942");
+  auto absent = Program::create(CodegenArch::amdgcn, "gfx906");
   REQUIRE_FALSE(absent);
   CHECK(absent.error().result == RhiResult::not_supported);
   CHECK_FALSE(Program::create(CodegenArch::nvptx64, "gfx90a"));  // a target only for amdgcn

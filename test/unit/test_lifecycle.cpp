@@ -143,7 +143,7 @@ TEST_CASE("an exception escaping a guarded boundary becomes a named failure", "[
 }
 
 TEST_CASE("LLVM's out-of-memory report is a host out-of-memory failure, not an abort", "[host_oom]") {
-  // Without kiln's handler LLVM 14 (built without exceptions) prints "LLVM ERROR: out of
+  // Without kiln's handler LLVM 19 (built without exceptions) prints "LLVM ERROR: out of
   // memory" and aborts: the child would end in SIGABRT.
   runtime::install_llvm_error_handlers();
   CHECK(in_child([] {

@@ -30,8 +30,8 @@ class Program {
  public:
   /// Compiles the runtime module for `arch` (host: LLJIT; nvptx64: PTX for sm_80, which newer
   /// GPUs JIT-compile) or picks its prebuilt code object (amdgcn: the HSACO built for `target`,
-  /// a gfx processor such as "gfx1030"; empty: the first of KILN_AMDGPU_TARGETS built, gfx90a
-  /// with LLVM 14). `target` must be empty for host and nvptx64. Errors: not_supported (arch or
+  /// a gfx processor such as "gfx1030"; empty: the first of KILN_AMDGPU_TARGETS built,
+  /// gfx90a). `target` must be empty for host and nvptx64. Errors: not_supported (arch or
   /// target without a code path in this build; the detail lists the targets built),
   /// invalid_usage (a target for host or nvptx64), error (LLVM failed; the detail says how),
   /// out_of_memory with oom_source host (the host has no room to compile: checked before LLVM

@@ -4,10 +4,8 @@
 // and ld.lld links it into an HSACO (an ELF shared object, e_machine EM_AMDGPU), embedded in
 // kiln_codegen. hipModuleLoadData loads it; nothing is compiled at run time.
 //
-// Built with LLVM 14: gfx90a (the issue's), gfx908, gfx1030. Built with LLVM 16's llc-16 and
-// ld.lld-16 where they are installed: gfx1100, which LLVM 14 predates (kiln-amdgcn-codegen
-// --emit-llvm writes the prepared module as bitcode, llc-16 emits the object). Not built: gfx942,
-// which needs LLVM 17 (LLVM 14 only reserves its ELF machine number; Debian 12 has no LLVM 17).
+// Built with LLVM 19 (kiln-amdgcn-codegen, ld.lld-19), code object v5: gfx90a (the default),
+// gfx942, gfx1100, gfx908, gfx1030, gfx1101, gfx1102, gfx1200, gfx1201 (KILN_AMDGPU_TARGETS).
 #ifndef KILN_RUNTIME_AMDGCN_CODEGEN_H_
 #define KILN_RUNTIME_AMDGCN_CODEGEN_H_
 

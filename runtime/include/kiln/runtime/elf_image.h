@@ -18,6 +18,7 @@ namespace kiln::runtime {
 inline constexpr uint16_t kElfMachineAmdgpu = 224;      ///< EM_AMDGPU
 inline constexpr uint8_t kElfOsAbiAmdgpuHsa = 64;       ///< ELFOSABI_AMDGPU_HSA
 inline constexpr uint32_t kElfAmdgpuMachMask = 0x0ff;   ///< EF_AMDGPU_MACH
+inline constexpr uint8_t kElfAbiVersionAmdgpuHsaV5 = 3; ///< ELFABIVERSION_AMDGPU_HSA_V5 (code object v5)
 
 struct ElfImageInfo {
   uint16_t type = 0;     ///< e_type (3 = ET_DYN, a shared object: what ld.lld -shared writes)
@@ -42,8 +43,7 @@ struct ElfImageInfo {
 [[nodiscard]] uint64_t elf_image_size(const void *image);
 
 /// The gfx processor an AMDGPU e_flags names, for the processors kiln builds code objects for
-/// (gfx908, gfx90a, gfx1030 from LLVM 14's BinaryFormat/ELF.h; gfx1100 = 0x041 from LLVM 16's);
-/// empty otherwise.
+/// (the EF_AMDGPU_MACH values of LLVM 19's BinaryFormat/ELF.h); empty otherwise.
 [[nodiscard]] std::string_view amdgpu_processor(uint32_t e_flags);
 
 }  // namespace kiln::runtime

@@ -1,5 +1,5 @@
 // The ABI shared by the device runtime module (freestanding C++, compiled to LLVM bitcode by
-// clang-14) and the host-side launchers. Plain C layout, fixed-width types only, so the same
+// clang-19) and the host-side launchers. Plain C layout, fixed-width types only, so the same
 // header is valid in the freestanding device build and in the host build.
 //
 // Every kernel has the signature

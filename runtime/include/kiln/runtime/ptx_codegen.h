@@ -26,10 +26,12 @@ namespace kiln::runtime {
 /// launcher's choice); the range kernels and the heap allocator are `.func`s it calls.
 ///
 /// The module is optimized at O3 for the NVPTX target and emitted at aggressive codegen level.
-/// The SM version written is the newest this LLVM knows that is not newer than `sm_arch` (LLVM 14
-/// knows up to sm_86, so "sm_90" gives `.target sm_86`, which the driver JIT-compiles for sm_90);
-/// the PTX ISA version is the lowest that SM version needs (sm_80: 7.0, sm_86: 7.1), so the PTX
-/// loads on the oldest driver that supports the device.
+/// The SM version written is the newest this LLVM knows that is not newer than `sm_arch` (LLVM 19
+/// knows up to sm_90, so "sm_90" gives a native `.target sm_90`, and "sm_100" gives sm_90 PTX,
+/// which the driver JIT-compiles); the PTX ISA version is the lowest that SM version needs (sm_80:
+/// 7.0, sm_86: 7.1, sm_90: 7.8), not LLVM's default, so the PTX loads on the oldest driver that
+/// supports the device: CUDA 11.0 for sm_80, 11.8 for sm_90, and every CUDA 12 and 13 driver
+/// (which accept every PTX ISA version up to their own, 8.0 and 9.0).
 ///
 /// Errors: invalid_usage (`sm_arch` is not of the form sm_<digits>[a|f]),
 ///         not_supported (this LLVM has no NVPTX target, or knows no SM version <= `sm_arch`),
