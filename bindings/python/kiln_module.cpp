@@ -152,6 +152,8 @@ std::string type_name(py::handle value) {
   return module == "builtins" ? name : module + "." + name;
 }
 
+thread_local int t_in_observer = 0;                // > 0 while an OOM observer runs on this thread
+
 // A KeyboardInterrupt or SystemExit an OOM observer raised on this thread (a new reference),
 // raised when the call that ran the observer returns (check()), in place of its result.
 thread_local PyObject *t_observer_interrupt = nullptr;
@@ -169,12 +171,12 @@ void raise_observer_interrupt() {
 /// interrupt raised by an OOM observer during the call comes first (the result is dropped:
 /// RAII handles free what it held).
 void check(const RhiStatus &status) {
-  raise_observer_interrupt();
+  if (t_in_observer == 0) raise_observer_interrupt();
   if (!status) raise_failure(status.error());
 }
 template <class T>
 T check(RhiExpected<T> expected) {
-  raise_observer_interrupt();
+  if (t_in_observer == 0) raise_observer_interrupt();
   if (!expected) raise_failure(expected.error());
   return std::move(expected).value();
 }
@@ -237,6 +239,8 @@ thread_local int t_call_depth = 0;
 /// that come in after kiln._shutdown (the exiting thread itself goes on).
 struct CallGuard {
   CallGuard() {
+    if (t_call_depth == 0 && t_observer_interrupt != nullptr)  // left by a call that threw
+      Py_DECREF(std::exchange(t_observer_interrupt, nullptr));  // past check(): not this call's
     if (t_call_depth == 0 && g_closing.load(std::memory_order_acquire) &&
         std::this_thread::get_id() != g_closing_thread)
       park_forever();
@@ -290,7 +294,6 @@ void replace_executor(std::shared_ptr<LlvmRuntimeExecutor> fresh) {
   g_fault_blocks.clear();  // they armed the old executor's plan
   g_executor = std::move(fresh);
 }
-thread_local int t_in_observer = 0;                // > 0 while an OOM observer runs on this thread
 
 /// Refuses what an OOM observer must not do: allocate or launch on the device whose allocation
 /// is failing (DeviceMemory's contract; a launch would also re-enter the launcher's lock).
@@ -304,11 +307,13 @@ void check_not_in_observer(const char *site) {
 }
 
 /// operator.index(value), for a value is_integer() accepted. Errors: InvalidTypeError when the
-/// value's own __index__ raises (the error it raised is the new one's __cause__).
+/// value's own __index__ raises an ordinary error (which becomes the new one's __cause__); a
+/// MemoryError, KeyboardInterrupt or SystemExit it raises goes on unchanged.
 py::int_ index_of(py::handle value, const char *site) {
   py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(value.ptr()));
   if (i) return i;
   py::error_already_set cause;  // fetches and clears the error __index__ raised
+  if (!cause.matches(PyExc_Exception) || cause.matches(PyExc_MemoryError)) throw cause;
   const std::string detail = fmt::format("{}: {}.__index__() raised {}", site, type_name(value),
                                          std::string(py::repr(cause.value())));
   try {

@@ -371,10 +371,13 @@ uint64_t saturating_add(uint64_t a, uint64_t b) { return b > UINT64_MAX - a ? UI
 
 // A group is granted whole or not at all, so its refusal reports the whole group: the blocks it
 // reused from the cache count too (they go back there, and the snapshot shows them as cache).
-// Reporting only the misses would refuse less than the room the message shows.
+// Reporting only the misses would refuse less than the room the message shows. Only the budget's
+// refusals are about the group; a driver's refusal (or an injected fault) is about the one block
+// it refused, and keeps that block's figures.
 Failure DeviceMemory::whole_group_refusal(Failure f, std::span<const AllocRequest> requests,
                                           std::span<Record *const> hit) {
-  if (f.result != RhiResult::out_of_memory || !f.allocating) return f;
+  if (f.result != RhiResult::out_of_memory || !f.allocating || f.oom_source != OomSource::budget)
+    return f;
   uint64_t reused_bytes = 0, reused_class_bytes = 0;
   std::size_t reused = 0;
   for (std::size_t i = 0; i < requests.size(); ++i) {
@@ -385,10 +388,11 @@ Failure DeviceMemory::whole_group_refusal(Failure f, std::span<const AllocReques
         saturating_add(reused_class_bytes, hit[i]->class_bytes.load(std::memory_order_relaxed));
   }
   if (reused == 0) return f;
-  const uint64_t misses_class = f.class_bytes > f.requested_bytes ? f.class_bytes : f.requested_bytes;
   f.requested_bytes = saturating_add(f.requested_bytes, reused_bytes);
-  const uint64_t class_total = saturating_add(misses_class, reused_class_bytes);
-  f.class_bytes = class_total > f.requested_bytes ? class_total : 0;
+  if (f.class_bytes != 0) {  // the misses' rounding was refused too: the class of the group
+    const uint64_t class_total = saturating_add(f.class_bytes, reused_class_bytes);
+    f.class_bytes = class_total > f.requested_bytes ? class_total : 0;
+  }
   const std::string what = f.detail.empty() ? std::string(to_string(f.category)) : f.detail;
   f.detail = fmt::format("{} ({} buffers granted together, {} of them, {}, reusable from the "
                          "pool's cache)", what, requests.size(), reused, format_bytes(reused_bytes));

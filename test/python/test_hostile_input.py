@@ -476,3 +476,16 @@ def test_an_observer_that_raises_KeyboardInterrupt_or_SystemExit_reaches_the_cal
     assert kiln.reduce_sum(a) == 4.0
     kiln.init("cpu", num_threads=2)  # the observer goes with its executor
 
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit, MemoryError])
+def test_an_index_that_raises_an_interrupt_or_MemoryError_passes_it_on(error):
+    """Only ordinary errors become InvalidTypeError: Ctrl-C, exit and host out-of-memory are not
+    usage mistakes."""
+    class Raising:
+        def __index__(self):
+            raise error()
+    kiln.init("cpu", num_threads=2)
+    with pytest.raises(error) as info:
+        kiln.ndarray(kiln.f32, (Raising(),))
+    assert not isinstance(info.value, kiln.Error)

@@ -202,7 +202,9 @@ FORK_DURING_DRIVER_CALL = """
     getattr(fake, f"kiln_fake_{api}_pause_in")(entry.encode(), 300)  # ms, the lock held
     t = threading.Thread(target=kiln.reduce_sum, args=(x,))
     t.start()
+    deadline = time.monotonic() + 60
     while not getattr(fake, f"kiln_fake_{api}_paused")():
+        assert t.is_alive() and time.monotonic() < deadline, "the launch never reached the driver"
         time.sleep(0.001)
     # The fork waits for the call to end (the driver's prepare handler takes its lock).
     pid = os.fork()

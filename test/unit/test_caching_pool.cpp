@@ -532,6 +532,9 @@ TEST_CASE("a group mixing cache hits and growth is all-or-nothing, the hits go b
     CHECK(failed.error().result == RhiResult::out_of_memory);
     CHECK(failed.error().oom_source == OomSource::driver);
     CHECK(failed.error().category == MemoryCategory::runtime_heap);
+    // The driver refused one block: its figures, not the group's (only budget refusals widen).
+    CHECK(failed.error().requested_bytes == 6_MiB);
+    CHECK_THAT(failed.error().message(), !Catch::Contains("granted together"));
     CHECK(mock.fault_plan().allocation_count() == 2);
     check_unchanged();
   }

@@ -332,14 +332,14 @@ class DeviceMemory {
   /// Counts a refusal by the budget or by live free memory that is returned to the caller (one
   /// a retry cured is not a refusal).
   void count_refusal(const Failure &failure);
+  /// A budget refusal of a group, widened to the whole group (its cache hits included).
+  [[nodiscard]] static Failure whole_group_refusal(Failure f,
+                                                   std::span<const AllocRequest> requests,
+                                                   std::span<Record *const> hit);
 
   // Under mutex_.
   [[nodiscard]] Cache *my_cache_locked();
   /// A cached block of `class_bytes`, or one of an exact size in [size_bytes, class_bytes].
-  /// A refused group's failure, widened to the whole group (the cache hits included).
-  [[nodiscard]] static Failure whole_group_refusal(Failure f,
-                                                   std::span<const AllocRequest> requests,
-                                                   std::span<Record *const> hit);
   [[nodiscard]] Record *take_cached_locked(Cache *cache, MemoryCategory category,
                                            uint64_t size_bytes, uint64_t class_bytes);
   /// Caches a freed block: in `cache`'s bin when it has room (true), else the shared pool.
