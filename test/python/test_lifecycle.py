@@ -24,6 +24,7 @@ BACKENDS = [
     pytest.param("amdgpu", id="amdgpu", marks=pytest.mark.skipif(
         not FAKE_HIP, reason="KILN_TEST_FAKE_HIP (the fake runtime's path) not set")),
 ]
+GPU_BACKENDS = [p for p in BACKENDS if p.values[0] in ("cuda", "amdgpu")]
 
 # Set before the scenario: the arch's init arguments (a small device heap on the fake GPUs).
 PRELUDE = textwrap.dedent("""
@@ -52,6 +53,13 @@ def assert_clean(proc, status):
                  "LLVM ERROR"):
         assert sign not in proc.stderr, report
 
+
+
+def assert_prints_ok(arch, body):
+    """Runs `body` for `arch` (run_script); it must end cleanly with status 0, printing "ok"."""
+    proc = run_script(arch, body)
+    assert_clean(proc, 0)
+    assert proc.stdout.strip() == "ok", proc.stdout
 
 # --- fork() ------------------------------------------------------------------------------------
 
@@ -83,9 +91,7 @@ FORK_CHILD_USES_KILN = """
 
 @pytest.mark.parametrize("arch", ["cpu", "mock"])
 def test_forked_child_uses_inherited_and_new_arrays_and_exits(arch):
-    proc = run_script(arch, FORK_CHILD_USES_KILN)
-    assert_clean(proc, 0)
-    assert proc.stdout.strip() == "ok"
+    assert_prints_ok(arch, FORK_CHILD_USES_KILN)
 
 
 FORK_POOL = """
@@ -147,9 +153,7 @@ def test_forked_child_can_free_an_array_another_thread_was_launching_on(arch):
 
 @pytest.mark.parametrize("arch", ["cpu", "mock"])
 def test_multiprocessing_fork_pool_workers_use_kiln(arch):
-    proc = run_script(arch, FORK_POOL)
-    assert_clean(proc, 0)
-    assert proc.stdout.strip() == "ok"
+    assert_prints_ok(arch, FORK_POOL)
 
 
 FORK_GPU = """
@@ -183,16 +187,14 @@ FORK_GPU = """
 """
 
 
-@pytest.mark.parametrize("arch", [p for p in BACKENDS if p.values[0] in ("cuda", "amdgpu")])
+@pytest.mark.parametrize("arch", GPU_BACKENDS)
 def test_forked_child_on_a_gpu_gets_NotSupportedError_then_a_new_init_works(arch):
-    proc = run_script(arch, FORK_GPU)
-    assert_clean(proc, 0)
-    assert proc.stdout.strip() == "ok"
+    assert_prints_ok(arch, FORK_GPU)
 
 
 # A fork while another thread is inside a driver call (held there 300 ms by the fake's pause
-# hook, so the race is the same every run): the driver's own lock must not reach the child held, or the
-# child's first driver call (its kiln.init) waits forever.
+# hook, so the race is the same every run): the driver's own lock must not reach the child held,
+# or the child's first driver call (its kiln.init) waits forever.
 FORK_DURING_DRIVER_CALL = """
     import ctypes, time
     api, entry = ("cuda", "cuLaunchKernel") if ARCH == "cuda" else ("hip", "hipModuleLaunchKernel")
@@ -224,17 +226,16 @@ FORK_DURING_DRIVER_CALL = """
 """
 
 
-@pytest.mark.parametrize("arch", [p for p in BACKENDS if p.values[0] in ("cuda", "amdgpu")])
+@pytest.mark.parametrize("arch", GPU_BACKENDS)
 def test_fork_while_another_thread_is_inside_the_driver(arch):
-    proc = run_script(arch, FORK_DURING_DRIVER_CALL)
-    assert_clean(proc, 0)
-    assert proc.stdout.strip() == "ok"
+    assert_prints_ok(arch, FORK_DURING_DRIVER_CALL)
 
 
 # Forks while other threads allocate, free and launch without pause: whatever lock a thread of
 # the parent holds at that moment (pool, budget, device, registry), the child must get it free.
-# Not deterministic (the deterministic tests hold each lock with a hook: test_lifecycle.cpp and
-# the fake drivers' pause hook above); it can only miss a regression, never fail without one.
+# Not deterministic (the budget's lock and the fake drivers' lock have deterministic tests, with
+# hooks that hold them: test_lifecycle.cpp and the pause hook above); it can only miss a
+# regression, never fail without one.
 FORK_STORM = """
     import time
     kiln.init(ARCH, budget_bytes=256 << 20, **INIT)
@@ -274,9 +275,7 @@ FORK_STORM = """
 
 @pytest.mark.parametrize("arch", ["cpu", "mock"])
 def test_forks_while_other_threads_allocate_and_launch(arch):
-    proc = run_script(arch, FORK_STORM)
-    assert_clean(proc, 0)
-    assert proc.stdout.strip() == "ok"
+    assert_prints_ok(arch, FORK_STORM)
 
 
 # --- interpreter exit with threads inside kiln -------------------------------------------------
