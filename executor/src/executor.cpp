@@ -75,7 +75,11 @@ RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create_un
   KILN_ASSIGN_OR_RETURN(context->memory, runtime::DeviceMemory::create(*context->device, config.budget));
   const CodegenArch arch = codegen_arch(*context->device);
   if (!program) {
-    KILN_ASSIGN_OR_RETURN(program, Program::shared(arch));
+    // A GPU gets the code of its own processor (sm_90 PTX for an H200, gfx942 for an MI300).
+    const std::string_view target =
+        context->device->host_addressable() ? std::string_view()
+                                            : static_cast<GpuDevice &>(*context->device).code_target();
+    KILN_ASSIGN_OR_RETURN(program, Program::shared(arch, target));
   }
   if (program->arch() != arch)
     return std::unexpected(invalid_usage(context->device->name(), "LlvmRuntimeExecutor::create",

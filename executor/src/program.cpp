@@ -44,9 +44,13 @@ RhiExpected<std::set<std::string, std::less<>>> hsaco_entry_points(std::span<con
 
 }  // namespace
 
-Program::Program(CodegenArch arch, std::unique_ptr<runtime::CpuJit> jit, std::string image,
-                 std::set<std::string, std::less<>> gpu_kernels)
-    : arch_(arch), jit_(std::move(jit)), image_(std::move(image)), gpu_kernels_(std::move(gpu_kernels)) {}
+Program::Program(CodegenArch arch, std::string target, std::unique_ptr<runtime::CpuJit> jit,
+                 std::string image, std::set<std::string, std::less<>> gpu_kernels)
+    : arch_(arch),
+      target_(std::move(target)),
+      jit_(std::move(jit)),
+      image_(std::move(image)),
+      gpu_kernels_(std::move(gpu_kernels)) {}
 
 Program::~Program() = default;
 
@@ -64,25 +68,27 @@ RhiExpected<std::shared_ptr<Program>> Program::create(CodegenArch arch, std::str
 
 RhiExpected<std::shared_ptr<Program>> Program::create_unguarded(CodegenArch arch,
                                                                 std::string_view target) {
-  if (arch != CodegenArch::amdgcn && !target.empty())
+  if (arch == CodegenArch::host && !target.empty())
     return std::unexpected(invalid_usage("kiln", "Program::create",
-                                         fmt::format("a code target ('{}') is only chosen for amdgcn", target)));
+                                         fmt::format("a code target ('{}') is chosen only for a GPU", target)));
   switch (arch) {
     case CodegenArch::host: {
       KILN_ASSIGN_OR_RETURN(auto jit, runtime::CpuJit::create());
-      return std::shared_ptr<Program>(new Program(arch, std::move(jit), "", {}));
+      return std::shared_ptr<Program>(new Program(arch, "", std::move(jit), "", {}));
     }
     case CodegenArch::nvptx64: {
-      KILN_ASSIGN_OR_RETURN(std::string ptx, runtime::generate_ptx());
+      const std::string sm_arch(target.empty() ? std::string_view("sm_80") : target);
+      KILN_ASSIGN_OR_RETURN(std::string ptx, runtime::generate_ptx(sm_arch));
       auto kernels = gpu_entry_points(ptx);
       ptx.push_back('\0');
-      return std::shared_ptr<Program>(new Program(arch, nullptr, std::move(ptx), std::move(kernels)));
+      return std::shared_ptr<Program>(new Program(arch, sm_arch, nullptr, std::move(ptx), std::move(kernels)));
     }
     case CodegenArch::amdgcn: {
       KILN_ASSIGN_OR_RETURN(const runtime::AmdgcnCodeObject object, runtime::amdgcn_code_object(target));
       KILN_ASSIGN_OR_RETURN(auto kernels, hsaco_entry_points(object.image, object.target));
       std::string image(reinterpret_cast<const char *>(object.image.data()), object.image.size());
-      return std::shared_ptr<Program>(new Program(arch, nullptr, std::move(image), std::move(kernels)));
+      return std::shared_ptr<Program>(
+          new Program(arch, std::string(object.target), nullptr, std::move(image), std::move(kernels)));
     }
   }
   return std::unexpected(make_failure(RhiResult::not_supported, "kiln", "Program::create",

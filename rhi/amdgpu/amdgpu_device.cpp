@@ -1,6 +1,8 @@
 #include "kiln/rhi/amdgpu_device.h"
 
 #include <cstring>
+#include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -21,8 +23,10 @@ void *pointer(uint64_t address) { return reinterpret_cast<void *>(static_cast<ui
 /// An AMD GPU through HIP; modules, launches and the lost-device state are DriverGpuDevice's.
 class AmdgpuDevice final : public DriverGpuDevice {
  public:
-  AmdgpuDevice(const HipRuntime *runtime, int ordinal)
-      : DriverGpuDevice(fmt::format("amdgpu:{}", ordinal), kEntryNames), runtime_(runtime), ordinal_(ordinal) {}
+  AmdgpuDevice(const HipRuntime *runtime, int ordinal, std::string code_target)
+      : DriverGpuDevice(fmt::format("amdgpu:{}", ordinal), kEntryNames, std::move(code_target)),
+        runtime_(runtime),
+        ordinal_(ordinal) {}
   /// A lost device is reset when its last user lets go, as CUDA destroys a primary context on
   /// its last release: a sticky fault stays with the HIP runtime's device until hipDeviceReset,
   /// so without it a new executor would find the device lost again. (The reset also destroys
@@ -118,6 +122,28 @@ RhiStatus AmdgpuDevice::validate_image(std::span<const std::byte> image) {
   return {};
 }
 
+/// The gfx processor of device `ordinal`: hipGetDeviceProperties' gcnArchName up to its first
+/// ':' ("gfx942" for "gfx942:sramecc+:xnack-"). Errors: the runtime's answer, mapped by
+/// hip::to_rhi; not_supported when the name is not a gfx processor (a runtime whose properties
+/// layout kiln does not know).
+RhiExpected<std::string> gfx_target(const HipRuntime *runtime, int ordinal, const std::string &device) {
+  std::vector<char> properties(hip::kDevicePropertiesBufferBytes, '\0');
+  KILN_RETURN_IF_ERROR(hip::to_rhi(runtime, runtime->hipGetDeviceProperties(properties.data(), ordinal),
+                                   "hipGetDeviceProperties", device));
+  const char *field = properties.data() + hip::kDevicePropertiesGcnArchNameOffset;
+  const std::string_view name(field, strnlen(field, hip::kGcnArchNameBytes));
+  const std::string_view processor = name.substr(0, name.find(':'));
+  const bool valid = processor.size() > 3 && processor.starts_with("gfx") &&
+                     processor.find_first_not_of("0123456789abcdef", 3) == std::string_view::npos;
+  if (!valid)
+    return std::unexpected(make_failure(
+        RhiResult::not_supported, device, "hipGetDeviceProperties",
+        fmt::format("the HIP runtime's gcnArchName '{}' names no gfx processor (a properties layout "
+                    "kiln does not know)",
+                    name.substr(0, 64))));
+  return std::string(processor);
+}
+
 }  // namespace
 
 RhiExpected<std::unique_ptr<GpuDevice>> create_amdgpu_device(int ordinal) {
@@ -137,7 +163,9 @@ RhiExpected<std::unique_ptr<GpuDevice>> create_amdgpu_device(int ordinal) {
         fmt::format("no AMD GPU {}: the HIP runtime {} reports {} device(s)", ordinal, runtime->library, count)));
   if (auto s = hip::to_rhi(runtime, runtime->hipSetDevice(ordinal), "hipSetDevice", device); !s)
     return add_library(s.error());
-  return std::unique_ptr<GpuDevice>(new AmdgpuDevice(runtime, ordinal));
+  auto target = gfx_target(runtime, ordinal, device);
+  if (!target) return add_library(target.error());
+  return std::unique_ptr<GpuDevice>(new AmdgpuDevice(runtime, ordinal, std::move(*target)));
 }
 
 }  // namespace kiln

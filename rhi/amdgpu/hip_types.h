@@ -7,6 +7,8 @@
 
 #include <cstddef>
 
+#include "hip_device_properties.h"
+
 extern "C" {
 
 typedef int hipError_t;  // an enum in hip_runtime_api.h; an int has the same ABI

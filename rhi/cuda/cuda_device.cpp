@@ -18,8 +18,9 @@ constexpr DriverGpuDevice::EntryNames kEntryNames{"cuModuleLoadData", "cuModuleU
 /// DriverGpuDevice's.
 class CudaDevice final : public DriverGpuDevice {
  public:
-  CudaDevice(const CudaDriver *driver, CUdevice device, CUcontext context, int ordinal)
-      : DriverGpuDevice(fmt::format("cuda:{}", ordinal), kEntryNames),
+  CudaDevice(const CudaDriver *driver, CUdevice device, CUcontext context, int ordinal,
+             std::string code_target)
+      : DriverGpuDevice(fmt::format("cuda:{}", ordinal), kEntryNames, std::move(code_target)),
         driver_(driver),
         device_(device),
         context_(context) {}
@@ -112,6 +113,23 @@ RhiStatus CudaDevice::validate_image(std::span<const std::byte> image) {
   return {};
 }
 
+/// "sm_<major><minor>" from the device's compute capability (sm_90 for 9.0, sm_100 for 10.0).
+/// Errors: the driver's answer to cuDeviceGetAttribute, mapped by cuda::to_rhi.
+RhiExpected<std::string> sm_target(const CudaDriver *driver, CUdevice handle, const std::string &device) {
+  int major = 0, minor = 0;
+  KILN_RETURN_IF_ERROR(cuda::to_rhi(
+      driver, driver->cuDeviceGetAttribute(&major, cuda::kDeviceAttributeComputeCapabilityMajor, handle),
+      "cuDeviceGetAttribute", device));
+  KILN_RETURN_IF_ERROR(cuda::to_rhi(
+      driver, driver->cuDeviceGetAttribute(&minor, cuda::kDeviceAttributeComputeCapabilityMinor, handle),
+      "cuDeviceGetAttribute", device));
+  if (major <= 0 || minor < 0 || minor > 9)
+    return std::unexpected(make_failure(
+        RhiResult::not_supported, device, "cuDeviceGetAttribute",
+        fmt::format("the driver reports compute capability {}.{}, which is no SM version", major, minor)));
+  return fmt::format("sm_{}{}", major, minor);
+}
+
 }  // namespace
 
 RhiExpected<std::unique_ptr<GpuDevice>> create_cuda_device(int ordinal) {
@@ -132,12 +150,14 @@ RhiExpected<std::unique_ptr<GpuDevice>> create_cuda_device(int ordinal) {
   CUdevice handle = 0;
   if (auto s = cuda::to_rhi(driver, driver->cuDeviceGet(&handle, ordinal), "cuDeviceGet", device); !s)
     return add_library(s.error());
+  auto target = sm_target(driver, handle, device);
+  if (!target) return add_library(target.error());
   CUcontext context = nullptr;
   if (auto s = cuda::to_rhi(driver, driver->cuDevicePrimaryCtxRetain(&context, handle),
                             "cuDevicePrimaryCtxRetain", device);
       !s)
     return add_library(s.error());
-  return std::unique_ptr<GpuDevice>(new CudaDevice(driver, handle, context, ordinal));
+  return std::unique_ptr<GpuDevice>(new CudaDevice(driver, handle, context, ordinal, std::move(*target)));
 }
 
 }  // namespace kiln

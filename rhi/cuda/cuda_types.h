@@ -20,6 +20,11 @@ typedef struct CUstream_st *CUstream;
 
 namespace kiln::cuda {
 
+// CUdevice_attribute values kiln asks cuDeviceGetAttribute for (CUDA Driver API, enum
+// CUdevice_attribute_enum; an int has the enum's ABI).
+inline constexpr int kDeviceAttributeComputeCapabilityMajor = 75;
+inline constexpr int kDeviceAttributeComputeCapabilityMinor = 76;
+
 // CUresult values kiln names (CUDA Driver API, enum cudaError_enum).
 inline constexpr CUresult kSuccess = 0;
 inline constexpr CUresult kErrorInvalidValue = 1;

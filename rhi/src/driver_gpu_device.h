@@ -34,11 +34,14 @@ class DriverGpuDevice : public GpuDevice {
   RhiStatus launch_kernel(uint64_t module, const std::string &kernel, unsigned grid_x,
                           unsigned block_x, std::span<void *> params) final;
   RhiStatus synchronize() final;
+  [[nodiscard]] std::string_view code_target() const final { return code_target_; }
 
  protected:
   using Handle = void *;  ///< CUmodule / hipModule_t, CUfunction / hipFunction_t: all pointers
 
-  DriverGpuDevice(std::string name, EntryNames names) : GpuDevice(std::move(name)), names_(names) {}
+  /// `code_target`: the processor the driver reported ("sm_90", "gfx942"); see code_target().
+  DriverGpuDevice(std::string name, EntryNames names, std::string code_target)
+      : GpuDevice(std::move(name)), names_(names), code_target_(std::move(code_target)) {}
 
   /// Maps a driver answer with the backend's status function; device_lost marks the device lost.
   [[nodiscard]] RhiStatus check(int code, const char *site);
@@ -79,6 +82,7 @@ class DriverGpuDevice : public GpuDevice {
   [[nodiscard]] RhiExpected<Handle> function(uint64_t module, const std::string &kernel);
 
   EntryNames names_;
+  const std::string code_target_;
   const uint64_t fork_generation_ = fork_generation();  // the process the context belongs to
   std::mutex modules_mutex_;
   uint64_t next_module_ = 1;

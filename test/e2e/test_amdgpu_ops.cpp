@@ -57,7 +57,9 @@ TEST_CASE("every built code object (gfx942 and gfx1201 too) loads and runs the k
   for (const runtime::AmdgcnCodeObject &object : runtime::amdgcn_code_objects()) {
     INFO(object.target);
     FakeGpu &fake = fake_hip();
+    REQUIRE(fake.set_arch(std::string(object.target).c_str()) == 0);  // a device of that processor
     auto device = value_or_throw(create_amdgpu_device(0));
+    CHECK(device->code_target() == object.target);
     const uint64_t module = value_or_throw(device->load_module(std::as_bytes(object.image)));
     CHECK(device->unload_module(module));
     ops::SuiteOptions options = amdgpu_options(64_KiB);
@@ -233,5 +235,46 @@ TEST_CASE("after a lost HIP device a new executor recovers: the last user resets
   CHECK(value_or_throw(ex->reduce_sum(c)).f64 == 6.0);
   c = Ndarray();
   ex.reset();
+  CHECK(fake.held_bytes() == 0);
+}
+
+TEST_CASE("each AMD GPU gets the code object of its own gfx processor", "[amdgpu][e2e][target]") {
+  for (const char *gcn_arch : {"gfx90a:sramecc+:xnack-", "gfx942:sramecc+:xnack-", "gfx1100", "gfx1201"}) {
+    INFO(gcn_arch);
+    FakeGpu &fake = fake_hip();
+    REQUIRE(fake.set_arch(gcn_arch) == 0);
+    const std::string processor = std::string(gcn_arch).substr(0, std::string(gcn_arch).find(':'));
+    ExecutorConfig config;
+    config.backend = Backend::amdgpu;
+    auto ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+    CHECK(static_cast<GpuDevice &>(ex->device()).code_target() == processor);
+    CHECK(ex->program().target() == processor);
+    CHECK(fake.last_module_target() == processor);
+    auto x = value_or_throw(ex->ndarray(DataType::f64, std::vector<int64_t>{300}));
+    REQUIRE(ex->fill(x, Scalar::of(0.5)));
+    CHECK(value_or_throw(ex->reduce_sum(x)).f64 == 150.0);
+    REQUIRE(ex->free(x));
+  }
+}
+
+TEST_CASE("an AMD GPU kiln has no code object for is NotSupported naming it and the built targets",
+          "[amdgpu][e2e][target]") {
+  FakeGpu &fake = fake_hip();
+  REQUIRE(fake.set_arch("gfx906:sramecc+:xnack-") == 0);  // MI50: LLVM 19 has it, kiln builds none
+  ExecutorConfig config;
+  config.backend = Backend::amdgpu;
+  auto ex = LlvmRuntimeExecutor::create(config);
+  REQUIRE_FALSE(ex);
+  CHECK(classify(ex.error()) == ErrorKind::not_supported);
+  CHECK_THAT(ex.error().message(), Catch::Contains("gfx906") && Catch::Contains("gfx942"));
+  CHECK(fake.held_bytes() == 0);
+  CHECK(fake.call_count("hipModuleLoadData") == 0);  // refused before the runtime saw an image
+
+  // A program for another processor reaches the runtime, which refuses it.
+  REQUIRE(fake.set_arch("gfx1100") == 0);
+  auto wrong = LlvmRuntimeExecutor::create(config, value_or_throw(Program::shared(CodegenArch::amdgcn, "gfx942")));
+  REQUIRE_FALSE(wrong);
+  CHECK(classify(wrong.error()) == ErrorKind::not_supported);
+  CHECK(std::string(wrong.error().driver_status) == "hipErrorNoBinaryForGpu");
   CHECK(fake.held_bytes() == 0);
 }

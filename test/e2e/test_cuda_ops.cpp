@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "fake_gpu_handle.h"
+#include "kiln/rhi/gpu_device.h"
 #include "suite.h"
 #include "test_support.h"
 
@@ -225,5 +226,39 @@ TEST_CASE("recreate_executor releases a lost executor before making the new one"
   CHECK(value_or_throw(ex->reduce_sum(c)).f64 == 6.0);
   c = Ndarray();
   ex.reset();
+  CHECK(fake.held_bytes() == 0);
+}
+
+TEST_CASE("each CUDA device gets PTX for its own compute capability", "[cuda][e2e][target]") {
+  // {what the device reports, the .target kiln loads}: LLVM 19 writes up to sm_90, so a newer
+  // GPU gets sm_90 PTX, which its driver JIT-compiles.
+  const std::pair<const char *, const char *> cases[] = {
+      {"sm_80", "sm_80"}, {"sm_86", "sm_86"}, {"sm_90", "sm_90"}, {"sm_100", "sm_90"}};
+  for (const auto &[device_arch, loaded] : cases) {
+    INFO(device_arch);
+    FakeCuda &fake = fake_cuda();
+    REQUIRE(fake.set_arch(device_arch) == 0);
+    ExecutorConfig config;
+    config.backend = Backend::cuda;
+    auto ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+    CHECK(static_cast<GpuDevice &>(ex->device()).code_target() == device_arch);
+    CHECK(fake.last_module_target() == loaded);
+    auto x = value_or_throw(ex->ndarray(DataType::f32, std::vector<int64_t>{1000}));
+    REQUIRE(ex->fill(x, Scalar::of(2.5)));
+    CHECK(value_or_throw(ex->reduce_sum(x)).f64 == 2500.0);
+    REQUIRE(ex->free(x));
+  }
+}
+
+TEST_CASE("PTX for a newer GPU than the device is NotSupported from the driver, and holds nothing",
+          "[cuda][e2e][target]") {
+  FakeCuda &fake = fake_cuda();
+  REQUIRE(fake.set_arch("sm_80") == 0);
+  ExecutorConfig config;
+  config.backend = Backend::cuda;
+  auto ex = LlvmRuntimeExecutor::create(config, value_or_throw(Program::shared(CodegenArch::nvptx64, "sm_90")));
+  REQUIRE_FALSE(ex);
+  CHECK(classify(ex.error()) == ErrorKind::not_supported);
+  CHECK(std::string(ex.error().driver_status) == "CUDA_ERROR_NO_BINARY_FOR_GPU");
   CHECK(fake.held_bytes() == 0);
 }

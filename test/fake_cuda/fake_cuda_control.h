@@ -71,6 +71,16 @@ int kiln_fake_cuda_sticky_error(void);
 /// Number of kernel launches that ran (injected or refused launches not included).
 unsigned long long kiln_fake_cuda_launch_count(void);
 
+/// Makes the device report processor `arch`, "sm_<major><minor>" (sm_80, sm_90, sm_100), as
+/// KILN_FAKE_CUDA_ARCH does: cuDeviceGetAttribute answers its compute capability, and
+/// cuModuleLoadData refuses PTX for a newer SM version (CUDA_ERROR_NO_BINARY_FOR_GPU). Returns 0,
+/// or -1 for NULL or a malformed value.
+int kiln_fake_cuda_set_arch(const char *arch);
+
+/// The `.target` of the PTX module loaded last since the last reset ("sm_90"; "" before any):
+/// copied NUL-terminated into `target` (at most length - 1 characters); returns its length.
+size_t kiln_fake_cuda_last_module_target(char *target, size_t length);
+
 typedef void (*kiln_fake_cuda_reset_fn)(void);
 typedef void (*kiln_fake_cuda_set_capacity_bytes_fn)(size_t);
 typedef void (*kiln_fake_cuda_set_other_process_bytes_fn)(size_t);

@@ -7,6 +7,7 @@
 // only then does it do its work.
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -28,6 +29,7 @@ constexpr CUresult kNoDevice = 100;
 constexpr CUresult kInvalidDevice = 101;
 constexpr CUresult kInvalidImage = 200;
 constexpr CUresult kInvalidContext = 201;
+constexpr CUresult kNoBinaryForGpu = 209;
 constexpr CUresult kInvalidPtx = 218;
 constexpr CUresult kStubLibrary = 34;
 
@@ -95,6 +97,21 @@ bool has_current(const State &state) {
 
 void on_reset() { current_context() = nullptr; }
 
+/// The number of "sm_<digits>" with at least two digits (the last is the minor version), with an
+/// optional feature suffix "a" or "f"; 0 when `arch` is not of that form.
+int sm_number(std::string_view arch) {
+  if (!arch.starts_with("sm_")) return 0;
+  std::string_view digits = arch.substr(3);
+  if (!digits.empty() && (digits.back() == 'a' || digits.back() == 'f')) digits.remove_suffix(1);
+  int number = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), number);
+  if (digits.size() < 2 || digits.size() > 4 || ec != std::errc() || end != digits.data() + digits.size())
+    return 0;
+  return number >= 10 ? number : 0;
+}
+
+bool is_valid_arch(std::string_view arch) { return sm_number(arch) != 0; }
+
 constexpr Dialect kDialect{
     .title = "kiln fake CUDA driver",
     .env_prefix = "KILN_FAKE_CUDA_",
@@ -115,13 +132,16 @@ constexpr Dialect kDialect{
     .is_sticky = is_sticky,
     .has_current = has_current,
     .on_reset = on_reset,
+    .default_arch = "sm_80",
+    .is_valid_arch = is_valid_arch,
 };
 
-/// Collects the .entry names of NUL-terminated PTX text `image` and its size with the NUL.
-/// CUDA_ERROR_INVALID_IMAGE if it is not NUL-terminated text (or is a cubin), CUDA_ERROR_INVALID_PTX
-/// if it has no .version, .target or .entry.
-CUresult parse_ptx(const char *image, std::set<std::string, std::less<>> *entries,
-                   std::size_t *size_bytes) {
+/// Collects the .entry names and the .target of NUL-terminated PTX text `image` into `module`, and
+/// its size with the NUL. CUDA_ERROR_INVALID_IMAGE if it is not NUL-terminated text (or is a
+/// cubin), CUDA_ERROR_INVALID_PTX if it has no .version, .entry or .target sm_<digits>,
+/// CUDA_ERROR_NO_BINARY_FOR_GPU if its SM version is newer than the device's.
+CUresult parse_ptx(const char *image, const State &state, Module *module, std::size_t *size_bytes) {
+  std::set<std::string, std::less<>> *entries = &module->entries;
   const void *nul = std::memchr(image, '\0', kMaxImageBytes);
   if (nul == nullptr) return kInvalidImage;
   const std::string_view text(image, static_cast<const char *>(nul) - image);
@@ -142,6 +162,15 @@ CUresult parse_ptx(const char *image, std::set<std::string, std::less<>> *entrie
     if (end > begin) entries->emplace(text.substr(begin, end - begin));
   }
   if (entries->empty()) return kInvalidPtx;
+  // ".target sm_90": the driver JIT-compiles PTX for its device, never for a newer one.
+  const std::size_t target = text.find(".target");
+  std::size_t begin = target + 7;
+  while (begin < text.size() && (text[begin] == ' ' || text[begin] == '\t')) ++begin;
+  const std::size_t end = text.find_first_of(", \t\r\n", begin);
+  module->target = std::string(text.substr(begin, end == std::string_view::npos ? end : end - begin));
+  const int image_sm = sm_number(module->target);
+  if (image_sm == 0) return kInvalidPtx;
+  if (image_sm > sm_number(state.arch)) return kNoBinaryForGpu;
   *size_bytes = text.size() + 1;
   return kSuccess;
 }
@@ -220,6 +249,18 @@ KILN_FAKE_GPU_EXPORT CUresult cuDeviceGetName(char *name, int length, CUdevice d
   std::memcpy(name, text.data(), n);
   name[n] = '\0';
   return kSuccess;
+}
+
+KILN_FAKE_GPU_EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device) {
+  KILN_FAKE_BEGIN("cuDeviceGetAttribute", Needs::init);
+  if (value == nullptr) return kInvalidValue;
+  if (device != 0 || call.state->mode == Mode::nodevice) return kInvalidDevice;
+  const int sm = sm_number(call.state->arch);  // KILN_FAKE_CUDA_ARCH, checked when read
+  switch (attribute) {
+    case 75: *value = sm / 10; return kSuccess;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+    case 76: *value = sm % 10; return kSuccess;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
+    default: return kInvalidValue;               // the fake knows no other attribute
+  }
 }
 
 // --- contexts ------------------------------------------------------------------------------------
@@ -310,7 +351,7 @@ KILN_FAKE_GPU_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *ima
   if (module == nullptr || image == nullptr) return kInvalidValue;
   auto loaded = std::make_unique<Module>();
   std::size_t size_bytes = 0;
-  if (const CUresult parsed = parse_ptx(static_cast<const char *>(image), &loaded->entries, &size_bytes);
+  if (const CUresult parsed = parse_ptx(static_cast<const char *>(image), *call.state.state, loaded.get(), &size_bytes);
       parsed != kSuccess) {
     return parsed;
   }

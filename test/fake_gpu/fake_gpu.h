@@ -48,6 +48,10 @@ struct Dialect {
   bool (*has_current)(const State &state);
   /// Called with the lock held by kiln_fake_<api>_reset, after the state was reset.
   void (*on_reset)();
+  /// The processor the device reports unless KILN_FAKE_<API>_ARCH says otherwise ("sm_80",
+  /// "gfx90a"), and the check of such a value (set_arch and the environment refuse others).
+  const char *default_arch;
+  bool (*is_valid_arch)(std::string_view arch);
 };
 
 /// Defined by the API layer linked into the library.
@@ -86,6 +90,7 @@ struct Function {
 };
 struct Module {
   std::size_t charged_bytes = 0;
+  std::string target;  ///< the processor the image was built for ("sm_90", "gfx942")
   std::set<std::string, std::less<>> entries;  ///< the entry point names of the code image
   std::map<std::string, std::unique_ptr<Function>, std::less<>> functions;
 };
@@ -99,6 +104,7 @@ struct State {
   std::size_t other_index = 0;               ///< next script entry memory-info consumes
   std::size_t other_bytes = 0;               ///< the value last reported (what allocation sees)
   std::string config_error;  ///< a malformed variable: the init entry point fails
+  std::string arch;          ///< the processor the device reports (dialect().default_arch)
 
   // driver state
   bool initialized = false;
@@ -113,6 +119,7 @@ struct State {
   uint64_t oom_count = 0;
   uint64_t launch_count = 0;
   std::map<const Module *, std::unique_ptr<Module>> modules;
+  std::string last_module_target;  ///< the target of the module loaded last ("" before any)
   std::string pause_entry;  ///< the next call of this entry waits, holding the lock (a test hook)
   unsigned pause_ms = 0;    ///< for how long
 

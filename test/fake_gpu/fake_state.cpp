@@ -98,6 +98,11 @@ std::string read_environment(State &state) {
              "' is not <entry point>@<call number or *>=<result number or name>";
     }
   }
+  if (const EnvVar arch = env("ARCH"); !arch.value.empty()) {
+    if (!dialect().is_valid_arch(arch.value))
+      return arch.name + "='" + std::string(arch.value) + "' is not a processor this fake knows how to name";
+    state.arch = std::string(arch.value);
+  }
   if (const EnvVar mode = env("MODE"); !parse_mode(mode.value, &state.mode)) {
     return mode.name + "='" + std::string(mode.value) + "' is not normal, stub or nodevice";
   }
@@ -212,6 +217,7 @@ bool State::add_fault(std::string_view entry, uint64_t nth_call, int result) {
 void reset_state(State &state) {
   state.release_device_memory();
   state = State();
+  state.arch = dialect().default_arch;
   state.load_environment();
 }
 
@@ -336,6 +342,7 @@ int memset8(State &state, uint64_t dst, unsigned char value, std::size_t count) 
 int add_module(State &state, std::unique_ptr<Module> module, std::size_t size_bytes, Module **handle) {
   if (size_bytes > state.free_bytes()) return dialect().out_of_memory;  // code lives in device memory too
   module->charged_bytes = size_bytes;
+  state.last_module_target = module->target;
   state.module_bytes += size_bytes;
   *handle = module.get();
   state.modules.emplace(module.get(), std::move(module));

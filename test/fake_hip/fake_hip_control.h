@@ -32,6 +32,11 @@ int kiln_fake_hip_sticky_error(void);
 unsigned long long kiln_fake_hip_launch_count(void);
 int kiln_fake_hip_pause_in(const char *entry, unsigned hold_ms);
 int kiln_fake_hip_paused(void);
+/// The device's gcnArchName ("gfx942:sramecc+:xnack-"), as KILN_FAKE_HIP_ARCH; hipModuleLoadData
+/// refuses a code object for another gfx processor (hipErrorNoBinaryForGpu). -1 if malformed.
+int kiln_fake_hip_set_arch(const char *arch);
+/// The gfx processor of the code object loaded last ("gfx942"; "" before any); as CUDA's.
+size_t kiln_fake_hip_last_module_target(char *target, size_t length);
 
 #ifdef __cplusplus
 }  // extern "C"

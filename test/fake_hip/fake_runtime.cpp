@@ -23,6 +23,7 @@ constexpr hipError_t kInsufficientDriver = 35;
 constexpr hipError_t kNoDevice = 100;
 constexpr hipError_t kInvalidDevice = 101;
 constexpr hipError_t kInvalidImage = 200;
+constexpr hipError_t kNoBinaryForGpu = 209;
 
 constexpr int kRuntimeVersion = 60000000;  // what hipRuntimeGetVersion reports (HIP 6.0)
 constexpr uint64_t kMaxImageBytes = uint64_t{1} << 30;
@@ -77,6 +78,15 @@ bool is_sticky(int result) {
 bool has_current(const State &) { return true; }  // device 0 is current until hipSetDevice
 void on_reset() {}
 
+/// The processor of a gcnArchName, "gfx942" for "gfx942:sramecc+:xnack-".
+std::string_view processor(std::string_view arch) { return arch.substr(0, arch.find(':')); }
+
+bool is_valid_arch(std::string_view arch) {
+  const std::string_view gfx = processor(arch);
+  return arch.size() < hip::kGcnArchNameBytes && gfx.size() > 3 && gfx.starts_with("gfx") &&
+         gfx.find_first_not_of("0123456789abcdef", 3) == std::string_view::npos;
+}
+
 constexpr Dialect kDialect{
     .title = "kiln fake HIP runtime",
     .env_prefix = "KILN_FAKE_HIP_",
@@ -97,11 +107,13 @@ constexpr Dialect kDialect{
     .is_sticky = is_sticky,
     .has_current = has_current,
     .on_reset = on_reset,
+    .default_arch = "gfx90a:sramecc+:xnack-",
+    .is_valid_arch = is_valid_arch,
 };
 
 /// Reads an HSACO: hipErrorInvalidImage unless it is an ELF64 image for EM_AMDGPU that exports
 /// at least one function. Fills the module's entry points and the image size.
-hipError_t parse_hsaco(const void *image, Module *module, std::size_t *size_bytes) {
+hipError_t parse_hsaco(const void *image, const State &state, Module *module, std::size_t *size_bytes) {
   const uint64_t size = runtime::elf_image_size(image);
   if (size == 0 || size > kMaxImageBytes) return kInvalidImage;
   runtime::ElfImageInfo info;
@@ -111,6 +123,9 @@ hipError_t parse_hsaco(const void *image, Module *module, std::size_t *size_byte
     return kInvalidImage;
   }
   module->entries.insert(info.functions.begin(), info.functions.end());
+  // A code object runs only on the processor it was built for (no JIT between gfx processors).
+  module->target = std::string(runtime::amdgpu_processor(info.flags));
+  if (module->target != processor(state.arch)) return kNoBinaryForGpu;
   *size_bytes = size;
   return kSuccess;
 }
@@ -163,6 +178,20 @@ KILN_FAKE_GPU_EXPORT hipError_t hipGetDeviceCount(int *count) {
   if (count == nullptr) return kInvalidValue;
   *count = call.state->mode == Mode::nodevice ? 0 : 1;
   return call.state->mode == Mode::nodevice ? kNoDevice : kSuccess;
+}
+
+/// Fills the fields of a hipDeviceProp_t (the HIP 5 layout that the unversioned symbol keeps)
+/// that kiln reads: gcnArchName from KILN_FAKE_HIP_ARCH; the rest of the struct is zeroed.
+KILN_FAKE_GPU_EXPORT hipError_t hipGetDeviceProperties(void *properties, int ordinal) {
+  KILN_FAKE_BEGIN("hipGetDeviceProperties", Needs::init);
+  if (properties == nullptr) return kInvalidValue;
+  if (call.state->mode == Mode::nodevice || ordinal != 0) return kInvalidDevice;
+  constexpr std::size_t kHip5PropertiesBytes = 792;  // sizeof(hipDeviceProp_t) in HIP 5.2
+  auto *bytes = static_cast<char *>(properties);
+  std::memset(bytes, 0, kHip5PropertiesBytes);
+  const std::string &arch = call.state->arch;  // shorter than kGcnArchNameBytes: checked when set
+  std::memcpy(bytes + kiln::hip::kDevicePropertiesGcnArchNameOffset, arch.c_str(), arch.size() + 1);
+  return kSuccess;
 }
 
 KILN_FAKE_GPU_EXPORT hipError_t hipSetDevice(int ordinal) {
@@ -235,7 +264,8 @@ KILN_FAKE_GPU_EXPORT hipError_t hipModuleLoadData(hipModule_t *module, const voi
   if (module == nullptr || image == nullptr) return kInvalidValue;
   auto loaded = std::make_unique<Module>();
   std::size_t size_bytes = 0;
-  if (const hipError_t parsed = parse_hsaco(image, loaded.get(), &size_bytes); parsed != kSuccess) {
+  if (const hipError_t parsed = parse_hsaco(image, *call.state.state, loaded.get(), &size_bytes);
+      parsed != kSuccess) {
     return parsed;
   }
   Module *handle = nullptr;

@@ -20,6 +20,15 @@ struct FakeGpu {
   unsigned long long (*call_count)(const char *) = nullptr;
   size_t (*held_bytes)() = nullptr;
   int (*set_mode)(const char *) = nullptr;
+  int (*set_arch)(const char *) = nullptr;
+  size_t (*last_module_target_into)(char *, size_t) = nullptr;
+
+  /// The target of the module loaded last ("sm_90", "gfx942"; "" before any).
+  [[nodiscard]] std::string last_module_target() const {
+    char target[64] = {};
+    last_module_target_into(target, sizeof target);
+    return target;
+  }
 
   /// Points kiln at `library` through `env_var` (KILN_CUDA_DRIVER, KILN_HIP_RUNTIME), opens it
   /// and resolves <prefix>reset, ... ("kiln_fake_cuda_").
@@ -37,6 +46,8 @@ struct FakeGpu {
     get(f.call_count, "call_count");
     get(f.held_bytes, "held_bytes");
     get(f.set_mode, "set_mode");
+    get(f.set_arch, "set_arch");
+    get(f.last_module_target_into, "last_module_target");
     return f;
   }
 };

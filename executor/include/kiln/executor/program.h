@@ -28,14 +28,19 @@ enum class CodegenArch : uint8_t { host, nvptx64, amdgcn };
 /// ledger as code_object. Thread-safe.
 class Program {
  public:
-  /// Compiles the runtime module for `arch` (host: LLJIT; nvptx64: PTX for sm_80, which newer
-  /// GPUs JIT-compile) or picks its prebuilt code object (amdgcn: the HSACO built for `target`,
-  /// a gfx processor such as "gfx1030"; empty: the first of KILN_AMDGPU_TARGETS built,
-  /// gfx90a). `target` must be empty for host and nvptx64. Errors: not_supported (arch or
-  /// target without a code path in this build; the detail lists the targets built),
-  /// invalid_usage (a target for host or nvptx64), error (LLVM failed; the detail says how),
-  /// out_of_memory with oom_source host (the host has no room to compile: checked before LLVM
-  /// runs, and a std::bad_alloc or LLVM out-of-memory report while it runs).
+  /// Compiles the runtime module for `arch` and `target`, the processor it will run on:
+  ///   host: LLJIT for this CPU; `target` must be empty.
+  ///   nvptx64: PTX for an SM version, "sm_<digits>" (empty: sm_80). The PTX targets the newest
+  ///     SM version this LLVM knows that is not newer than `target` (sm_90 for sm_100), which
+  ///     the driver JIT-compiles for the device; see runtime::generate_ptx.
+  ///   amdgcn: the prebuilt HSACO for a gfx processor such as "gfx942" (a feature suffix,
+  ///     ":sramecc+:xnack-", is ignored; empty: the first of KILN_AMDGPU_TARGETS built, gfx90a).
+  /// The executor passes its device's GpuDevice::code_target(). Errors: not_supported (arch or
+  /// target without a code path in this build; the detail lists the gfx targets built),
+  /// invalid_usage (a target for host, or one that is not an SM version for nvptx64), error
+  /// (LLVM failed; the detail says how), out_of_memory with oom_source host (the host has no
+  /// room to compile: checked before LLVM runs, and a std::bad_alloc or LLVM out-of-memory
+  /// report while it runs).
   [[nodiscard]] static RhiExpected<std::shared_ptr<Program>> create(CodegenArch arch,
                                                                     std::string_view target = {});
   /// The process-wide Program for `arch` and `target`, made on first use. Errors: as create.
@@ -45,6 +50,9 @@ class Program {
   ~Program();
 
   [[nodiscard]] CodegenArch arch() const { return arch_; }
+  /// The processor the code is for: "sm_80" (the SM version requested, or sm_80), "gfx942";
+  /// empty for host.
+  [[nodiscard]] const std::string &target() const { return target_; }
   /// Host programs: the kernel "kiln_<op>_<dtype>". Errors: invalid_usage naming an unknown
   /// kernel, or not_supported for a GPU program (its kernels run on the device).
   [[nodiscard]] RhiExpected<KilnKernelFn> kernel(std::string_view name);
@@ -59,9 +67,10 @@ class Program {
  private:
   [[nodiscard]] static RhiExpected<std::shared_ptr<Program>> create_unguarded(CodegenArch arch,
                                                                               std::string_view target);
-  Program(CodegenArch arch, std::unique_ptr<runtime::CpuJit> jit, std::string image,
-          std::set<std::string, std::less<>> gpu_kernels);
+  Program(CodegenArch arch, std::string target, std::unique_ptr<runtime::CpuJit> jit,
+          std::string image, std::set<std::string, std::less<>> gpu_kernels);
   CodegenArch arch_;
+  std::string target_;
   std::unique_ptr<runtime::CpuJit> jit_;
   std::string image_;                  // GPU code image (PTX: NUL included)
   std::set<std::string, std::less<>> gpu_kernels_;  // "kiln_axpy_f32" for each "_gpu" entry

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "kiln/rhi/device.h"
 
@@ -15,6 +16,12 @@ namespace kiln {
 class GpuDevice : public LlvmDevice {
  public:
   [[nodiscard]] bool host_addressable() const final { return false; }
+
+  /// The processor this device runs code for, read from the driver when the device was made:
+  /// "sm_<major><minor>" from the CUDA compute capability ("sm_90" on an H100/H200), or the gfx
+  /// processor of HIP's gcnArchName without its feature suffix ("gfx942" for
+  /// "gfx942:sramecc+:xnack-"). The executor compiles or picks its code object for it.
+  [[nodiscard]] virtual std::string_view code_target() const = 0;
 
   /// Loads a code object; returns a module id. Errors: invalid_usage (not an image of this
   /// backend's kind: PTX text for CUDA, an AMDGPU ELF for HIP), error (the driver rejected the
