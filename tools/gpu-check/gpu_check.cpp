@@ -20,6 +20,7 @@
 
 #include "kiln/executor/errors.h"
 #include "kiln/executor/executor.h"
+#include "kiln/rhi/gpu_device.h"
 #include "suite.h"
 
 namespace {
@@ -175,8 +176,9 @@ int main(int argc, char **argv) {
       return 1;
     }
     const auto info = value_or_throw((*probe)->device().memory_info());
-    r.line("device: {} total {} free {}", (*probe)->device().name(), format_bytes(info.total_bytes),
-           format_bytes(info.free_bytes));
+    r.line("device: {} ({}, code for {}) total {} free {}", (*probe)->device().name(),
+           static_cast<GpuDevice &>((*probe)->device()).code_target(), (*probe)->program().target(),
+           format_bytes(info.total_bytes), format_bytes(info.free_bytes));
     probe->reset();
     ops_suite(r);
     seed_scenario(r, info.total_bytes);
