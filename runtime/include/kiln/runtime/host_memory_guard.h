@@ -15,10 +15,10 @@
 
 namespace kiln::runtime {
 
-/// Address space (bytes) kept free before LLVM compiles kiln's runtime module: its peak need
-/// was under 16 MiB when measured with LLVM 14 (under RLIMIT_AS: 4 MiB of room fails, 16 MiB
-/// works), doubled; not measured again for LLVM 19, whose compile passes the same [host_oom]
-/// tests (test/unit/test_lifecycle.cpp).
+/// Address space (bytes) kept free before LLVM compiles kiln's runtime module. Measured with
+/// LLVM 19 (CpuJit::create in a child under RLIMIT_AS = mapped + room, no check first): 6 MiB of
+/// room works, 4 MiB ends in SIGSEGV inside LLVM, which is why the room is checked before LLVM
+/// runs; 32 MiB is five times the need. Tested by [host_oom] in test/unit/test_lifecycle.cpp.
 inline constexpr uint64_t kJitHeadroomBytes = 32ull << 20;
 
 /// out_of_memory with oom_source host (Python: HostOutOfMemoryError) for `requested_bytes` of host
