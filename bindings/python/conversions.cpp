@@ -85,7 +85,10 @@ std::string wrong_scalar_detail(py::handle value, DataType dtype, const char *si
   raise_invalid_type(site, wrong_scalar_detail(value, dtype, site, needs));
 }
 
-/// A scalar for a floating `dtype` (not a bool, not an array of 1 or more dimensions).
+/// A scalar for a floating `dtype` (not a bool, not an array of 1 or more dimensions). An
+/// ordinary error raised by the value's __float__ (or __index__) becomes InvalidTypeError's
+/// __cause__; an OverflowError is InvalidUsageError (out of range); KeyboardInterrupt,
+/// SystemExit and MemoryError go on unchanged.
 Scalar real_scalar(py::handle value, DataType dtype, const char *site, bool is_array) {
   if (PyComplex_Check(value.ptr()) || py::isinstance(value, numpy_attr("complexfloating")) ||
       (is_array && py::reinterpret_borrow<py::array>(value).dtype().kind() == 'c'))
@@ -95,11 +98,12 @@ Scalar real_scalar(py::handle value, DataType dtype, const char *site, bool is_a
   Scalar s;
   s.f64 = PyFloat_AsDouble(value.ptr());
   if (s.f64 == -1.0 && PyErr_Occurred()) {
-    const bool overflow = PyErr_ExceptionMatches(PyExc_OverflowError);
-    PyErr_Clear();
-    if (!overflow) raise_wrong_scalar(value, dtype, site, "a real number");
-    raise_invalid_usage("kiln", site, fmt::format("{}: {} is out of {}'s range", site,
-                                                  std::string(py::repr(value)), to_string(dtype)));
+    py::error_already_set cause;  // fetches and clears the error __float__ or __index__ raised
+    if (passes_through(cause)) throw cause;
+    if (cause.matches(PyExc_OverflowError))
+      raise_invalid_usage("kiln", site, fmt::format("{}: {} is out of {}'s range", site,
+                                                    std::string(py::repr(value)), to_string(dtype)));
+    raise_invalid_type_from(cause, site, wrong_scalar_detail(value, dtype, site, "a real number"));
   }
   s.i64 = Scalar::of(s.f64).i64;
   return s;

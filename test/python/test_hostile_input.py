@@ -429,6 +429,42 @@ def test_an_index_that_raises_is_InvalidTypeError_with_the_error_as_cause(call):
     assert isinstance(info.value.__cause__, ValueError)
 
 
+class _RaisingFloat:
+    def __float__(self):
+        raise ValueError("no float today")
+
+
+@pytest.mark.parametrize("call", [
+    lambda: kiln.fill(kiln.ndarray(kiln.f32, 2), _RaisingFloat()),
+    lambda: kiln.fill(kiln.ndarray(kiln.f64, 2), _RaisingFloat()),
+    lambda: kiln.fill(kiln.ndarray(kiln.f32, 2), _RaisingIndex()),
+    lambda: kiln.axpy(_RaisingFloat(), kiln.ndarray(kiln.f32, 2), kiln.ndarray(kiln.f32, 2)),
+], ids=["fill-f32", "fill-f64", "fill-f32-index", "axpy-alpha"])
+def test_a_float_that_raises_is_InvalidTypeError_with_the_error_as_cause(call):
+    """A scalar for a floating dtype whose __float__ (or __index__) raises: InvalidTypeError, the
+    original error kept as __cause__ (as for __index__ in integer arguments)."""
+    kiln.init("cpu", num_threads=2)
+    with pytest.raises(kiln.InvalidTypeError) as info:
+        call()
+    assert "needs a real number" in str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit, MemoryError])
+@pytest.mark.parametrize("method", ["__float__", "__index__"])
+def test_a_float_that_raises_an_interrupt_or_MemoryError_passes_it_on(method, error):
+    """fill of a floating array reads its value with __float__ (or __index__): Ctrl-C, exit and
+    host out-of-memory raised there are not usage mistakes and reach the caller unchanged."""
+    def raise_error(self):
+        raise error()
+    raising = type("Raising", (), {method: raise_error})()
+    kiln.init("cpu", num_threads=2)
+    a = kiln.ndarray(kiln.f32, 2)
+    with pytest.raises(error) as info:
+        kiln.fill(a, raising)
+    assert not isinstance(info.value, kiln.Error)
+
+
 @pytest.mark.parametrize("call", [
     lambda a: kiln.ndarray(kiln.f32),
     lambda a: kiln.ndarray(kiln.f32, 3, 4),
