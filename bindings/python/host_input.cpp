@@ -16,13 +16,15 @@ namespace kiln::python {
 namespace {
 
 /// np.asarray(value) for an array-like that is not a numpy array. Errors: HostOutOfMemoryError,
-/// InvalidUsageError for anything numpy refuses.
+/// InvalidUsageError for anything numpy refuses; a KeyboardInterrupt or SystemExit raised by the
+/// value's own code (__array__, __len__, ...) goes on unchanged.
 py::array as_numpy(py::handle value, const char *site) {
   try {
     return py::module_::import("numpy").attr("asarray")(value);
   } catch (py::error_already_set &e) {
     if (e.matches(PyExc_MemoryError))
       raise_host_oom("host", site, 0, "converting the input to a numpy array");
+    if (!e.matches(PyExc_Exception)) throw;  // KeyboardInterrupt, SystemExit: not a usage mistake
     raise_invalid_usage("kiln", site,
                         fmt::format("{} needs a numpy array (f32, f64, i32 or i64), got {}: {}",
                                     site, type_name(value), e.what()));

@@ -465,6 +465,23 @@ def test_a_float_that_raises_an_interrupt_or_MemoryError_passes_it_on(method, er
     assert not isinstance(info.value, kiln.Error)
 
 
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("call", [
+    lambda x: kiln.from_numpy(x),
+    lambda x: kiln.axpy(1.0, x, kiln.ndarray(kiln.f32, 2)),
+], ids=["from_numpy", "axpy"])
+def test_an_array_like_that_raises_an_interrupt_passes_it_on(call, error):
+    """np.asarray of a host input runs user code (__array__): Ctrl-C and exit raised there reach
+    the caller, not as InvalidUsageError."""
+    class Raising:
+        def __array__(self, dtype=None, copy=None):
+            raise error()
+    kiln.init("cpu", num_threads=2)
+    with pytest.raises(error) as info:
+        call(Raising())
+    assert not isinstance(info.value, kiln.Error)
+
+
 @pytest.mark.parametrize("call", [
     lambda a: kiln.ndarray(kiln.f32),
     lambda a: kiln.ndarray(kiln.f32, 3, 4),
