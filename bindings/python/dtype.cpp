@@ -2,7 +2,8 @@
 // constructor that accepts only values that name a dtype and str(kiln.f32) == "f32".
 //
 // Threading: called with the GIL held. Errors: InvalidTypeError and InvalidUsageError for
-// constructor arguments (conversions.h, error_mapping.h).
+// constructor arguments (conversions.h, error_mapping.h), InvalidTypeError for a call that
+// matches no signature (signatures.h).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -10,10 +11,12 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "conversions.h"
 #include "error_mapping.h"
 #include "registration.h"
+#include "signatures.h"
 
 namespace kiln::python {
 namespace {
@@ -50,10 +53,17 @@ void register_dtype(py::module_ &m) {
       .def_property_readonly("numpy", [](DataType d) { return numpy_dtype(d); });
   // Replaces enum_'s __init__ and __setstate__, which take any int: kiln.dtype(4) would be a
   // dtype that names nothing. Accepts a kiln.dtype, its name ("f32") or its value (0..3).
-  for (const char *name : {"__init__", "__setstate__"}) {
-    dtype_enum.attr(name) = py::cpp_function(&construct_dtype, py::detail::is_new_style_constructor(),
-                                             py::name(name), py::is_method(dtype_enum),
-                                             py::arg("value"));
+  // Wrong arity or an unknown keyword: InvalidTypeError (a last overload, as for every kiln
+  // function), not pybind11's plain TypeError.
+  for (const auto &[name, call] : {std::pair{"__init__", "dtype"}, std::pair{"__setstate__", "dtype.__setstate__"}}) {
+    py::cpp_function construct(&construct_dtype, py::detail::is_new_style_constructor(),
+                               py::name(name), py::is_method(dtype_enum), py::arg("value"));
+    dtype_enum.attr(name) = py::cpp_function(
+        [call](py::detail::value_and_holder &, py::args args, py::kwargs kwargs) {
+          raise_signature_mismatch(call, "(value)", args, kwargs);
+        },
+        py::detail::is_new_style_constructor(), py::name(name), py::is_method(dtype_enum),
+        py::sibling(construct));
   }
   // Replaces enum_'s own __str__ ("dtype.f32"): str(kiln.f32) == "f32".
   dtype_enum.attr("__str__") = py::cpp_function([](DataType d) { return std::string(to_string(d)); },

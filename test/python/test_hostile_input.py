@@ -497,6 +497,9 @@ def test_an_array_like_that_raises_an_interrupt_passes_it_on(call, error):
     lambda a: kiln.add_oom_observer(),
     lambda a: a.free(1),
     lambda a: a.to_numpy(copy=True),
+    lambda a: kiln.dtype(),
+    lambda a: kiln.dtype(1, 2),
+    lambda a: kiln.dtype(value=1, bogus=2),
 ], ids=lambda f: None)
 def test_wrong_arity_or_an_unknown_keyword_is_InvalidTypeError(call):
     """pybind11's "incompatible function arguments" TypeError becomes kiln.InvalidTypeError."""
