@@ -35,6 +35,17 @@ void *view_address(const PyArray &a, const Ndarray &array) {
   return reinterpret_cast<void *>(check(array.device_address("buffer")));
 }
 
+/// The buffer-protocol format character of a kiln dtype ("f", "d", "i", "q").
+std::string format_char(DataType dtype) {
+  switch (dtype) {
+    case DataType::f32: return "f";
+    case DataType::f64: return "d";
+    case DataType::i32: return "i";
+    case DataType::i64: return "q";
+  }
+  return "B";
+}
+
 /// The buffer-protocol format of `dtype`, as a string that lives for the process.
 char *format_of(DataType dtype) {
   static const std::string formats[] = {format_char(DataType::f32), format_char(DataType::f64),

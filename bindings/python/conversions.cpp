@@ -1,5 +1,5 @@
 // Python values -> kiln values (see conversions.h): integers, byte counts, flags, strings,
-// dtypes, shapes and scalars; and numpy dtypes, format characters and category byte counts back.
+// dtypes, shapes and scalars; and numpy dtypes and category byte counts back.
 //
 // Errors are raised through error_mapping.h (InvalidTypeError for a wrong type, InvalidUsageError
 // for a wrong value). Threading: the GIL is held throughout.
@@ -19,6 +19,25 @@ namespace {
 py::object numpy_attr(const char *name) { return py::module_::import("numpy").attr(name); }
 
 bool is_numpy_bool(py::handle value) { return py::isinstance(value, numpy_attr("bool_")); }
+
+/// Whether a Python error raised by user code must go on unchanged rather than become a kiln
+/// error: KeyboardInterrupt, SystemExit (not an Exception) and MemoryError.
+bool passes_through(const py::error_already_set &error) {
+  return !error.matches(PyExc_Exception) || error.matches(PyExc_MemoryError);
+}
+
+/// operator.index(value), for a value is_integer() accepted. Errors: InvalidTypeError when the
+/// value's own __index__ raises an ordinary error (which becomes the new one's __cause__); a
+/// MemoryError, KeyboardInterrupt or SystemExit it raises goes on unchanged.
+py::int_ index_of(py::handle value, const char *site) {
+  py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(value.ptr()));
+  if (i) return i;
+  py::error_already_set cause;  // fetches and clears the error __index__ raised
+  if (passes_through(cause)) throw cause;
+  raise_invalid_type_from(cause, site,
+                          fmt::format("{}: {}.__index__() raised {}", site, type_name(value),
+                                      std::string(py::repr(cause.value()))));
+}
 
 /// `i` as a long long; `*fits` says whether it fits.
 long long to_long_long(const py::int_ &i, bool *fits) {
@@ -143,16 +162,6 @@ bool is_integer(py::handle value) {
   return PyIndex_Check(value.ptr()) && !PyBool_Check(value.ptr()) && !py::isinstance<DataType>(value);
 }
 
-py::int_ index_of(py::handle value, const char *site) {
-  py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(value.ptr()));
-  if (i) return i;
-  py::error_already_set cause;  // fetches and clears the error __index__ raised
-  if (passes_through(cause)) throw cause;
-  raise_invalid_type_from(cause, site,
-                          fmt::format("{}: {}.__index__() raised {}", site, type_name(value),
-                                      std::string(py::repr(cause.value()))));
-}
-
 uint64_t to_bytes(py::handle value, const char *name, const char *site) {
   if (!is_integer(value))
     raise_invalid_type(site, fmt::format("{}: {} must be a non-negative int, got {} {}", site, name,
@@ -229,16 +238,6 @@ py::dtype numpy_dtype(DataType dtype) {
     case DataType::i64: return py::dtype::of<int64_t>();
   }
   return py::dtype::of<double>();
-}
-
-std::string format_char(DataType dtype) {
-  switch (dtype) {
-    case DataType::f32: return "f";
-    case DataType::f64: return "d";
-    case DataType::i32: return "i";
-    case DataType::i64: return "q";
-  }
-  return "B";
 }
 
 py::dict category_bytes(const CategoryBytes &bytes) {

@@ -1,6 +1,6 @@
 // Python values -> kiln values: integers and byte counts, flags, strings, dtypes, shapes and
 // scalars, checked the way every kiln entry point checks them; and the few kiln values that go
-// back (numpy dtypes, buffer format characters, per-category byte counts).
+// back (numpy dtypes, per-category byte counts).
 //
 // Errors: a wrong type raises kiln.InvalidTypeError, a wrong value kiln.InvalidUsageError, both
 // built by error_mapping.h (an ordinary error raised by the value's own __index__ or __float__
@@ -28,11 +28,6 @@ namespace py = pybind11;
 /// Whether `value` is an integer kiln takes: anything with __index__ (int, numpy integers)
 /// except bool and kiln.dtype (an enum with __index__).
 [[nodiscard]] bool is_integer(py::handle value);
-
-/// operator.index(value), for a value is_integer() accepted. Errors: InvalidTypeError when the
-/// value's own __index__ raises an ordinary error (which becomes the new one's __cause__); a
-/// MemoryError, KeyboardInterrupt or SystemExit it raises goes on unchanged.
-py::int_ index_of(py::handle value, const char *site);
 
 /// `value` as a uint64 in [0, 2**63-1] (an int, numpy integer or other __index__ object).
 /// Errors: InvalidTypeError (not an integer, or a bool), InvalidUsageError (out of range).
@@ -68,9 +63,6 @@ Scalar to_scalar(py::handle value, DataType dtype, const char *site);
 
 /// The numpy dtype of a kiln dtype.
 py::dtype numpy_dtype(DataType dtype);
-
-/// The buffer-protocol format character of a kiln dtype ("f", "d", "i", "q").
-std::string format_char(DataType dtype);
 
 /// {"ndarray": bytes, ...}: one entry per memory category.
 py::dict category_bytes(const CategoryBytes &bytes);

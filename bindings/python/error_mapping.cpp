@@ -16,6 +16,7 @@
 #include <system_error>
 
 #include "conversions.h"
+#include "registration.h"
 #include "kiln/runtime/host_memory_guard.h"
 
 namespace kiln::python {
@@ -75,8 +76,7 @@ void set_error_object(const py::object &exc) {
   PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(exc.ptr())), exc.ptr());
 }
 
-}  // namespace
-
+/// Looks up the exception classes in kiln._errors (once, at import). Errors: ImportError.
 void load_error_classes() {
   py::module_ errors = py::module_::import("kiln._errors");
   for (ErrorKind kind : kAllErrorKinds) {
@@ -87,6 +87,9 @@ void load_error_classes() {
   g_recast = py::object(errors.attr("_recast")).release().ptr();
 }
 
+/// Installs the translator of C++ exceptions that reach Python from below the executor's guards:
+/// std::bad_alloc is HostOutOfMemoryError; std::future_error and std::system_error are
+/// RuntimeFaultError. Never a plain MemoryError or RuntimeError.
 void register_exception_translator() {
   py::register_exception_translator([](std::exception_ptr caught) {
     try {
@@ -99,6 +102,13 @@ void register_exception_translator() {
       set_python_error(runtime::failure_from_current_exception("host", "kiln"));
     }
   });
+}
+
+}  // namespace
+
+void register_error_mapping(py::module_ & /*m*/) {
+  load_error_classes();
+  register_exception_translator();
 }
 
 py::object make_exception(const Failure &unadvised) {
@@ -150,10 +160,6 @@ void set_python_error(const Failure &failure) {
   f.requested_bytes = size_bytes;
   f.driver_status = "MemoryError";
   raise_failure(f);
-}
-
-bool passes_through(const py::error_already_set &error) {
-  return !error.matches(PyExc_Exception) || error.matches(PyExc_MemoryError);
 }
 
 // ----------------------------------------------------------------------------------------------

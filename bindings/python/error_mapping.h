@@ -20,14 +20,6 @@ namespace kiln::python {
 
 namespace py = pybind11;
 
-/// Looks up the exception classes in kiln._errors (once, at import). Errors: ImportError.
-void load_error_classes();
-
-/// Installs the translator of C++ exceptions that reach Python from below the executor's guards:
-/// std::bad_alloc is HostOutOfMemoryError; std::future_error and std::system_error are
-/// RuntimeFaultError. Never a plain MemoryError or RuntimeError.
-void register_exception_translator();
-
 /// The exception object for `failure` (not raised): its class is the one of classify(failure),
 /// its message advises with the knobs a Python user sets (kiln.init(...)).
 py::object make_exception(const Failure &unadvised);
@@ -48,10 +40,6 @@ void set_python_error(const Failure &failure);
 /// A host allocation (numpy) failed: HostOutOfMemoryError instead of numpy's MemoryError.
 [[noreturn]] void raise_host_oom(const std::string &device, const char *site, uint64_t size_bytes,
                                  std::string detail);
-
-/// Whether a Python error raised by user code must go on unchanged rather than become a kiln
-/// error: KeyboardInterrupt, SystemExit (not an Exception) and MemoryError.
-[[nodiscard]] bool passes_through(const py::error_already_set &error);
 
 /// raise_invalid_type(site, detail) with `cause` (an ordinary error user code raised, e.g. in
 /// __index__ or __float__) as the raised error's __cause__.

@@ -165,15 +165,6 @@ void shutdown() {
 
 }  // namespace
 
-// Py_IsFinalizing is public from Python 3.13; older versions only have the private name.
-bool python_is_finalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing() != 0;
-#else
-  return _Py_IsFinalizing() != 0;
-#endif
-}
-
 CallGuard::CallGuard() {
   if (t_call_depth == 0) discard_stale_observer_interrupt();  // left by a call that threw past check()
   if (t_call_depth == 0 && g_closing.load(std::memory_order_acquire) &&
@@ -209,20 +200,19 @@ void forget_observer(uint64_t id) { std::erase(g_observer_ids, id); }
 std::vector<FaultBlock> &fault_blocks() { return g_fault_blocks; }
 
 void register_executor_state(py::module_ &m) {
-  m.def("init", &init, py::arg("arch") = "cpu", py::kw_only(), py::arg("budget_bytes") = py::none(),
-        py::arg("reserve_bytes") = py::none(), py::arg("live_check") = true,
-        py::arg("caching") = true, py::arg("device_heap_bytes") = py::none(),
-        py::arg("mock_capacity_bytes") = py::none(), py::arg("mock_other_process_bytes") = py::none(),
-        py::arg("num_threads") = py::none(), py::arg("fault_at") = py::none(),
-        py::arg("fail_sizes_at_least") = py::none(), guarded());
-  m.def("device", [] { return executor()->device().name(); }, guarded());
+  def_typed(m, "init",
+            "(arch='cpu', *, budget_bytes=None, reserve_bytes=None, live_check=True, "
+            "caching=True, device_heap_bytes=None, mock_capacity_bytes=None, "
+            "mock_other_process_bytes=None, num_threads=None, fault_at=None, "
+            "fail_sizes_at_least=None)",
+            &init, py::arg("arch") = "cpu", py::kw_only(), py::arg("budget_bytes") = py::none(),
+            py::arg("reserve_bytes") = py::none(), py::arg("live_check") = true,
+            py::arg("caching") = true, py::arg("device_heap_bytes") = py::none(),
+            py::arg("mock_capacity_bytes") = py::none(),
+            py::arg("mock_other_process_bytes") = py::none(), py::arg("num_threads") = py::none(),
+            py::arg("fault_at") = py::none(), py::arg("fail_sizes_at_least") = py::none(), guarded());
+  def_typed(m, "device", "()", [] { return executor()->device().name(); }, guarded());
   m.def("_shutdown", &shutdown);
-  typed_mismatch(m, "init",
-                 "(arch='cpu', *, budget_bytes=None, reserve_bytes=None, live_check=True, "
-                 "caching=True, device_heap_bytes=None, mock_capacity_bytes=None, "
-                 "mock_other_process_bytes=None, num_threads=None, fault_at=None, "
-                 "fail_sizes_at_least=None)");
-  typed_mismatch(m, "device", "()");
 }
 
 }  // namespace kiln::python

@@ -39,9 +39,6 @@ auto without_gil(Fn &&fn) -> decltype(fn()) {
   }
 }
 
-/// Whether the interpreter is shutting down (Py_IsFinalizing, public from Python 3.13).
-[[nodiscard]] bool python_is_finalizing();
-
 /// pybind11 call guard of every kiln function: counts the calls inside kiln, parks the threads
 /// that come in after kiln._shutdown (the exiting thread itself goes on).
 struct CallGuard {

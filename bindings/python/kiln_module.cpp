@@ -9,14 +9,12 @@
 // re-acquire the GIL (memory.cpp).
 #include <pybind11/pybind11.h>
 
-#include "error_mapping.h"
 #include "registration.h"
 
 PYBIND11_MODULE(_kiln, m) {
   using namespace kiln::python;
   m.doc() = "kiln native module; use the package `kiln`.";
-  load_error_classes();
-  register_exception_translator();
+  register_error_mapping(m);
   register_dtype(m);
   register_executor_state(m);
   register_ndarray(m);

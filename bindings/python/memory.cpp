@@ -23,6 +23,16 @@
 namespace kiln::python {
 namespace {
 
+/// Whether the interpreter is shutting down. Py_IsFinalizing is public from Python 3.13; older
+/// versions only have the private name.
+bool python_is_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
 py::dict memory_stats() {
   auto ex = executor();
   const runtime::MemoryStats s = ex->memory().stats();
@@ -111,18 +121,14 @@ bool remove_oom_observer(py::handle id_obj) {
 }  // namespace
 
 void register_memory(py::module_ &m) {
-  m.def("memory_stats", &memory_stats, guarded());
-  m.def("memory_summary", [] { return executor()->memory().summary(); }, guarded());
-  m.def("empty_cache", [] { return executor()->memory().release_cached(); }, guarded());
-  m.def("reset_peak_memory_stats", [] { executor()->memory().reset_peaks(); }, guarded());
-  m.def("add_oom_observer", &add_oom_observer, py::arg("callback"), guarded());
-  m.def("remove_oom_observer", &remove_oom_observer, py::arg("observer_id"), guarded());
-  typed_mismatch(m, "memory_stats", "()");
-  typed_mismatch(m, "memory_summary", "()");
-  typed_mismatch(m, "empty_cache", "()");
-  typed_mismatch(m, "reset_peak_memory_stats", "()");
-  typed_mismatch(m, "add_oom_observer", "(callback)");
-  typed_mismatch(m, "remove_oom_observer", "(observer_id)");
+  def_typed(m, "memory_stats", "()", &memory_stats, guarded());
+  def_typed(m, "memory_summary", "()", [] { return executor()->memory().summary(); }, guarded());
+  def_typed(m, "empty_cache", "()", [] { return executor()->memory().release_cached(); }, guarded());
+  def_typed(m, "reset_peak_memory_stats", "()", [] { executor()->memory().reset_peaks(); },
+            guarded());
+  def_typed(m, "add_oom_observer", "(callback)", &add_oom_observer, py::arg("callback"), guarded());
+  def_typed(m, "remove_oom_observer", "(observer_id)", &remove_oom_observer,
+            py::arg("observer_id"), guarded());
 }
 
 }  // namespace kiln::python

@@ -47,6 +47,17 @@ ForkRegistration g_busy_fork_registration(ForkHooks{nullptr, nullptr, [] {
   });
 }});
 
+/// The PyArray of `value`, or nullptr when it is not a kiln.ndarray or was made by
+/// kiln.ndarray.__new__ without __init__.
+PyArray *initialized_array(py::handle value) {
+  if (!py::isinstance<PyArray>(value)) return nullptr;
+  auto *inst = reinterpret_cast<py::detail::instance *>(value.ptr());
+  py::detail::value_and_holder v_h =
+      inst->get_value_and_holder(py::detail::get_type_info(typeid(PyArray)));
+  if (!v_h || !v_h.holder_constructed()) return nullptr;
+  return v_h.value_ptr<PyArray>();
+}
+
 PyArray make_ndarray(py::handle dtype, py::handle shape) {
   check_not_in_observer("ndarray");
   const DataType dt = to_dtype(dtype);
@@ -117,13 +128,11 @@ py::array to_numpy(py::handle self) {
 /// copy.copy / copy.deepcopy of a kiln.ndarray: a new array of the same dtype and shape on the
 /// current executor, filled by the copy kernel. Errors: those of ndarray() and copy().
 PyArray copy_array(py::handle self) {
-  check_not_in_observer("copy");
-  PyArray &src = as_array(self, "copy", "self");
-  const Ndarray &s = src.get("copy");
+  const Operand src = first_operand(self, "copy", "self");
   auto ex = executor();
-  check(ex->check_usable("copy", s));  // before the new array is allocated
-  PyArray out(check(ex->ndarray(s.dtype(), s.shape())), ex);
-  check(launch({&src}, [&] { return ex->copy(out.array, s); }));
+  check(ex->check_usable("copy", src.array));  // before the new array is allocated
+  PyArray out(check(ex->ndarray(src.array.dtype(), src.array.shape())), ex);
+  check(launch({&src.py}, [&] { return ex->copy(out.array, src.array); }));
   return out;
 }
 
@@ -234,15 +243,6 @@ BusyScope::~BusyScope() {
   }
 }
 
-PyArray *initialized_array(py::handle value) {
-  if (!py::isinstance<PyArray>(value)) return nullptr;
-  auto *inst = reinterpret_cast<py::detail::instance *>(value.ptr());
-  py::detail::value_and_holder v_h =
-      inst->get_value_and_holder(py::detail::get_type_info(typeid(PyArray)));
-  if (!v_h || !v_h.holder_constructed()) return nullptr;
-  return v_h.value_ptr<PyArray>();
-}
-
 PyArray &as_array(py::handle value, const char *site, const char *name) {
   if (!py::isinstance<PyArray>(value))
     raise_invalid_type(site, fmt::format("{}: {} must be a kiln.ndarray, got {}{}", site, name,
@@ -260,20 +260,34 @@ PyArray &as_array(py::handle value, const char *site, const char *name) {
   return *array;
 }
 
+Operand first_operand(py::handle value, const char *site, const char *name) {
+  check_not_in_observer(site);
+  PyArray &py = as_array(value, site, name);
+  return Operand{py, py.get(site)};
+}
+
+std::pair<Operand, Operand> first_operands(py::handle a, py::handle b, const char *site,
+                                           const char *name_a, const char *name_b) {
+  check_not_in_observer(site);
+  PyArray &py_a = as_array(a, site, name_a);
+  PyArray &py_b = as_array(b, site, name_b);
+  const Ndarray &array_a = py_a.get(site);
+  return {Operand{py_a, array_a}, Operand{py_b, py_b.get(site)}};
+}
+
 void register_ndarray(py::module_ &m) {
   py::class_<PyArray> cls(m, "ndarray", kNdarrayDoc, py::buffer_protocol());
   cls.def(py::init(&make_ndarray), py::arg("dtype"), py::arg("shape"), guarded());
   def_properties(cls);
   def_methods(cls);
   install_buffer_protocol(cls);
-  m.def("from_numpy", &from_numpy, py::arg("a"), guarded());
+  def_typed(m, "from_numpy", "(a)", &from_numpy, py::arg("a"), guarded());
   // Wrong arity or an unknown keyword: InvalidTypeError, not pybind11's plain TypeError.
   cls.def(py::init([](py::args args, py::kwargs kwargs) -> PyArray {
     raise_signature_mismatch("ndarray", "(dtype, shape)", args, kwargs);
   }));
   typed_method_mismatch(cls, "free", "()");
   typed_method_mismatch(cls, "to_numpy", "()");
-  typed_mismatch(m, "from_numpy", "(a)");
 }
 
 }  // namespace kiln::python

@@ -65,15 +65,28 @@ auto launch(std::initializer_list<PyArray *> arrays, Fn &&fn) {
   return without_gil(std::forward<Fn>(fn));
 }
 
-/// The PyArray of `value`, or nullptr when it is not a kiln.ndarray or was made by
-/// kiln.ndarray.__new__ without __init__.
-PyArray *initialized_array(py::handle value);
-
 /// `value` as a kiln.ndarray of `site`'s argument `name`. Errors: InvalidTypeError when it is
 /// not one (a numpy array, a list, ...); InvalidUsageError for an instance made by
 /// kiln.ndarray.__new__ without __init__ (its memory was never set: reading it would read
 /// stray heap). Every binding reaches a PyArray through here.
 PyArray &as_array(py::handle value, const char *site, const char *name);
+
+/// The first array argument of an operation and its handle.
+struct Operand {
+  PyArray &py;
+  const Ndarray &array;
+};
+
+/// The first array argument `name` of operation `site`, checked in the order every operation
+/// checks it: the call is refused inside an OOM observer (check_not_in_observer), then as_array,
+/// then PyArray::get. Errors: those three's.
+Operand first_operand(py::handle value, const char *site, const char *name);
+
+/// The first two array arguments `name_a`, `name_b` of operation `site`, checked as
+/// first_operand checks one, both types before either handle: check_not_in_observer,
+/// as_array(a), as_array(b), then their PyArray::get. Errors: those's.
+std::pair<Operand, Operand> first_operands(py::handle a, py::handle b, const char *site,
+                                           const char *name_a, const char *name_b);
 
 /// Installs the buffer protocol of kiln.ndarray (buffer_protocol.cpp) on its type.
 void install_buffer_protocol(py::handle ndarray_type);

@@ -25,22 +25,16 @@ namespace kiln::python {
 namespace {
 
 void fill(py::handle out_obj, py::handle value) {
-  check_not_in_observer("fill");
-  PyArray &out = as_array(out_obj, "fill", "out");
-  const Ndarray &o = out.get("fill");
-  const Scalar s = to_scalar(value, o.dtype(), "fill");
+  const Operand out = first_operand(out_obj, "fill", "out");
+  const Scalar s = to_scalar(value, out.array.dtype(), "fill");
   auto ex = executor();
-  check(launch({&out}, [&] { return ex->fill(o, s); }));
+  check(launch({&out.py}, [&] { return ex->fill(out.array, s); }));
 }
 
 void copy(py::handle dst_obj, py::handle src_obj) {
-  check_not_in_observer("copy");
-  PyArray &dst = as_array(dst_obj, "copy", "dst");
-  PyArray &src = as_array(src_obj, "copy", "src");
-  const Ndarray &d = dst.get("copy");
-  const Ndarray &s = src.get("copy");
+  const auto [dst, src] = first_operands(dst_obj, src_obj, "copy", "dst", "src");
   auto ex = executor();
-  check(launch({&dst, &src}, [&] { return ex->copy(d, s); }));
+  check(launch({&dst.py, &src.py}, [&] { return ex->copy(dst.array, src.array); }));
 }
 
 /// axpy with x in host memory: checked against y before any copy of it, then staged for the
@@ -61,70 +55,58 @@ void axpy_from_host(LlvmRuntimeExecutor &ex, const Scalar &a, py::handle x, PyAr
 }
 
 void axpy(py::handle alpha, py::handle x, py::handle y_obj) {
-  check_not_in_observer("axpy");
-  PyArray &y = as_array(y_obj, "axpy", "y");
-  const Ndarray &yy = y.get("axpy");
-  const Scalar a = to_scalar(alpha, yy.dtype(), "axpy");
+  const Operand y = first_operand(y_obj, "axpy", "y");
+  const Scalar a = to_scalar(alpha, y.array.dtype(), "axpy");
   auto ex = executor();
-  if (!py::isinstance<PyArray>(x)) return axpy_from_host(*ex, a, x, y, yy);
+  if (!py::isinstance<PyArray>(x)) return axpy_from_host(*ex, a, x, y.py, y.array);
   PyArray &xa = as_array(x, "axpy", "x");
   const Ndarray &xx = xa.get("axpy");
-  check(launch({&xa, &y}, [&] { return ex->axpy(a, xx, yy); }));
+  check(launch({&xa, &y.py}, [&] { return ex->axpy(a, xx, y.array); }));
 }
 
 py::object reduce_sum(py::handle x_obj) {
-  check_not_in_observer("reduce_sum");
-  PyArray &x = as_array(x_obj, "reduce_sum", "x");
-  const Ndarray &xx = x.get("reduce_sum");
+  const Operand x = first_operand(x_obj, "reduce_sum", "x");
   auto ex = executor();
-  const Scalar sum = check(launch({&x}, [&] { return ex->reduce_sum(xx); }));
-  if (is_floating(xx.dtype())) return py::float_(sum.f64);
+  const Scalar sum = check(launch({&x.py}, [&] { return ex->reduce_sum(x.array); }));
+  if (is_floating(x.array.dtype())) return py::float_(sum.f64);
   return py::int_(sum.i64);
 }
 
 py::object matmul(py::handle a_obj, py::handle b_obj, py::object out_obj) {
-  check_not_in_observer("matmul");
-  PyArray &a = as_array(a_obj, "matmul", "a");
-  PyArray &b = as_array(b_obj, "matmul", "b");
-  const Ndarray &aa = a.get("matmul");
-  const Ndarray &bb = b.get("matmul");
+  const auto [a, b] = first_operands(a_obj, b_obj, "matmul", "a", "b");
+  const Ndarray &aa = a.array;
+  const Ndarray &bb = b.array;
   auto ex = executor();
   // The whole call is checked before the output exists (validation before reservation).
   const std::array<int64_t, 2> shape = check(ex->matmul_output_shape(aa, bb));
   if (out_obj.is_none()) {
-    BusyScope operands({&a, &b});  // an OOM observer may not free them while out is allocated
+    BusyScope operands({&a.py, &b.py});  // an OOM observer may not free them while out is allocated
     out_obj = py::cast(PyArray(check(ex->ndarray(aa.dtype(), shape)), ex));
   }
   PyArray &c = as_array(out_obj, "matmul", "out");
   const Ndarray &cc = c.get("matmul");  // shape, dtype and aliasing are checked by the executor
-  check(launch({&a, &b, &c}, [&] { return ex->matmul(cc, aa, bb); }));
+  check(launch({&a.py, &b.py, &c}, [&] { return ex->matmul(cc, aa, bb); }));
   return out_obj;
 }
 
 PyArray compact_positive(py::handle x_obj) {
-  check_not_in_observer("compact_positive");
-  PyArray &x = as_array(x_obj, "compact_positive", "x");
-  const Ndarray &xx = x.get("compact_positive");
+  const Operand x = first_operand(x_obj, "compact_positive", "x");
   auto ex = executor();
-  Ndarray out = check(launch({&x}, [&] { return ex->compact_positive(xx); }));
+  Ndarray out = check(launch({&x.py}, [&] { return ex->compact_positive(x.array); }));
   return PyArray(std::move(out), ex);
 }
 
 }  // namespace
 
 void register_ops(py::module_ &m) {
-  m.def("fill", &fill, py::arg("out"), py::arg("value"), guarded());
-  m.def("copy", &copy, py::arg("dst"), py::arg("src"), guarded());
-  m.def("axpy", &axpy, py::arg("alpha"), py::arg("x"), py::arg("y"), guarded());
-  m.def("reduce_sum", &reduce_sum, py::arg("x"), guarded());
-  m.def("matmul", &matmul, py::arg("a"), py::arg("b"), py::arg("out") = py::none(), guarded());
-  m.def("compact_positive", &compact_positive, py::arg("x"), guarded());
-  typed_mismatch(m, "fill", "(out, value)");
-  typed_mismatch(m, "copy", "(dst, src)");
-  typed_mismatch(m, "axpy", "(alpha, x, y)");
-  typed_mismatch(m, "reduce_sum", "(x)");
-  typed_mismatch(m, "matmul", "(a, b, out=None)");
-  typed_mismatch(m, "compact_positive", "(x)");
+  def_typed(m, "fill", "(out, value)", &fill, py::arg("out"), py::arg("value"), guarded());
+  def_typed(m, "copy", "(dst, src)", &copy, py::arg("dst"), py::arg("src"), guarded());
+  def_typed(m, "axpy", "(alpha, x, y)", &axpy, py::arg("alpha"), py::arg("x"), py::arg("y"),
+            guarded());
+  def_typed(m, "reduce_sum", "(x)", &reduce_sum, py::arg("x"), guarded());
+  def_typed(m, "matmul", "(a, b, out=None)", &matmul, py::arg("a"), py::arg("b"),
+            py::arg("out") = py::none(), guarded());
+  def_typed(m, "compact_positive", "(x)", &compact_positive, py::arg("x"), guarded());
 }
 
 }  // namespace kiln::python

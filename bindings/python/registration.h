@@ -12,6 +12,9 @@ namespace kiln::python {
 
 namespace py = pybind11;
 
+/// Looks up kiln._errors' exception classes and installs the translator of stray C++ exceptions
+/// (error_mapping.cpp). First: every other part raises through them.
+void register_error_mapping(py::module_ &m);
 /// kiln.dtype and its values f32, f64, i32, i64 (dtype.cpp).
 void register_dtype(py::module_ &m);
 /// kiln.init, kiln.device, kiln._shutdown (executor_state.cpp).

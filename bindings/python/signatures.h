@@ -8,6 +8,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include <utility>
+
 namespace kiln::python {
 
 namespace py = pybind11;
@@ -21,6 +23,17 @@ namespace py = pybind11;
 /// and raises InvalidTypeError (raise_signature_mismatch; `name` and `parameters` are literals): pybind11 tries it only when the real
 /// one's arguments did not match, so the calls that match pay nothing.
 void typed_mismatch(py::module_ &scope, const char *name, const char *parameters);
+
+/// m.def(name, fn, extra...) followed by typed_mismatch(m, name, parameters): a function of the
+/// module and its InvalidTypeError overload, defined together.
+template <class Fn, class... Extra>
+void def_typed(py::module_ &m, const char *name, const char *parameters, Fn &&fn,
+               const Extra &...extra) {
+  m.def(name, std::forward<Fn>(fn), extra...);
+  typed_mismatch(m, name, parameters);
+}
+
+/// typed_mismatch for method `name` of class `cls`.
 template <class Class>
 void typed_method_mismatch(Class &cls, const char *name, const char *parameters) {
   cls.def(name, [name, parameters](py::handle, py::args args, py::kwargs kwargs) {
