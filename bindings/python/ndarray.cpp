@@ -1,5 +1,5 @@
-// kiln.ndarray (see ndarray.h): PyArray, busy marks and their fork hook, as_array, the class's
-// registration, free, copies, and from/to numpy.
+// kiln.ndarray (see ndarray.h): PyArray, busy marks and their fork hook, as_array and the operand
+// checks, the class's registration, free, copies, and from/to numpy.
 //
 // Threading: the GIL is held except inside launch() (GIL released, arrays marked busy) and in
 // BusyScope's destructor (the busy list has its own mutex). Errors: usage mistakes are raised by

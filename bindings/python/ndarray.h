@@ -1,5 +1,6 @@
-// kiln.ndarray: PyArray (the one Ndarray handle of a Python array), the busy marks that keep an
-// array from being freed while a launch uses it without the GIL, and launch().
+// kiln.ndarray: PyArray (the one Ndarray handle of a Python array), as_array and the operand
+// checks every operation starts with, the busy marks that keep an array from being freed while a
+// launch uses it without the GIL, and launch().
 //
 // Threading: a PyArray is touched with the GIL held, except its busy count, which BusyScope
 // changes under a mutex (a thread unwinding at exit may drop its marks without the GIL); launch()
