@@ -429,6 +429,59 @@ def test_an_index_that_raises_is_InvalidTypeError_with_the_error_as_cause(call):
     assert isinstance(info.value.__cause__, ValueError)
 
 
+class _RaisingFloat:
+    def __float__(self):
+        raise ValueError("no float today")
+
+
+@pytest.mark.parametrize("call", [
+    lambda: kiln.fill(kiln.ndarray(kiln.f32, 2), _RaisingFloat()),
+    lambda: kiln.fill(kiln.ndarray(kiln.f64, 2), _RaisingFloat()),
+    lambda: kiln.fill(kiln.ndarray(kiln.f32, 2), _RaisingIndex()),
+    lambda: kiln.axpy(_RaisingFloat(), kiln.ndarray(kiln.f32, 2), kiln.ndarray(kiln.f32, 2)),
+], ids=["fill-f32", "fill-f64", "fill-f32-index", "axpy-alpha"])
+def test_a_float_that_raises_is_InvalidTypeError_with_the_error_as_cause(call):
+    """A scalar for a floating dtype whose __float__ (or __index__) raises: InvalidTypeError, the
+    original error kept as __cause__ (as for __index__ in integer arguments)."""
+    kiln.init("cpu", num_threads=2)
+    with pytest.raises(kiln.InvalidTypeError) as info:
+        call()
+    assert "needs a real number" in str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit, MemoryError])
+@pytest.mark.parametrize("method", ["__float__", "__index__"])
+def test_a_float_that_raises_an_interrupt_or_MemoryError_passes_it_on(method, error):
+    """fill of a floating array reads its value with __float__ (or __index__): Ctrl-C, exit and
+    host out-of-memory raised there are not usage mistakes and reach the caller unchanged."""
+    def raise_error(self):
+        raise error()
+    raising = type("Raising", (), {method: raise_error})()
+    kiln.init("cpu", num_threads=2)
+    a = kiln.ndarray(kiln.f32, 2)
+    with pytest.raises(error) as info:
+        kiln.fill(a, raising)
+    assert not isinstance(info.value, kiln.Error)
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("call", [
+    lambda x: kiln.from_numpy(x),
+    lambda x: kiln.axpy(1.0, x, kiln.ndarray(kiln.f32, 2)),
+], ids=["from_numpy", "axpy"])
+def test_an_array_like_that_raises_an_interrupt_passes_it_on(call, error):
+    """np.asarray of a host input runs user code (__array__): Ctrl-C and exit raised there reach
+    the caller, not as InvalidUsageError."""
+    class Raising:
+        def __array__(self, dtype=None, copy=None):
+            raise error()
+    kiln.init("cpu", num_threads=2)
+    with pytest.raises(error) as info:
+        call(Raising())
+    assert not isinstance(info.value, kiln.Error)
+
+
 @pytest.mark.parametrize("call", [
     lambda a: kiln.ndarray(kiln.f32),
     lambda a: kiln.ndarray(kiln.f32, 3, 4),
@@ -444,6 +497,9 @@ def test_an_index_that_raises_is_InvalidTypeError_with_the_error_as_cause(call):
     lambda a: kiln.add_oom_observer(),
     lambda a: a.free(1),
     lambda a: a.to_numpy(copy=True),
+    lambda a: kiln.dtype(),
+    lambda a: kiln.dtype(1, 2),
+    lambda a: kiln.dtype(value=1, bogus=2),
 ], ids=lambda f: None)
 def test_wrong_arity_or_an_unknown_keyword_is_InvalidTypeError(call):
     """pybind11's "incompatible function arguments" TypeError becomes kiln.InvalidTypeError."""

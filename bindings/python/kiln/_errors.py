@@ -1,7 +1,7 @@
 """The named errors of kiln as Python exceptions.
 
 One class per C++ ``kiln::ErrorKind`` (executor/errors.h); the extension module maps each failure
-to exactly one of them (bindings/python/kiln_module.cpp, the only place that does). Hierarchy::
+to exactly one of them (bindings/python/error_mapping.cpp, the only place that does). Hierarchy::
 
     Error(Exception)
     +-- OutOfMemoryError(Error, MemoryError)

@@ -1,0 +1,250 @@
+// Python values -> kiln values (see conversions.h): integers, byte counts, flags, strings,
+// dtypes, shapes and scalars; and numpy dtypes and category byte counts back.
+//
+// Errors are raised through error_mapping.h (InvalidTypeError for a wrong type, InvalidUsageError
+// for a wrong value). Threading: the GIL is held throughout.
+#include "conversions.h"
+
+#include <fmt/format.h>
+
+#include <climits>
+#include <string_view>
+
+#include "error_mapping.h"
+
+namespace kiln::python {
+namespace {
+
+/// numpy.<name> (numpy.bool_, numpy.complexfloating).
+py::object numpy_attr(const char *name) { return py::module_::import("numpy").attr(name); }
+
+bool is_numpy_bool(py::handle value) { return py::isinstance(value, numpy_attr("bool_")); }
+
+/// Whether a Python error raised by user code must go on unchanged rather than become a kiln
+/// error: KeyboardInterrupt, SystemExit (not an Exception) and MemoryError.
+bool passes_through(const py::error_already_set &error) {
+  return !error.matches(PyExc_Exception) || error.matches(PyExc_MemoryError);
+}
+
+/// operator.index(value), for a value is_integer() accepted. Errors: InvalidTypeError when the
+/// value's own __index__ raises an ordinary error (which becomes the new one's __cause__); a
+/// MemoryError, KeyboardInterrupt or SystemExit it raises goes on unchanged.
+py::int_ index_of(py::handle value, const char *site) {
+  py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(value.ptr()));
+  if (i) return i;
+  py::error_already_set cause;  // fetches and clears the error __index__ raised
+  if (passes_through(cause)) throw cause;
+  raise_invalid_type_from(cause, site,
+                          fmt::format("{}: {}.__index__() raised {}", site, type_name(value),
+                                      std::string(py::repr(cause.value()))));
+}
+
+/// `i` as a long long; `*fits` says whether it fits.
+long long to_long_long(const py::int_ &i, bool *fits) {
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  *fits = overflow == 0;
+  return v;
+}
+
+[[noreturn]] void raise_wrong_shape_type(py::handle shape) {
+  raise_invalid_type("ndarray", fmt::format("ndarray: shape must be an int or a sequence of ints, "
+                                            "got {} {}",
+                                            type_name(shape), std::string(py::repr(shape))));
+}
+
+/// One dimension `d` of `shape`. Errors: InvalidTypeError (not an integer), InvalidUsageError
+/// (beyond int64).
+int64_t dimension_of(py::handle d, py::handle shape) {
+  if (!is_integer(d)) raise_wrong_shape_type(shape);
+  py::int_ i = index_of(d, "ndarray");
+  bool fits = false;
+  const long long v = to_long_long(i, &fits);
+  if (!fits)
+    raise_invalid_usage("kiln", "ndarray",
+                        fmt::format("dimension {} of shape {} does not fit in 64 bits",
+                                    std::string(py::str(i)), std::string(py::repr(shape))));
+  return v;
+}
+
+/// The dimensions of a shape argument, not checked against kMaxDimensions yet.
+std::vector<int64_t> dimensions_of(py::handle value) {
+  std::vector<int64_t> shape;
+  const auto each = [&] {
+    for (py::handle d : value) shape.push_back(dimension_of(d, value));
+  };
+  if (py::isinstance<py::array>(value)) {
+    const auto arr = py::reinterpret_borrow<py::array>(value);
+    if (arr.ndim() > 1 || (arr.size() != 0 && arr.dtype().kind() != 'i' && arr.dtype().kind() != 'u'))
+      raise_wrong_shape_type(value);
+    if (arr.ndim() == 0) {
+      shape.push_back(dimension_of(value, value));
+    } else {
+      each();
+    }
+  } else if (is_integer(value)) {
+    shape.push_back(dimension_of(value, value));
+  } else if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+    each();
+  } else {
+    raise_wrong_shape_type(value);  // bytes, str, None, floats, dicts, generators, ...
+  }
+  return shape;
+}
+
+/// "fill: f32 needs a real number, got str 'x'": the detail of a scalar of the wrong type.
+std::string wrong_scalar_detail(py::handle value, DataType dtype, const char *site,
+                                std::string_view needs) {
+  return fmt::format("{}: {} needs {}, got {} {}", site, to_string(dtype), needs, type_name(value),
+                     std::string(py::repr(value)));
+}
+
+[[noreturn]] void raise_wrong_scalar(py::handle value, DataType dtype, const char *site,
+                                     std::string_view needs) {
+  raise_invalid_type(site, wrong_scalar_detail(value, dtype, site, needs));
+}
+
+/// A scalar for a floating `dtype` (not a bool, not an array of 1 or more dimensions). An
+/// ordinary error raised by the value's __float__ (or __index__) becomes InvalidTypeError's
+/// __cause__; an OverflowError is InvalidUsageError (out of range); KeyboardInterrupt,
+/// SystemExit and MemoryError go on unchanged.
+Scalar real_scalar(py::handle value, DataType dtype, const char *site, bool is_array) {
+  if (PyComplex_Check(value.ptr()) || py::isinstance(value, numpy_attr("complexfloating")) ||
+      (is_array && py::reinterpret_borrow<py::array>(value).dtype().kind() == 'c'))
+    raise_wrong_scalar(value, dtype, site, "a real number");
+  if (!PyFloat_Check(value.ptr()) && !PyIndex_Check(value.ptr()) && !PyNumber_Check(value.ptr()))
+    raise_wrong_scalar(value, dtype, site, "a real number");
+  Scalar s;
+  s.f64 = PyFloat_AsDouble(value.ptr());
+  if (s.f64 == -1.0 && PyErr_Occurred()) {
+    py::error_already_set cause;  // fetches and clears the error __float__ or __index__ raised
+    if (passes_through(cause)) throw cause;
+    if (cause.matches(PyExc_OverflowError))
+      raise_invalid_usage("kiln", site, fmt::format("{}: {} is out of {}'s range", site,
+                                                    std::string(py::repr(value)), to_string(dtype)));
+    raise_invalid_type_from(cause, site, wrong_scalar_detail(value, dtype, site, "a real number"));
+  }
+  s.i64 = Scalar::of(s.f64).i64;
+  return s;
+}
+
+/// A scalar for an integer `dtype`, within its range.
+Scalar integer_scalar(py::handle value, DataType dtype, const char *site) {
+  if (!is_integer(value)) raise_wrong_scalar(value, dtype, site, "an int");
+  py::int_ i = index_of(value, site);
+  bool fits = false;
+  const long long v = to_long_long(i, &fits);
+  fits = fits && (dtype == DataType::i64 || (v >= INT32_MIN && v <= INT32_MAX));
+  if (!fits)
+    raise_invalid_usage("kiln", site, fmt::format("{}: {} does not fit in {}", site,
+                                                  std::string(py::str(i)), to_string(dtype)));
+  Scalar s;
+  s.i64 = v;
+  s.f64 = static_cast<double>(v);
+  return s;
+}
+
+}  // namespace
+
+std::string type_name(py::handle value) {
+  py::handle type = py::type::handle_of(value);
+  const std::string module = py::str(type.attr("__module__"));
+  const std::string name = py::str(type.attr("__qualname__"));
+  return module == "builtins" ? name : module + "." + name;
+}
+
+bool is_integer(py::handle value) {
+  if (py::isinstance<py::array>(value)) {  // numpy arrays have __index__, only 0-d integer ones work
+    const auto arr = py::reinterpret_borrow<py::array>(value);
+    return arr.ndim() == 0 && (arr.dtype().kind() == 'i' || arr.dtype().kind() == 'u');
+  }
+  if (is_numpy_bool(value)) return false;
+  return PyIndex_Check(value.ptr()) && !PyBool_Check(value.ptr()) && !py::isinstance<DataType>(value);
+}
+
+uint64_t to_bytes(py::handle value, const char *name, const char *site) {
+  if (!is_integer(value))
+    raise_invalid_type(site, fmt::format("{}: {} must be a non-negative int, got {} {}", site, name,
+                                         type_name(value), std::string(py::repr(value))));
+  py::int_ i = index_of(value, site);
+  bool fits = false;
+  const long long v = to_long_long(i, &fits);
+  if (!fits || v < 0)
+    raise_invalid_usage("kiln", site,
+                        fmt::format("{}: {} must be between 0 and 2**63-1, got {}", site, name,
+                                    std::string(py::str(i))));
+  return static_cast<uint64_t>(v);
+}
+
+std::optional<uint64_t> to_optional_bytes(const py::object &value, const char *name) {
+  if (value.is_none()) return std::nullopt;
+  return to_bytes(value, name);
+}
+
+bool to_flag(py::handle value, const char *name, const char *site) {
+  if (PyBool_Check(value.ptr())) return value.ptr() == Py_True;
+  if (is_numpy_bool(value)) return PyObject_IsTrue(value.ptr()) == 1;
+  raise_invalid_type(site, fmt::format("{}: {} must be True or False, got {} {}", site, name,
+                                       type_name(value), std::string(py::repr(value))));
+}
+
+std::string to_text(py::handle value, const char *name, const char *site) {
+  if (!py::isinstance<py::str>(value))
+    raise_invalid_type(site, fmt::format("{}: {} must be a str, got {} {}", site, name,
+                                         type_name(value), std::string(py::repr(value))));
+  return value.cast<std::string>();
+}
+
+DataType to_dtype(py::handle value, const char *site) {
+  if (py::isinstance<DataType>(value)) {
+    const DataType d = value.cast<DataType>();
+    if (!is_valid(d))
+      raise_invalid_usage("kiln", site,
+                          fmt::format("{}: kiln.dtype value {} is not a kiln dtype (f32, f64, "
+                                      "i32, i64)",
+                                      site, static_cast<int>(d)));
+    return d;
+  }
+  if (py::isinstance<py::str>(value)) return check(parse_dtype(value.cast<std::string>()));
+  raise_invalid_type(site, fmt::format("{}: dtype must be kiln.f32, f64, i32 or i64, got {} {}",
+                                       site, type_name(value), std::string(py::repr(value))));
+}
+
+std::vector<int64_t> to_shape(py::handle value) {
+  std::vector<int64_t> shape = dimensions_of(value);
+  if (shape.size() > kMaxDimensions)  // before anything is allocated or formatted per dimension
+    raise_invalid_usage("kiln", "ndarray",
+                        fmt::format("ndarray: shape has {} dimensions; kiln arrays have at most {} "
+                                    "(numpy's limit)",
+                                    shape.size(), kMaxDimensions));
+  return shape;
+}
+
+Scalar to_scalar(py::handle value, DataType dtype, const char *site) {
+  const bool is_array = py::isinstance<py::array>(value);
+  if (is_array && py::reinterpret_borrow<py::array>(value).ndim() != 0)
+    raise_wrong_scalar(value, dtype, site, "a scalar");
+  if (PyBool_Check(value.ptr()) || is_numpy_bool(value))
+    raise_wrong_scalar(value, dtype, site, "a number, not a bool");
+  if (is_floating(dtype)) return real_scalar(value, dtype, site, is_array);
+  return integer_scalar(value, dtype, site);
+}
+
+py::dtype numpy_dtype(DataType dtype) {
+  switch (dtype) {
+    case DataType::f32: return py::dtype::of<float>();
+    case DataType::f64: return py::dtype::of<double>();
+    case DataType::i32: return py::dtype::of<int32_t>();
+    case DataType::i64: return py::dtype::of<int64_t>();
+  }
+  return py::dtype::of<double>();
+}
+
+py::dict category_bytes(const CategoryBytes &bytes) {
+  py::dict out;
+  for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
+    out[py::str(std::string(to_string(static_cast<MemoryCategory>(i))))] = bytes[i];
+  return out;
+}
+
+}  // namespace kiln::python

@@ -1,0 +1,73 @@
+// kiln.dtype: the enum of element types (f32, f64, i32, i64, exported into the module), with a
+// constructor that accepts only values that name a dtype and str(kiln.f32) == "f32".
+//
+// Threading: called with the GIL held. Errors: InvalidTypeError and InvalidUsageError for
+// constructor arguments (conversions.h, error_mapping.h), InvalidTypeError for a call that
+// matches no signature (signatures.h).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "conversions.h"
+#include "error_mapping.h"
+#include "registration.h"
+#include "signatures.h"
+
+namespace kiln::python {
+namespace {
+
+/// kiln.dtype(value): a kiln.dtype, its name ("f32") or its value (0..3). Errors:
+/// InvalidTypeError (other types), InvalidUsageError (a name or value that is no dtype).
+void construct_dtype(py::detail::value_and_holder &v_h, py::handle value) {
+  DataType d{};
+  if (is_integer(value)) {
+    const uint64_t v = to_bytes(value, "value", "dtype");
+    d = static_cast<DataType>(std::min<uint64_t>(v, 255));
+  } else {
+    d = to_dtype(value, "dtype");
+  }
+  if (!is_valid(d))
+    raise_invalid_usage("kiln", "dtype",
+                        fmt::format("kiln.dtype({}): not a kiln dtype; the values are 0 "
+                                    "(f32), 1 (f64), 2 (i32) and 3 (i64)",
+                                    std::string(py::repr(value))));
+  py::detail::initimpl::setstate<py::class_<DataType>>(v_h, std::move(d), Py_TYPE(v_h.inst) != v_h.type->type);
+}
+
+}  // namespace
+
+void register_dtype(py::module_ &m) {
+  py::enum_<DataType> dtype_enum(m, "dtype", "Element type of a kiln.ndarray.");
+  dtype_enum
+      .value("f32", DataType::f32)
+      .value("f64", DataType::f64)
+      .value("i32", DataType::i32)
+      .value("i64", DataType::i64)
+      .export_values()
+      .def_property_readonly("itemsize", [](DataType d) { return itemsize(d); })
+      .def_property_readonly("numpy", [](DataType d) { return numpy_dtype(d); });
+  // Replaces enum_'s __init__ and __setstate__, which take any int: kiln.dtype(4) would be a
+  // dtype that names nothing. Accepts a kiln.dtype, its name ("f32") or its value (0..3).
+  // Wrong arity or an unknown keyword: InvalidTypeError (a last overload, as for every kiln
+  // function), not pybind11's plain TypeError.
+  for (const auto &[name, call] : {std::pair{"__init__", "dtype"}, std::pair{"__setstate__", "dtype.__setstate__"}}) {
+    py::cpp_function construct(&construct_dtype, py::detail::is_new_style_constructor(),
+                               py::name(name), py::is_method(dtype_enum), py::arg("value"));
+    dtype_enum.attr(name) = py::cpp_function(
+        [call](py::detail::value_and_holder &, py::args args, py::kwargs kwargs) {
+          raise_signature_mismatch(call, "(value)", args, kwargs);
+        },
+        py::detail::is_new_style_constructor(), py::name(name), py::is_method(dtype_enum),
+        py::sibling(construct));
+  }
+  // Replaces enum_'s own __str__ ("dtype.f32"): str(kiln.f32) == "f32".
+  dtype_enum.attr("__str__") = py::cpp_function([](DataType d) { return std::string(to_string(d)); },
+                                                py::is_method(dtype_enum));
+}
+
+}  // namespace kiln::python

@@ -1,0 +1,189 @@
+// Failure -> Python exception: the ONLY place a named error becomes a Python exception.
+//
+// make_exception() classifies the Failure with kiln::classify and builds the class of that
+// ErrorKind, defined in kiln/_errors.py; messages are never parsed. Also here: the translator of
+// stray C++ exceptions and the per-thread stash of an OOM observer's KeyboardInterrupt/SystemExit.
+//
+// Threading: everything here runs with the GIL held (the exception classes are looked up once,
+// at import, and kept for the life of the process).
+#include "error_mapping.h"
+
+#include <pybind11/stl.h>
+
+#include <array>
+#include <future>
+#include <new>
+#include <system_error>
+
+#include "conversions.h"
+#include "registration.h"
+#include "kiln/runtime/host_memory_guard.h"
+
+namespace kiln::python {
+namespace {
+
+constexpr std::array kAllErrorKinds = {
+    ErrorKind::device_out_of_memory, ErrorKind::budget_exceeded, ErrorKind::device_heap_exhausted,
+    ErrorKind::host_out_of_memory,   ErrorKind::invalid_usage,   ErrorKind::not_supported,
+    ErrorKind::device_lost,          ErrorKind::runtime_error};
+
+// The class of each ErrorKind, looked up once by error_name() in kiln._errors. Strong references
+// kept for the life of the process (never released: no Py_DECREF after the interpreter is gone).
+PyObject *g_error_classes[kAllErrorKinds.size()] = {};
+// kiln.InvalidTypeError (an InvalidUsageError that is also a TypeError) and kiln._errors._recast,
+// for invalid_usage failures whose cause is the type of an argument. Kept like the classes above.
+PyObject *g_invalid_type_class = nullptr;
+PyObject *g_recast = nullptr;
+
+/// The knobs a Python user sets: the advice of every exception names these.
+constexpr InterfaceKnobs kPythonKnobs{"kiln.init(budget_bytes=...)", "kiln.init(reserve_bytes=...)",
+                                      "kiln.init(device_heap_bytes=...)"};
+
+thread_local int t_in_observer = 0;  // > 0 while an OOM observer runs on this thread
+
+// A KeyboardInterrupt or SystemExit an OOM observer raised on this thread (a new reference),
+// raised when the call that ran the observer returns (check()), in place of its result.
+thread_local PyObject *t_observer_interrupt = nullptr;
+
+/// The keyword arguments of an exception class: every field of `failure`.
+py::dict failure_fields(const Failure &failure) {
+  py::dict fields;
+  fields["requested_bytes"] = failure.requested_bytes;
+  fields["class_bytes"] = failure.class_bytes;
+  fields["budget_check"] = std::string(to_string(failure.budget_check));
+  fields["advice"] = failure.advice;
+  fields["device"] = failure.device;
+  fields["category"] = std::string(to_string(failure.category));
+  fields["site"] = std::string(failure.site);
+  fields["driver_status"] = std::string(failure.driver_status);
+  fields["result"] = std::string(to_string(failure.result));
+  fields["oom_source"] = std::string(to_string(failure.oom_source));
+  fields["detail"] = failure.detail;
+  fields["context"] = py::tuple(py::cast(failure.context));
+  if (failure.has_memory) {
+    fields["free_bytes"] = failure.memory.free_bytes;
+    fields["total_bytes"] = failure.memory.total_bytes;
+    fields["limit_bytes"] = failure.memory.limit_bytes;
+    fields["reserve_bytes"] = failure.memory.reserve_bytes;
+    fields["live_age_ms"] = failure.memory.live_age_ms;
+    fields["in_use_bytes"] = category_bytes(failure.memory.in_use_bytes);
+  }
+  return fields;
+}
+
+/// Sets `exc` (an exception instance) as the pending Python error.
+void set_error_object(const py::object &exc) {
+  PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(exc.ptr())), exc.ptr());
+}
+
+/// Looks up the exception classes in kiln._errors (once, at import). Errors: ImportError.
+void load_error_classes() {
+  py::module_ errors = py::module_::import("kiln._errors");
+  for (ErrorKind kind : kAllErrorKinds) {
+    py::object cls = errors.attr(std::string(error_name(kind)).c_str());
+    g_error_classes[static_cast<std::size_t>(kind)] = cls.release().ptr();
+  }
+  g_invalid_type_class = py::object(errors.attr("InvalidTypeError")).release().ptr();
+  g_recast = py::object(errors.attr("_recast")).release().ptr();
+}
+
+/// Installs the translator of C++ exceptions that reach Python from below the executor's guards:
+/// std::bad_alloc is HostOutOfMemoryError; std::future_error and std::system_error are
+/// RuntimeFaultError. Never a plain MemoryError or RuntimeError.
+void register_exception_translator() {
+  py::register_exception_translator([](std::exception_ptr caught) {
+    try {
+      std::rethrow_exception(caught);
+    } catch (const std::bad_alloc &) {
+      set_python_error(runtime::failure_from_current_exception("host", "kiln"));
+    } catch (const std::future_error &) {
+      set_python_error(runtime::failure_from_current_exception("host", "kiln"));
+    } catch (const std::system_error &) {
+      set_python_error(runtime::failure_from_current_exception("host", "kiln"));
+    }
+  });
+}
+
+}  // namespace
+
+void register_error_mapping(py::module_ & /*m*/) {
+  load_error_classes();
+  register_exception_translator();
+}
+
+py::object make_exception(const Failure &unadvised) {
+  Failure failure = unadvised;
+  advise(failure, kPythonKnobs);
+  py::handle cls = g_error_classes[static_cast<std::size_t>(classify(failure))];
+  return cls(failure.message(), **failure_fields(failure));
+}
+
+[[noreturn]] void raise_failure(const Failure &failure) {
+  set_error_object(make_exception(failure));
+  throw py::error_already_set();
+}
+
+void set_python_error(const Failure &failure) {
+  try {
+    set_error_object(make_exception(failure));
+  } catch (py::error_already_set &e) {
+    e.restore();  // making the exception failed (no memory): that error is raised instead
+  }
+}
+
+[[noreturn]] void raise_invalid_usage(const std::string &device, const char *site, std::string detail) {
+  raise_failure(invalid_usage(device, site, std::move(detail)));
+}
+
+[[noreturn]] void raise_invalid_type(const char *site, std::string detail) {
+  py::object exc = make_exception(invalid_usage("kiln", site, std::move(detail)));
+  py::object typed = py::handle(g_recast)(py::handle(g_invalid_type_class), exc);
+  PyErr_SetObject(g_invalid_type_class, typed.ptr());
+  throw py::error_already_set();
+}
+
+[[noreturn]] void raise_invalid_type_from(const py::error_already_set &cause, const char *site,
+                                          std::string detail) {
+  try {
+    raise_invalid_type(site, std::move(detail));
+  } catch (py::error_already_set &typed) {
+    PyException_SetCause(typed.value().ptr(), cause.value().inc_ref().ptr());
+    throw;
+  }
+}
+
+[[noreturn]] void raise_host_oom(const std::string &device, const char *site, uint64_t size_bytes,
+                                 std::string detail) {
+  Failure f = make_failure(RhiResult::out_of_memory, device, site, std::move(detail));
+  f.oom_source = OomSource::host;
+  f.category = MemoryCategory::ndarray;
+  f.requested_bytes = size_bytes;
+  f.driver_status = "MemoryError";
+  raise_failure(f);
+}
+
+// ----------------------------------------------------------------------------------------------
+// OOM-observer interrupts.
+
+ObserverScope::ObserverScope() { ++t_in_observer; }
+ObserverScope::~ObserverScope() { --t_in_observer; }
+
+bool in_observer() { return t_in_observer > 0; }
+
+void stash_observer_interrupt(const py::error_already_set &interrupt) {
+  if (t_observer_interrupt == nullptr) t_observer_interrupt = interrupt.value().inc_ref().ptr();
+}
+
+void discard_stale_observer_interrupt() {
+  if (t_observer_interrupt != nullptr) Py_DECREF(std::exchange(t_observer_interrupt, nullptr));
+}
+
+void raise_observer_interrupt() {
+  if (t_in_observer != 0 || t_observer_interrupt == nullptr) return;
+  PyObject *value = std::exchange(t_observer_interrupt, nullptr);
+  PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(value)), value);
+  Py_DECREF(value);
+  throw py::error_already_set();
+}
+
+}  // namespace kiln::python

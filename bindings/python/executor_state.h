@@ -1,0 +1,75 @@
+// The module's global state: the one executor (kiln.init / the default cpu one), the observers
+// and fault blocks tied to it, the count of calls inside kiln (so interpreter exit can wait for
+// them and park late threads), its fork hook, and without_gil().
+//
+// Threading: the executor and the lists here are guarded by the GIL. without_gil() releases it
+// around C++ work. Errors are raised through error_mapping.h (executor failures via check()).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cxxabi.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kiln/executor/executor.h"
+
+namespace kiln::python {
+
+namespace py = pybind11;
+
+/// Runs `fn` with the GIL released and takes the GIL back. At interpreter exit a daemon thread
+/// that takes the GIL back is ended by CPython (pthread_exit, a forced unwind); that unwind must
+/// pass through here, never through a noexcept destructor (pybind11's gil_scoped_release), which
+/// would end the whole process in std::terminate.
+template <class Fn>
+auto without_gil(Fn &&fn) -> decltype(fn()) {
+  PyThreadState *state = PyEval_SaveThread();
+  try {
+    auto result = fn();
+    PyEval_RestoreThread(state);  // may end this thread (interpreter exit): a forced unwind
+    return result;
+  } catch (abi::__forced_unwind &) {
+    throw;  // the thread is ending: there is no GIL to take back
+  } catch (...) {
+    PyEval_RestoreThread(state);
+    throw;
+  }
+}
+
+/// pybind11 call guard of every kiln function: counts the calls inside kiln, parks the threads
+/// that come in after kiln._shutdown (the exiting thread itself goes on).
+struct CallGuard {
+  CallGuard();
+  ~CallGuard();
+  CallGuard(const CallGuard &) = delete;
+  CallGuard &operator=(const CallGuard &) = delete;
+};
+using guarded = py::call_guard<CallGuard>;
+
+/// The global executor; made with kiln.init()'s defaults (arch="cpu") on first use.
+/// Errors: those of kiln.init.
+std::shared_ptr<LlvmRuntimeExecutor> executor();
+
+/// Refuses what an OOM observer must not do: allocate or launch on the device whose allocation
+/// is failing (DeviceMemory's contract; a launch would also re-enter the launcher's lock).
+/// Errors: InvalidUsageError naming kiln.`site`.
+void check_not_in_observer(const char *site);
+
+/// Records an OOM observer added from Python to the global executor (removed from it when the
+/// executor is replaced), or forgets one removed by the user.
+void remember_observer(uint64_t id);
+void forget_observer(uint64_t id);
+
+/// An open kiln.testing.fail_allocation block: the FaultPlan count at which it began and the
+/// count whose allocation fails.
+struct FaultBlock {
+  uint64_t start_count;  // the plan's count when the block began
+  uint64_t fail_at;      // the count whose allocation fails
+};
+/// The open blocks, innermost last. Guarded by the GIL; cleared when the executor is replaced.
+std::vector<FaultBlock> &fault_blocks();
+
+}  // namespace kiln::python

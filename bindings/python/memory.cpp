@@ -1,0 +1,134 @@
+// Memory functions: kiln.memory_stats, memory_summary, empty_cache, reset_peak_memory_stats,
+// add_oom_observer and remove_oom_observer.
+//
+// Threading: called with the GIL held. An OOM observer runs on the thread whose allocation failed,
+// possibly without the GIL (inside a launch): it re-acquires the GIL, runs inside an
+// ObserverScope, and never lets a Python error into C++. Errors: InvalidTypeError and
+// InvalidUsageError for arguments; an observer's KeyboardInterrupt or SystemExit is stashed and
+// raised by the interrupted call's check() (error_mapping.h); its other errors are unraisable.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+
+#include <fmt/format.h>
+
+#include <memory>
+#include <string>
+
+#include "conversions.h"
+#include "error_mapping.h"
+#include "executor_state.h"
+#include "registration.h"
+#include "signatures.h"
+
+namespace kiln::python {
+namespace {
+
+/// Whether the interpreter is shutting down. Py_IsFinalizing is public from Python 3.13; older
+/// versions only have the private name.
+bool python_is_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
+py::dict memory_stats() {
+  auto ex = executor();
+  const runtime::MemoryStats s = ex->memory().stats();
+  const auto cache = static_cast<std::size_t>(MemoryCategory::pool_cache);
+  py::dict d;
+  d["device"] = ex->device().name();
+  d["current_bytes"] = category_bytes(s.ledger.current_bytes);
+  d["peak_bytes"] = category_bytes(s.ledger.peak_bytes);
+  d["current_total_bytes"] = s.ledger.current_total_bytes();
+  d["allocated_bytes"] = s.ledger.current_total_bytes() - s.ledger.current_bytes[cache];
+  d["peak_total_bytes"] = s.ledger.peak_total_bytes;
+  d["limit_bytes"] = s.ledger.limit_bytes;
+  d["reserve_bytes"] = s.reserve_bytes;
+  d["cached_bytes"] = s.cached_bytes;
+  d["cached_blocks"] = s.cached_blocks;
+  d["allocations"] = s.allocations;
+  d["frees"] = s.frees;
+  d["cache_hits"] = s.cache_hits;
+  d["lock_free_hits"] = s.lock_free_hits;
+  d["evictions"] = s.evictions;
+  d["budget_refusals"] = s.ledger.refusals;
+  d["live_checks"] = s.live_checks;
+  d["live_refusals"] = s.live_refusals;
+  d["driver_ooms"] = s.driver_ooms;
+  d["retries"] = s.retries;
+  return d;
+}
+
+/// Holds an observer's Python callable; copies of the std::function share it without touching
+/// Python refcounts (DeviceMemory copies observers without the GIL).
+struct PyCallback {
+  PyObject *fn;
+  explicit PyCallback(py::function f) : fn(f.release().ptr()) {}
+  ~PyCallback() {
+    if (!Py_IsInitialized() || python_is_finalizing()) return;  // leak at exit rather than crash
+    py::gil_scoped_acquire gil;
+    Py_DECREF(fn);
+  }
+  PyCallback(const PyCallback &) = delete;
+  PyCallback &operator=(const PyCallback &) = delete;
+};
+
+/// Calls `callback` with the exception of `failure` (from DeviceMemory, any thread).
+void notify(const PyCallback &callback, const Failure &failure) {
+  if (!Py_IsInitialized() || python_is_finalizing()) return;
+  py::gil_scoped_acquire gil;
+  py::error_scope keep;  // whatever error was pending stays pending
+  ObserverScope in_observer;
+  try {
+    py::handle(callback.fn)(make_exception(failure));
+  } catch (py::error_already_set &e) {
+    if (!e.matches(PyExc_Exception)) {  // KeyboardInterrupt, SystemExit: the caller gets it
+      stash_observer_interrupt(e);
+      return;
+    }
+    // Never into C++: reported like an error in __del__.
+    e.discard_as_unraisable(py::reinterpret_borrow<py::object>(callback.fn));
+  } catch (const std::exception &e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    PyErr_WriteUnraisable(callback.fn);
+  }
+}
+
+uint64_t add_oom_observer(py::handle fn) {
+  if (!PyCallable_Check(fn.ptr()))
+    raise_invalid_type("add_oom_observer",
+                       fmt::format("add_oom_observer: callback must be callable (it is called "
+                                   "with the exception), got {} {}",
+                                   type_name(fn), std::string(py::repr(fn))));
+  auto callback = std::make_shared<PyCallback>(py::reinterpret_borrow<py::function>(fn));
+  auto ex = executor();
+  const uint64_t id = ex->memory().add_oom_observer(
+      [callback](const Failure &failure) { notify(*callback, failure); });
+  remember_observer(id);
+  return id;
+}
+
+/// Removes an observer by the id add_oom_observer returned; False when there is none (unknown or
+/// already removed). Errors: InvalidTypeError (not an int), InvalidUsageError (negative, huge).
+bool remove_oom_observer(py::handle id_obj) {
+  const uint64_t id = to_bytes(id_obj, "observer_id", "remove_oom_observer");
+  forget_observer(id);
+  return executor()->memory().remove_oom_observer(id);
+}
+
+}  // namespace
+
+void register_memory(py::module_ &m) {
+  def_typed(m, "memory_stats", "()", &memory_stats, guarded());
+  def_typed(m, "memory_summary", "()", [] { return executor()->memory().summary(); }, guarded());
+  def_typed(m, "empty_cache", "()", [] { return executor()->memory().release_cached(); }, guarded());
+  def_typed(m, "reset_peak_memory_stats", "()", [] { executor()->memory().reset_peaks(); },
+            guarded());
+  def_typed(m, "add_oom_observer", "(callback)", &add_oom_observer, py::arg("callback"), guarded());
+  def_typed(m, "remove_oom_observer", "(observer_id)", &remove_oom_observer,
+            py::arg("observer_id"), guarded());
+}
+
+}  // namespace kiln::python

@@ -1,0 +1,293 @@
+// kiln.ndarray (see ndarray.h): PyArray, busy marks and their fork hook, as_array and the operand
+// checks, the class's registration, free, copies, and from/to numpy.
+//
+// Threading: the GIL is held except inside launch() (GIL released, arrays marked busy) and in
+// BusyScope's destructor (the busy list has its own mutex). Errors: usage mistakes are raised by
+// error_mapping.h's raise_* functions, executor failures by check(); every operation checks its
+// arguments before it allocates or copies anything.
+#include "ndarray.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <mutex>
+#include <span>
+#include <thread>
+
+#include "conversions.h"
+#include "error_mapping.h"
+#include "host_input.h"
+#include "kiln/rhi/fork_hooks.h"
+#include "registration.h"
+#include "signatures.h"
+
+namespace kiln::python {
+namespace {
+
+/// Every busy mark with the thread that set it. A forked child keeps only the forking thread's
+/// marks: the arrays the parent's other threads were using can be freed there (those threads do
+/// not exist in the child), while the forking thread's own launches still hold theirs.
+struct BusyPin {
+  PyArray *array;
+  std::thread::id thread;
+};
+std::vector<BusyPin> g_busy_pins;  // guarded by g_busy_pins_mutex (a thread unwinding at exit
+                                   // may drop its marks without the GIL)
+ForkSafeMutex g_busy_pins_mutex(ForkSafeMutex::Policy::hold_across_fork);
+
+ForkRegistration g_busy_fork_registration(ForkHooks{nullptr, nullptr, [] {
+  const std::thread::id me = std::this_thread::get_id();
+  std::erase_if(g_busy_pins, [me](const BusyPin &pin) {
+    if (pin.thread == me) return false;
+    --pin.array->busy;
+    return true;
+  });
+}});
+
+/// The PyArray of `value`, or nullptr when it is not a kiln.ndarray or was made by
+/// kiln.ndarray.__new__ without __init__.
+PyArray *initialized_array(py::handle value) {
+  if (!py::isinstance<PyArray>(value)) return nullptr;
+  auto *inst = reinterpret_cast<py::detail::instance *>(value.ptr());
+  py::detail::value_and_holder v_h =
+      inst->get_value_and_holder(py::detail::get_type_info(typeid(PyArray)));
+  if (!v_h || !v_h.holder_constructed()) return nullptr;
+  return v_h.value_ptr<PyArray>();
+}
+
+PyArray make_ndarray(py::handle dtype, py::handle shape) {
+  check_not_in_observer("ndarray");
+  const DataType dt = to_dtype(dtype);
+  const std::vector<int64_t> dims = to_shape(shape);
+  auto ex = executor();
+  return PyArray(check(ex->ndarray(dt, dims)), ex);
+}
+
+void free_array(py::handle self) {
+  PyArray &a = as_array(self, "free", "self");
+  if (a.busy > 0)
+    raise_invalid_usage(a.device, "free",
+                        fmt::format("ndarray {} is in use by an operation running now", a.description));
+  if (a.exports > 0)
+    raise_invalid_usage(a.device, "free",
+                        fmt::format("ndarray {} still has {} buffer view(s) (memoryview, "
+                                    "np.asarray); delete them first",
+                                    a.description, a.exports));
+  const Ndarray &array = a.get("free");
+  if (auto owner = a.owner.lock()) {
+    check(owner->free(a.array));
+    return;
+  }
+  // Its executor was replaced by kiln.init: dropping the only handle frees it on its device.
+  if (array.is_freed()) check(array.allocation("free"));  // the C++ use-after-free error
+  a.array = Ndarray();
+  a.dropped = true;
+}
+
+PyArray from_numpy(py::handle value) {
+  check_not_in_observer("from_numpy");
+  auto [input, dtype] = host_input(value, "from_numpy");
+  const std::vector<int64_t> shape(input.shape(), input.shape() + input.ndim());
+  auto ex = executor();
+  // The device array first: a refusal comes before a host copy of a non-contiguous input (a
+  // broadcast view of terabytes is refused by the budget, not by the host's memory).
+  PyArray out(check(ex->ndarray(dtype, shape)), ex);
+  const py::array arr = contiguous_host_array(input, "from_numpy");
+  const auto *data = static_cast<const std::byte *>(arr.data());
+  const std::span<const std::byte> bytes(data, static_cast<std::size_t>(arr.nbytes()));
+  check(launch({}, [&] { return ex->write(out.array, bytes); }));
+  return out;
+}
+
+/// A new uninitialized numpy array for the host copy of `a`. Errors: HostOutOfMemoryError.
+py::array host_copy_for(const PyArray &a, const Ndarray &array) {
+  try {
+    return py::array(numpy_dtype(array.dtype()), std::vector<py::ssize_t>(array.shape().begin(), array.shape().end()));
+  } catch (py::error_already_set &e) {
+    if (!e.matches(PyExc_MemoryError)) throw;
+    raise_host_oom(a.device, "to_numpy", array.nbytes(),
+                   fmt::format("the host copy of ndarray {}", a.description));
+  }
+}
+
+py::array to_numpy(py::handle self) {
+  PyArray &a = as_array(self, "to_numpy", "self");
+  const Ndarray &array = a.get("to_numpy");
+  auto ex = executor();
+  check(ex->check_usable("to_numpy", array));  // before the host copy is allocated
+  py::array out = host_copy_for(a, array);
+  auto *data = static_cast<std::byte *>(out.mutable_data());
+  const std::span<std::byte> bytes(data, static_cast<std::size_t>(array.nbytes()));
+  check(launch({&a}, [&] { return ex->read(array, bytes); }));
+  return out;
+}
+
+/// copy.copy / copy.deepcopy of a kiln.ndarray: a new array of the same dtype and shape on the
+/// current executor, filled by the copy kernel. Errors: those of ndarray() and copy().
+PyArray copy_array(py::handle self) {
+  const Operand src = first_operand(self, "copy", "self");
+  auto ex = executor();
+  check(ex->check_usable("copy", src.array));  // before the new array is allocated
+  PyArray out(check(ex->ndarray(src.array.dtype(), src.array.shape())), ex);
+  check(launch({&src.py}, [&] { return ex->copy(out.array, src.array); }));
+  return out;
+}
+
+std::string ndarray_repr(py::handle s) {
+  if (!py::isinstance<PyArray>(s)) return "kiln.ndarray(?)";
+  const PyArray *a = initialized_array(s);
+  if (a == nullptr) return "kiln.ndarray(uninitialized)";
+  return fmt::format("kiln.ndarray({}, device='{}'{})", a->description, a->device,
+                     a->is_freed() ? ", freed" : "");
+}
+
+constexpr const char *kNdarrayDoc = R"(ndarray(dtype, shape): an array in device memory.
+
+dtype: kiln.f32, f64, i32, i64 (or their names); shape: an int or a sequence of ints (at most 32
+dimensions). The contents are uninitialized. Errors: InvalidTypeError (wrong types),
+InvalidUsageError (a negative dimension, too many dimensions, a size beyond numpy's), an
+OutOfMemoryError subclass when the memory cannot be had. Freed by del / garbage collection or
+a.free(); a.to_numpy() copies it to a new numpy array; on cpu and mock np.asarray(a) is a
+zero-copy view. Thread safety: any thread may use an array, but freeing one while another
+thread uses it is InvalidUsageError.)";
+
+/// The read-only attributes of kiln.ndarray. Every accessor goes through as_array: an instance
+/// made by ndarray.__new__ alone is refused.
+void def_properties(py::class_<PyArray> &cls) {
+  const auto arr = [](py::handle self) -> PyArray & { return as_array(self, "ndarray", "self"); };
+  cls.def_property_readonly("shape", [arr](py::handle s) { return py::tuple(py::cast(arr(s).shape)); })
+      .def_property_readonly("dtype", [arr](py::handle s) { return arr(s).dtype; })
+      .def_property_readonly("nbytes", [arr](py::handle s) { return arr(s).nbytes; })
+      .def_property_readonly("size", [arr](py::handle s) { return arr(s).size; })
+      .def_property_readonly("ndim", [arr](py::handle s) { return arr(s).shape.size(); })
+      .def_property_readonly("device", [arr](py::handle s) { return arr(s).device; })
+      .def_property_readonly("is_freed", [arr](py::handle s) { return arr(s).is_freed(); })
+      // numpy tries the buffer protocol first but swallows its errors (a freed array would
+      // become a 0-d object array); this raises them instead, and shares the same counted view.
+      .def_property_readonly("__array_interface__", [arr](py::object self) {
+        const PyArray &a = arr(self);
+        py::dict d;
+        d["shape"] = py::tuple(py::cast(a.shape));
+        d["typestr"] = numpy_dtype(a.dtype).attr("str");
+        d["data"] = py::memoryview(self);
+        d["version"] = 3;
+        return d;
+      });
+}
+
+/// The methods of kiln.ndarray.
+void def_methods(py::class_<PyArray> &cls) {
+  cls.def("free", &free_array, guarded())
+      .def("to_numpy", &to_numpy, guarded())
+      // copy.copy / copy.deepcopy: a new array on the current device with the same contents
+      // (numpy's meaning); pickle: rebuilt by kiln.from_numpy from the host copy.
+      .def("__copy__", [](py::handle self) { return copy_array(self); }, guarded())
+      .def("__deepcopy__", [](py::handle self, py::handle /*memo*/) { return copy_array(self); },
+           py::arg("memo"), guarded())
+      .def("__reduce__", [](py::handle self) {
+        py::object rebuild = py::module_::import("kiln").attr("_ndarray_from_host");
+        return py::make_tuple(rebuild, py::make_tuple(to_numpy(self)));
+      })
+      .def("__len__", [](py::handle s) {
+        const PyArray &a = as_array(s, "ndarray", "self");
+        if (a.shape.empty()) raise_invalid_type("len", "len() of a 0-d kiln.ndarray");
+        return a.shape[0];
+      })
+      .def("__repr__", &ndarray_repr);
+}
+
+}  // namespace
+
+PyArray::PyArray(Ndarray a, const std::shared_ptr<LlvmRuntimeExecutor> &ex)
+    : array(std::move(a)),
+      owner(ex),
+      device(ex->device().name()),
+      description(array.describe()),
+      dtype(array.dtype()),
+      shape(array.shape()),
+      nbytes(array.nbytes()),
+      size(array.num_elements()) {
+  const int64_t item = static_cast<int64_t>(itemsize(dtype));
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    view_shape.push_back(static_cast<Py_ssize_t>(shape[i]));
+    view_strides.push_back(static_cast<Py_ssize_t>(array.strides()[i] * item));
+  }
+}
+
+const Ndarray &PyArray::get(const char *site) const {
+  if (dropped) raise_invalid_usage(device, site, fmt::format("ndarray {} used after it was freed", description));
+  return array;
+}
+
+BusyScope::BusyScope(std::initializer_list<PyArray *> arrays) : arrays_(arrays) {
+  std::lock_guard lock(g_busy_pins_mutex);
+  for (PyArray *a : arrays_) {
+    ++a->busy;
+    g_busy_pins.push_back(BusyPin{a, std::this_thread::get_id()});
+  }
+}
+
+BusyScope::~BusyScope() {
+  std::lock_guard lock(g_busy_pins_mutex);
+  const std::thread::id me = std::this_thread::get_id();
+  for (PyArray *a : arrays_) {
+    --a->busy;
+    for (auto it = g_busy_pins.rbegin(); it != g_busy_pins.rend(); ++it)
+      if (it->array == a && it->thread == me) {
+        g_busy_pins.erase(std::next(it).base());
+        break;
+      }
+  }
+}
+
+PyArray &as_array(py::handle value, const char *site, const char *name) {
+  if (!py::isinstance<PyArray>(value))
+    raise_invalid_type(site, fmt::format("{}: {} must be a kiln.ndarray, got {}{}", site, name,
+                                         type_name(value),
+                                         py::isinstance<py::array>(value)
+                                             ? " (make one with kiln.from_numpy)"
+                                             : ""));
+  PyArray *array = initialized_array(value);
+  if (array == nullptr)
+    raise_invalid_usage("kiln", site,
+                        fmt::format("{}: {} is an uninitialized kiln.ndarray (made by "
+                                    "kiln.ndarray.__new__ without __init__); make arrays with "
+                                    "kiln.ndarray(dtype, shape) or kiln.from_numpy",
+                                    site, name));
+  return *array;
+}
+
+Operand first_operand(py::handle value, const char *site, const char *name) {
+  check_not_in_observer(site);
+  PyArray &py = as_array(value, site, name);
+  return Operand{py, py.get(site)};
+}
+
+std::pair<Operand, Operand> first_operands(py::handle a, py::handle b, const char *site,
+                                           const char *name_a, const char *name_b) {
+  check_not_in_observer(site);
+  PyArray &py_a = as_array(a, site, name_a);
+  PyArray &py_b = as_array(b, site, name_b);
+  const Ndarray &array_a = py_a.get(site);
+  return {Operand{py_a, array_a}, Operand{py_b, py_b.get(site)}};
+}
+
+void register_ndarray(py::module_ &m) {
+  py::class_<PyArray> cls(m, "ndarray", kNdarrayDoc, py::buffer_protocol());
+  cls.def(py::init(&make_ndarray), py::arg("dtype"), py::arg("shape"), guarded());
+  def_properties(cls);
+  def_methods(cls);
+  install_buffer_protocol(cls);
+  def_typed(m, "from_numpy", "(a)", &from_numpy, py::arg("a"), guarded());
+  // Wrong arity or an unknown keyword: InvalidTypeError, not pybind11's plain TypeError.
+  cls.def(py::init([](py::args args, py::kwargs kwargs) -> PyArray {
+    raise_signature_mismatch("ndarray", "(dtype, shape)", args, kwargs);
+  }));
+  typed_method_mismatch(cls, "free", "()");
+  typed_method_mismatch(cls, "to_numpy", "()");
+}
+
+}  // namespace kiln::python

@@ -1,0 +1,95 @@
+// kiln.ndarray: PyArray (the one Ndarray handle of a Python array), as_array and the operand
+// checks every operation starts with, the busy marks that keep an array from being freed while a
+// launch uses it without the GIL, and launch().
+//
+// Threading: a PyArray is touched with the GIL held, except its busy count, which BusyScope
+// changes under a mutex (a thread unwinding at exit may drop its marks without the GIL); launch()
+// runs the executor call with the GIL released (without_gil). Errors are raised through
+// error_mapping.h.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "executor_state.h"
+#include "kiln/executor/executor.h"
+
+namespace kiln::python {
+
+namespace py = pybind11;
+
+/// A kiln.ndarray: one Ndarray handle (the only one), the executor that made it (weakly: arrays
+/// never keep an executor alive, only its device), and the state of views and running launches.
+struct PyArray {
+  Ndarray array;
+  std::weak_ptr<LlvmRuntimeExecutor> owner;
+  std::string device;
+  std::string description;  // "f32[2, 3]"
+  DataType dtype;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;
+  uint64_t size = 0;
+  int busy = 0;          // launches using it with the GIL released
+  int exports = 0;       // live buffer views (memoryview, np.asarray)
+  bool dropped = false;  // freed after its executor was replaced (handle released)
+  std::vector<Py_ssize_t> view_shape, view_strides;  // in bytes, for the buffer protocol
+
+  PyArray(Ndarray a, const std::shared_ptr<LlvmRuntimeExecutor> &ex);
+
+  [[nodiscard]] bool is_freed() const { return dropped || array.is_freed(); }
+  /// The handle, or InvalidUsageError when it was dropped by free().
+  const Ndarray &get(const char *site) const;
+};
+
+/// Marks arrays busy while a launch runs without the GIL.
+class BusyScope {
+ public:
+  explicit BusyScope(std::initializer_list<PyArray *> arrays);
+  ~BusyScope();
+  BusyScope(const BusyScope &) = delete;
+  BusyScope &operator=(const BusyScope &) = delete;
+
+ private:
+  std::vector<PyArray *> arrays_;
+};
+
+/// Runs `fn` (a call into the executor) with the GIL released and `arrays` marked busy.
+template <class Fn>
+auto launch(std::initializer_list<PyArray *> arrays, Fn &&fn) {
+  BusyScope busy(arrays);
+  return without_gil(std::forward<Fn>(fn));
+}
+
+/// `value` as a kiln.ndarray of `site`'s argument `name`. Errors: InvalidTypeError when it is
+/// not one (a numpy array, a list, ...); InvalidUsageError for an instance made by
+/// kiln.ndarray.__new__ without __init__ (its memory was never set: reading it would read
+/// stray heap). Every binding reaches a PyArray through here.
+PyArray &as_array(py::handle value, const char *site, const char *name);
+
+/// The first array argument of an operation and its handle.
+struct Operand {
+  PyArray &py;
+  const Ndarray &array;
+};
+
+/// The first array argument `name` of operation `site`, checked in the order every operation
+/// checks it: the call is refused inside an OOM observer (check_not_in_observer), then as_array,
+/// then PyArray::get. Errors: those three's.
+Operand first_operand(py::handle value, const char *site, const char *name);
+
+/// The first two array arguments `name_a`, `name_b` of operation `site`, checked as
+/// first_operand checks one, both types before either handle: check_not_in_observer,
+/// as_array(a), as_array(b), then their PyArray::get. Errors: those's.
+std::pair<Operand, Operand> first_operands(py::handle a, py::handle b, const char *site,
+                                           const char *name_a, const char *name_b);
+
+/// Installs the buffer protocol of kiln.ndarray (buffer_protocol.cpp) on its type.
+void install_buffer_protocol(py::handle ndarray_type);
+
+}  // namespace kiln::python

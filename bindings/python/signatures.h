@@ -1,0 +1,44 @@
+// Calls whose arguments match no signature (too many or too few, an unknown keyword): the last
+// overload of every kiln function and method, raising kiln.InvalidTypeError where pybind11 would
+// raise a plain TypeError.
+//
+// Threading: the GIL is held (registration at import; the overloads run as ordinary calls).
+// Errors: InvalidTypeError, built by error_mapping.h.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <utility>
+
+namespace kiln::python {
+
+namespace py = pybind11;
+
+/// Raises InvalidTypeError for a call of `name` whose arguments do not match `parameters` (too
+/// many or too few, an unknown keyword): what pybind11 would raise as a plain TypeError.
+[[noreturn]] void raise_signature_mismatch(const char *name, const char *parameters,
+                                           const py::args &args, const py::kwargs &kwargs);
+
+/// Adds to function `name` of `scope` (a module or class) a last overload that takes anything
+/// and raises InvalidTypeError (raise_signature_mismatch; `name` and `parameters` are literals): pybind11 tries it only when the real
+/// one's arguments did not match, so the calls that match pay nothing.
+void typed_mismatch(py::module_ &scope, const char *name, const char *parameters);
+
+/// m.def(name, fn, extra...) followed by typed_mismatch(m, name, parameters): a function of the
+/// module and its InvalidTypeError overload, defined together.
+template <class Fn, class... Extra>
+void def_typed(py::module_ &m, const char *name, const char *parameters, Fn &&fn,
+               const Extra &...extra) {
+  m.def(name, std::forward<Fn>(fn), extra...);
+  typed_mismatch(m, name, parameters);
+}
+
+/// typed_mismatch for method `name` of class `cls`.
+template <class Class>
+void typed_method_mismatch(Class &cls, const char *name, const char *parameters) {
+  cls.def(name, [name, parameters](py::handle, py::args args, py::kwargs kwargs) {
+    raise_signature_mismatch(name, parameters, args, kwargs);
+  });
+}
+
+}  // namespace kiln::python

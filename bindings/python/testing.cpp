@@ -1,0 +1,126 @@
+// The native part of kiln.testing (kiln/testing.py wraps it): fail_allocation blocks over the
+// executor's request fault plan, synthetic failures made into their exceptions, and C++
+// exceptions thrown through the module to test their translation.
+//
+// Threading: called with the GIL held; the fault blocks are guarded by the GIL
+// (executor_state.h). Errors: InvalidTypeError and InvalidUsageError for arguments; exceptions
+// are built by error_mapping.h.
+#include <pybind11/pybind11.h>
+
+#include <fmt/format.h>
+
+#include <future>
+#include <new>
+#include <optional>
+#include <string>
+#include <system_error>
+
+#include "conversions.h"
+#include "error_mapping.h"
+#include "executor_state.h"
+#include "registration.h"
+
+namespace kiln::python {
+namespace {
+
+/// Enters a fail_allocation block: its `at`-th allocation from now fails. An inner block's plan
+/// replaces the outer one's while it is open; allocations inside it still count for the outer.
+/// Errors: InvalidTypeError (not an int: any __index__ object but bool), InvalidUsageError
+/// (at < 1 or beyond 2**63-1).
+void push_fault(py::handle at) {
+  const uint64_t n = to_bytes(at, "at", "fail_allocation");
+  if (n < 1)
+    raise_invalid_usage("kiln", "fail_allocation",
+                        fmt::format("fail_allocation(at={}): at must be an int >= 1", n));
+  runtime::RequestFaultPlan &plan = executor()->memory().fault_plan();
+  std::vector<FaultBlock> &blocks = fault_blocks();
+  if (blocks.empty()) plan.fail_nth_allocation(FaultPlan::kNever);  // the count starts at 0
+  const uint64_t start = plan.allocation_count();
+  blocks.push_back({start, start + n});
+  plan.fail_at_count(start + n);
+}
+
+/// Leaves the innermost block: the outer block's plan is armed again (counting on from its own
+/// start), or the plan is cleared when it was the outermost.
+void pop_fault() {
+  runtime::RequestFaultPlan &plan = executor()->memory().fault_plan();
+  std::vector<FaultBlock> &blocks = fault_blocks();
+  if (!blocks.empty()) blocks.pop_back();
+  if (blocks.empty()) {
+    plan.fail_nth_allocation(FaultPlan::kNever);
+  } else {
+    plan.fail_at_count(blocks.back().fail_at);
+  }
+}
+
+/// Allocations since the innermost open block began (or, outside blocks, since the last one
+/// ended or since init).
+uint64_t fault_allocation_count() {
+  const uint64_t count = executor()->memory().fault_plan().allocation_count();
+  const std::vector<FaultBlock> &blocks = fault_blocks();
+  return blocks.empty() ? count : count - blocks.back().start_count;
+}
+
+/// The RhiResult named `name` ("out_of_memory"), if any.
+std::optional<RhiResult> result_named(const std::string &name) {
+  static const std::pair<const char *, RhiResult> kResults[] = {
+      {"error", RhiResult::error},
+      {"invalid_usage", RhiResult::invalid_usage},
+      {"not_supported", RhiResult::not_supported},
+      {"out_of_memory", RhiResult::out_of_memory},
+      {"device_lost", RhiResult::device_lost}};
+  for (const auto &[candidate, value] : kResults)
+    if (name == candidate) return value;
+  return std::nullopt;
+}
+
+/// The OomSource named `name` ("budget"), if any.
+std::optional<OomSource> oom_source_named(const std::string &name) {
+  static const std::pair<const char *, OomSource> kSources[] = {
+      {"none", OomSource::none}, {"driver", OomSource::driver}, {"budget", OomSource::budget},
+      {"device_heap", OomSource::device_heap}, {"host", OomSource::host}};
+  for (const auto &[candidate, value] : kSources)
+    if (name == candidate) return value;
+  return std::nullopt;
+}
+
+/// A synthetic failure made into its exception (for errors without a producer on cpu/mock).
+py::object make_error(py::handle result_obj, py::handle oom_source_obj, py::handle requested_obj,
+                      py::handle device_obj, py::handle detail_obj) {
+  const std::string result = to_text(result_obj, "result", "make_error");
+  const std::string oom_source = to_text(oom_source_obj, "oom_source", "make_error");
+  const uint64_t requested_bytes = to_bytes(requested_obj, "requested_bytes", "make_error");
+  const std::string device = to_text(device_obj, "device", "make_error");
+  const std::string detail = to_text(detail_obj, "detail", "make_error");
+  const std::optional<RhiResult> r = result_named(result);
+  const std::optional<OomSource> s = oom_source_named(oom_source);
+  if (!r || !s)
+    raise_invalid_usage("kiln", "make_error",
+                        fmt::format("unknown result '{}' or oom_source '{}'", result, oom_source));
+  Failure f = make_failure(*r, device, "kiln.testing.make_error", detail);
+  f.oom_source = *s;
+  f.requested_bytes = requested_bytes;
+  return make_exception(f);
+}
+
+/// Throws a C++ exception of `kind` (bad_alloc, future_error, system_error) through the module:
+/// tests the translation of error_mapping.cpp's register_exception_translator.
+void throw_cpp_exception(const std::string &kind) {
+  if (kind == "bad_alloc") throw std::bad_alloc();
+  if (kind == "future_error") throw std::future_error(std::future_errc::no_state);
+  if (kind == "system_error")
+    throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+}
+
+}  // namespace
+
+void register_testing(py::module_ &m) {
+  m.def("_push_fault", &push_fault, py::arg("at"), guarded());
+  m.def("_pop_fault", &pop_fault, guarded());
+  m.def("_fault_allocation_count", &fault_allocation_count, guarded());
+  m.def("_throw_cpp_exception", &throw_cpp_exception, py::arg("kind"));
+  m.def("_make_error", &make_error, py::arg("result"), py::arg("oom_source") = "none",
+        py::arg("requested_bytes") = 0, py::arg("device") = "", py::arg("detail") = "", guarded());
+}
+
+}  // namespace kiln::python
