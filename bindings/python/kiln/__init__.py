@@ -32,6 +32,7 @@ from ._kiln import (  # noqa: F401
     add_oom_observer, remove_oom_observer,
 )
 from . import _kiln, testing  # noqa: F401
+from ._version import __version__  # noqa: F401  (CMake's project(VERSION))
 
 __all__ = [
     "Error", "OutOfMemoryError", "DeviceOutOfMemoryError", "BudgetExceededError",
