@@ -68,7 +68,8 @@ RhiExpected<DeviceAllocation> LlvmDevice::allocate_runtime(const LlvmRuntimeAllo
   if (params.zero_fill) {
     if (auto cleared = driver_memset_zero(address, params.size_bytes); !cleared) {
       // The memset failure is the answer; a free that fails too is kept for synchronize().
-      defer_if_failed(driver_free(address, params.size_bytes));
+      // On a lost device the memory went with it, as in dealloc_memory.
+      if (!is_lost()) defer_if_failed(driver_free(address, params.size_bytes));
       return std::unexpected(std::move(cleared).error());
     }
   }
