@@ -53,9 +53,17 @@ LlvmRuntimeExecutor::LlvmRuntimeExecutor(ExecutorConfig config,
 
 LlvmRuntimeExecutor::~LlvmRuntimeExecutor() {
   launcher_.reset();
-  if (module_) (void)static_cast<GpuDevice &>(*context_->device).unload_module(*module_);
-  if (runtime_state_alloc_) (void)context_->memory->free(*runtime_state_alloc_);
-  if (heap_alloc_) (void)context_->memory->free(*heap_alloc_);
+  // A destructor cannot report: a refused unload leaves the module to the context's teardown,
+  // and a free the driver refuses is kept by the device for its next synchronize().
+  if (module_)
+    ignore_result(static_cast<GpuDevice &>(*context_->device).unload_module(*module_),
+                  "destructor; the module goes with the device's context");
+  if (runtime_state_alloc_)
+    ignore_result(context_->memory->free(*runtime_state_alloc_),
+                  "destructor; the device defers a refused free to synchronize()");
+  if (heap_alloc_)
+    ignore_result(context_->memory->free(*heap_alloc_),
+                  "destructor; the device defers a refused free to synchronize()");
   context_->memory->release_cached();  // arrays that outlive the executor still work, uncached
   if (code_charged_) context_->memory->uncharge(MemoryCategory::code_object, program_->code_size_bytes());
 }

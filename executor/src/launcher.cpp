@@ -18,7 +18,9 @@ class ScopedGroup {
   ScopedGroup(runtime::DeviceMemory &memory, std::vector<DeviceAllocation> allocs)
       : memory_(memory), allocs_(std::move(allocs)) {}
   ~ScopedGroup() {
-    for (DeviceAllocation a : allocs_) (void)memory_.free(a);
+    for (DeviceAllocation a : allocs_)
+      ignore_result(memory_.free(a),
+                    "destructor; the device defers a refused free to synchronize()");
   }
   ScopedGroup(const ScopedGroup &) = delete;
   ScopedGroup &operator=(const ScopedGroup &) = delete;

@@ -81,7 +81,9 @@ RhiExpected<uint64_t> Ndarray::device_address(const char *site) const {
 }
 
 Ndarray::State::~State() {
-  if (!freed && alloc) (void)context->memory->free(*alloc);
+  if (!freed && alloc)
+    ignore_result(context->memory->free(*alloc),
+                  "destructor; the device defers a refused free to synchronize()");
 }
 
 }  // namespace kiln

@@ -67,7 +67,9 @@ RhiExpected<DeviceAllocation> LlvmDevice::allocate_runtime(const LlvmRuntimeAllo
   KILN_ASSIGN_OR_RETURN(const uint64_t address, driver_allocate(params));
   if (params.zero_fill) {
     if (auto cleared = driver_memset_zero(address, params.size_bytes); !cleared) {
-      (void)driver_free(address, params.size_bytes);
+      // The memset failure is the answer; a free that fails too is kept for synchronize().
+      // On a lost device the memory went with it, as in dealloc_memory.
+      if (!is_lost()) defer_if_failed(driver_free(address, params.size_bytes));
       return std::unexpected(std::move(cleared).error());
     }
   }
@@ -126,11 +128,14 @@ RhiStatus LlvmDevice::dealloc_memory(DeviceAllocation alloc) {
   }
   if (is_lost()) return {};  // the memory went with the device
   auto freed = driver_free(entry.address, entry.size_bytes);
-  if (!freed) {
-    std::lock_guard lock(mutex_);
-    if (!deferred_) deferred_ = freed.error();
-  }
+  defer_if_failed(freed);
   return freed;
+}
+
+void LlvmDevice::defer_if_failed(const RhiStatus &freed) {
+  if (freed) return;
+  std::lock_guard lock(mutex_);
+  if (!deferred_) deferred_ = freed.error();
 }
 
 RhiStatus LlvmDevice::memcpy_host_to_device(DeviceAllocation dst, uint64_t offset_bytes,

@@ -484,7 +484,10 @@ RhiStatus DeviceMemory::grow_misses(std::span<const AllocRequest> requests,
   }
   std::vector<DeviceAllocation> grown;
   auto fail = [&](Failure f) -> RhiStatus {
-    for (DeviceAllocation a : grown) (void)device_.dealloc_memory(a);
+    for (DeviceAllocation a : grown)
+      ignore_result(device_.dealloc_memory(a),
+                    "error path: `f` is the answer; the device defers a refused free to "
+                    "synchronize()");
     return std::unexpected(std::move(f));  // then the reservation goes
   };
   const auto growing = serialize_growth();  // held until every block is allocated

@@ -147,8 +147,9 @@ DeviceMemory::~DeviceMemory() {
     caches_.clear();
   }
   for (Record *r : records)
-    (void)device_.dealloc_memory(
-        DeviceAllocation{&device_, r->alloc_id.load(std::memory_order_relaxed)});
+    ignore_result(device_.dealloc_memory(
+                      DeviceAllocation{&device_, r->alloc_id.load(std::memory_order_relaxed)}),
+                  "destructor; the device defers a refused free to synchronize()");
 }
 
 // --- binding a thread to its cache -----------------------------------------------------------

@@ -159,6 +159,54 @@ TEST_CASE("a free the driver refuses stays charged and synchronize reports it on
   CHECK(ex->device().synchronize());  // reported once
 }
 
+TEST_CASE("a refused zero-fill is the answer; a free refused while cleaning up is reported by "
+          "synchronize",
+          "[cuda][e2e][free]") {
+  FakeCuda &fake = fake_cuda();
+  ExecutorConfig config;
+  config.backend = Backend::cuda;
+  config.device_heap_bytes = 1_MiB;
+  auto ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+  REQUIRE(ex->device().synchronize());
+  const uint64_t live_before = ex->device().live_allocation_count();
+  REQUIRE(fake.inject_fault("cuMemsetD8_v2", 1, 2) == 0);  // CUDA_ERROR_OUT_OF_MEMORY
+  REQUIRE(fake.inject_fault("cuMemFree_v2", 1, 1) == 0);   // CUDA_ERROR_INVALID_VALUE
+  LlvmRuntimeAllocParams params;
+  params.size_bytes = 64_KiB;
+  params.zero_fill = true;
+  auto alloc = ex->device().allocate_runtime(params);
+  REQUIRE_FALSE(alloc);
+  CHECK(std::string(alloc.error().site) == "cuMemsetD8_v2");  // the first failure is the answer
+  CHECK(ex->device().live_allocation_count() == live_before);
+  auto reported = ex->device().synchronize();  // the free that failed while cleaning up
+  REQUIRE_FALSE(reported);
+  CHECK(std::string(reported.error().site) == "cuMemFree_v2");
+  CHECK(std::string(reported.error().driver_status) == "CUDA_ERROR_INVALID_VALUE");
+  CHECK(ex->device().synchronize());  // reported once
+}
+
+TEST_CASE("a zero-fill that loses the device frees nothing more: the memory went with it",
+          "[cuda][e2e][free]") {
+  FakeCuda &fake = fake_cuda();
+  ExecutorConfig config;
+  config.backend = Backend::cuda;
+  config.device_heap_bytes = 1_MiB;
+  auto ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+  REQUIRE(fake.inject_fault("cuMemsetD8_v2", 1, 700) == 0);  // CUDA_ERROR_ILLEGAL_ADDRESS
+  const unsigned long long frees_before = fake.call_count("cuMemFree_v2");
+  LlvmRuntimeAllocParams params;
+  params.size_bytes = 64_KiB;
+  params.zero_fill = true;
+  auto alloc = ex->device().allocate_runtime(params);
+  REQUIRE_FALSE(alloc);
+  CHECK(alloc.error().result == RhiResult::device_lost);
+  CHECK(fake.call_count("cuMemFree_v2") == frees_before);  // as dealloc_memory on a lost device
+  auto later = ex->device().synchronize();
+  REQUIRE_FALSE(later);
+  CHECK(later.error().result == RhiResult::device_lost);
+  CHECK(std::string(later.error().site) != "cuMemFree_v2");  // no deferred free to report
+}
+
 TEST_CASE("a module load the driver refuses fails the executor with a named error and holds nothing",
           "[cuda][e2e]") {
   FakeCuda &fake = fake_cuda();

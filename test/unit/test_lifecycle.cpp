@@ -103,7 +103,9 @@ TEST_CASE("a fork while another thread is inside the budget's lock leaves the ch
         std::this_thread::sleep_for(std::chrono::milliseconds(300));
       },
       nullptr);
-  std::thread reserving([&] { (void)budget.reserve(MemoryCategory::ndarray, 1); });
+  std::thread reserving([&] {
+    ignore_result(budget.reserve(MemoryCategory::ndarray, 1), "only holds the lock for the fork");
+  });
   while (!inside) std::this_thread::yield();
   CHECK(in_child([&] {
           budget.set_under_lock_hook_for_testing(nullptr, nullptr);

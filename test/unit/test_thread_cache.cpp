@@ -1559,7 +1559,7 @@ TEST_CASE("refusals that eviction or an observer cured are not counted as refusa
   // An observer that frees the 8 MiB: the 12 MiB request then fits on its retry.
   std::optional<DeviceAllocation> held = *cured;
   const uint64_t id = memory->add_oom_observer([&](const kiln::Failure &) {
-    if (held) (void)memory->free(*std::exchange(held, std::nullopt));
+    if (held) CHECK(memory->free(*std::exchange(held, std::nullopt)));
   });
   auto blocked = memory->charge(MemoryCategory::code_object, 4_MiB);  // 12 MiB held now
   REQUIRE(blocked);

@@ -116,7 +116,9 @@ void fill_until_refused(Report &r) {
   r.line("1 GiB arrays held before the refusal: {}", arrays.size());
   r.line("refusal: {}", refusal ? describe(*refusal) : "none");
   r.expect(refusal && is_out_of_memory(classify(*refusal)), "1 GiB arrays end in a typed out-of-memory error");
-  for (Ndarray &a : arrays) (void)ex->free(a);
+  std::size_t refused_frees = 0;
+  for (Ndarray &a : arrays) refused_frees += ex->free(a) ? 0 : 1;
+  r.expect(refused_frees == 0, "every array held before the refusal frees");
   arrays.clear();
   ex->memory().release_cached();
   r.line("ledger after freeing: {} (set-up {})", held_bytes(*ex), baseline);
@@ -136,12 +138,14 @@ void timings(Report &r) {
   constexpr uint64_t kBytes = 1 << 20;
   value_or_throw(ex->memory().free(value_or_throw(ex->memory().allocate(MemoryCategory::ndarray, kBytes))));
   const double pool = nanoseconds_per(10000, [&] {
-    (void)ex->memory().free(value_or_throw(ex->memory().allocate(MemoryCategory::ndarray, kBytes)));
+    value_or_throw(
+        ex->memory().free(value_or_throw(ex->memory().allocate(MemoryCategory::ndarray, kBytes))));
   });
   LlvmRuntimeAllocParams params;
   params.size_bytes = kBytes;
   const double driver = nanoseconds_per(1000, [&] {
-    (void)ex->device().dealloc_memory(value_or_throw(ex->device().allocate_runtime(params)));
+    value_or_throw(
+        ex->device().dealloc_memory(value_or_throw(ex->device().allocate_runtime(params))));
   });
   r.line("pool-hit alloc+free 1 MiB: {:.0f} ns; cuMemAlloc_v2+cuMemFree_v2: {:.0f} ns; ratio {:.3f}",
          pool, driver, pool / driver);

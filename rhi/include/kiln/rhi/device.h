@@ -175,6 +175,8 @@ class LlvmDevice : public Device {
     uint64_t size_bytes;
   };
   [[nodiscard]] RhiExpected<Entry> find_live(DeviceAllocation alloc, const char *site) const;
+  /// Keeps a failed driver free as the deferred failure (the first one wins) for synchronize().
+  void defer_if_failed(const RhiStatus &freed);
   [[nodiscard]] RhiExpected<Entry> check_range(DeviceAllocation alloc, uint64_t offset,
                                                uint64_t size_bytes, const char *site) const;
 

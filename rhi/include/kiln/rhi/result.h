@@ -12,8 +12,9 @@
 
 namespace kiln {
 
-/// The closed set of answers every RHI and runtime call gives.
-enum class RhiResult : uint8_t {
+/// The closed set of answers every RHI and runtime call gives. `[[nodiscard]]`: a call returning
+/// one cannot drop it (as RhiExpected / RhiStatus below).
+enum class [[nodiscard]] RhiResult : uint8_t {
   /// The call did what it was asked.
   success = 0,
   /// Use this when the device or driver failed in a way that none of the codes below describes;
@@ -127,9 +128,36 @@ struct Failure {
 [[nodiscard]] Failure make_failure(RhiResult result, std::string device, const char *site,
                                    std::string detail);
 
+/// A value of type T or the Failure that prevented it: `std::expected<T, Failure>` with every
+/// member, conversion and comparison of it, as a `[[nodiscard]]` class type (like LLVM's
+/// `Expected`). The attribute sits on the type, not on each function, so dropping the result of
+/// ANY call returning one warns (`-Wunused-result`, an error in kiln's build), virtual calls
+/// through a base reference included (g++ 12 does not warn for those when only the function is
+/// `[[nodiscard]]`). To drop one on purpose, say why: `ignore_result(expr, "why")`.
+/// Builds from a T (or anything convertible to it), from `std::unexpected<Failure>`, from
+/// another RhiExpected / std::expected whose value converts, and (RhiStatus) from `{}`.
 template <class T>
-using RhiExpected = std::expected<T, Failure>;
-using RhiStatus = std::expected<void, Failure>;
+class [[nodiscard]] RhiExpected : public std::expected<T, Failure> {
+  using base = std::expected<T, Failure>;
+
+ public:
+  using base::base;
+  RhiExpected() = default;
+  /// From the plain std::expected (what std::expected's own members return).
+  constexpr RhiExpected(const base &other) : base(other) {}
+  constexpr RhiExpected(base &&other) : base(std::move(other)) {}
+};
+/// Success or the Failure: `RhiStatus{}` / `return {};` is success.
+using RhiStatus = RhiExpected<void>;
+
+/// Drops a result on purpose. `why` says why dropping it loses nothing, e.g.
+/// "best-effort cleanup; the caller already reports the first failure". Use only where a failure
+/// is reported another way or cannot matter; a lost failure is a bug.
+template <class T>
+constexpr void ignore_result(T &&result, const char *why) noexcept {
+  static_cast<void>(result);
+  static_cast<void>(why);
+}
 
 /// The failure recorded by the last RhiResult-returning call on this thread that failed.
 /// RhiResult-returning functions set it; the expected-returning forms carry it directly.
