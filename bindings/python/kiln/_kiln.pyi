@@ -10,7 +10,8 @@ exactly what the module defines, with the same parameters. Conventions of every 
   out-of-memory error. A call whose arguments match no signature (too many, too few, an unknown
   keyword) is InvalidTypeError, not a plain TypeError.
 - Errors are the classes of kiln._errors (kiln.Error and its subclasses); every out-of-memory kind
-  is a kiln.OutOfMemoryError, hence a MemoryError.
+  is a kiln.OutOfMemoryError, hence a MemoryError. Any operation may raise one when a buffer its
+  launch needs (argument buffer, result buffer, staging) cannot be had.
 - Threading: one global executor; calls may come from any thread. Launches run with the GIL
   released and the arrays they use marked busy (freeing a busy array is InvalidUsageError).
 """
@@ -335,8 +336,9 @@ def reset_peak_memory_stats() -> None:
 def add_oom_observer(callback: Callable[[OutOfMemoryError], object]) -> int:
     """Registers ``callback``, called with the exception before an out-of-memory error is raised
     (on the thread whose allocation failed, with the GIL). If it frees arrays (or calls
-    kiln.empty_cache()) the allocation is retried once. Observers may free arrays, not allocate
-    (kiln calls that allocate raise InvalidUsageError inside one). An exception it raises is
+    kiln.empty_cache()) the allocation is retried once. Observers may free arrays and call
+    kiln.empty_cache(); kiln.init, making arrays and operations raise InvalidUsageError inside
+    one (the failing allocation is still in progress). An exception it raises is
     reported through sys.unraisablehook and the out-of-memory error stands, except
     KeyboardInterrupt, SystemExit and other non-Exceptions, which the interrupted call raises.
     Returns the id for remove_oom_observer. Dropped when kiln.init replaces the executor.
