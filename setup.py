@@ -58,6 +58,8 @@ setup(
     version=cmake_project_version(),
     packages=["kiln"],
     package_dir={"kiln": "bindings/python/kiln"},
+    # The extension's type stub and the PEP 561 marker: type checkers read the installed package.
+    package_data={"kiln": ["py.typed", "_kiln.pyi"]},
     ext_modules=[Extension("kiln._kiln", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
     options={"build": {"build_base": str(SETUPTOOLS_DIR)}, "egg_info": {"egg_base": str(SETUPTOOLS_DIR)}},

@@ -1,5 +1,6 @@
 """Adaptive batching: process a data set in batches with kiln ops; when a batch does not fit
-(any MemoryError: the budget, the driver or the device heap said no), halve the batch and go on.
+(any kiln.OutOfMemoryError, a MemoryError: the budget, the driver or the device heap said no),
+halve the batch and go on.
 
 For each row block X_b of a data set X (rows x features, float64) and a weight matrix W:
     scores_b = X_b @ W                      (kiln.matmul)
@@ -15,16 +16,17 @@ import argparse
 import sys
 
 import numpy as np
+import numpy.typing as npt
 
 import kiln
 
 MiB = 1 << 20
 
 
-def process_batch(rows, weights):
+def process_batch(rows: npt.NDArray[np.float64], weights: kiln.ndarray) -> tuple[float, int]:
     """(sum of rows @ weights, count of its positive entries), on the device. Every array made
     here is freed before returning, also when an allocation or a launch fails."""
-    arrays = []
+    arrays: list[kiln.ndarray] = []
     try:
         x = kiln.from_numpy(rows)
         arrays.append(x)
@@ -39,17 +41,19 @@ def process_batch(rows, weights):
             a.free()
 
 
-def run(data, weights_host, batch_rows):
-    """Processes `data` in batches, halving the batch on MemoryError. Returns the results and
-    the list of refusals (exception class name, batch size)."""
+def run(data: npt.NDArray[np.float64], weights_host: npt.NDArray[np.float64],
+        batch_rows: int) -> tuple[float, int, int, list[tuple[str, int]]]:
+    """Processes `data` in batches, halving the batch on out-of-memory errors. Returns the sum,
+    the count of positive scores, the final batch size and the list of refusals (exception class
+    name, batch size)."""
     weights = kiln.from_numpy(weights_host)
     total, positive, start = 0.0, 0, 0
-    refusals = []
+    refusals: list[tuple[str, int]] = []
     while start < len(data):
         rows = data[start:start + batch_rows]
         try:
             batch_total, batch_positive = process_batch(rows, weights)
-        except MemoryError as e:
+        except kiln.OutOfMemoryError as e:  # every kind kiln raises; each is also a MemoryError
             refusals.append((type(e).__name__, batch_rows))
             print(f"batch of {batch_rows} rows refused: {type(e).__name__} "
                   f"(asked {e.requested_bytes} bytes for {e.category})")
@@ -63,7 +67,7 @@ def run(data, weights_host, batch_rows):
     return total, positive, batch_rows, refusals
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="cpu")
     parser.add_argument("--rows", type=int, default=100_000)

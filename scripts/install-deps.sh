@@ -16,6 +16,7 @@ packages=(
   pybind11-dev python3-dev python3-pytest python3-numpy python3-hypothesis
   # the Python package built and installed as a user would (pyproject.toml, setup.py)
   python3-setuptools python3-wheel python3-pip python3-venv python3-build
+  python3-mypy  # ctest python_mypy: mypy --strict over the stubs, examples and typed usage
 )
 
 missing=()

@@ -4,7 +4,8 @@
 #      which configures and builds kiln's CMake build from scratch (KILN_CMAKE_BUILD_DIR);
 #   2. `python3 -m build --no-isolation --wheel`, and that wheel installed into a second venv;
 # each imported from / (not the source tree), with kiln.__version__ equal to CMakeLists.txt's
-# project(VERSION) and one operation run. ctest "python_package" runs it; $1 is kiln's build dir
+# project(VERSION) and one operation run, and type-checked by mypy from the installed package
+# (its py.typed and the stub _kiln.pyi, PEP 561). ctest "python_package" runs it; $1 is kiln's build dir
 # (for the scratch space), $2 the source tree.
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -36,14 +37,27 @@ PY
   )
 }
 
+check_typed() {  # $1: venv; mypy --strict reads the installed package's types (no MYPYPATH)
+  (cd / && "$python" -m mypy --strict --no-incremental --python-executable "$1/bin/python" -c '
+import kiln
+try:
+    kiln.ndarray(kiln.f32, (1 << 26,))
+except kiln.BudgetExceededError as e:
+    requested: int = e.requested_bytes
+total: float = kiln.reduce_sum(kiln.ndarray(kiln.f32, 3))
+')
+}
+
 "$python" -m venv --system-site-packages "$scratch/venv-pip"
 (cd "$source_dir" && "$scratch/venv-pip/bin/pip" install --no-build-isolation --no-index --no-deps . \
   > "$scratch/pip.log" 2>&1) || { tail -40 "$scratch/pip.log"; exit 1; }
 check_venv "$scratch/venv-pip"
+check_typed "$scratch/venv-pip"
 
 (cd "$source_dir" && "$python" -m build --no-isolation --wheel --outdir "$scratch/dist" . \
   > "$scratch/wheel.log" 2>&1) || { tail -40 "$scratch/wheel.log"; exit 1; }
 "$python" -m venv --system-site-packages "$scratch/venv-wheel"
 "$scratch/venv-wheel/bin/pip" install --no-index --no-deps "$scratch"/dist/kiln-"$expected"-*.whl > /dev/null
 check_venv "$scratch/venv-wheel"
+check_typed "$scratch/venv-wheel"
 echo "python package: ok"

@@ -20,6 +20,8 @@ kiln.empty_cache() (gives the caching pool's blocks back; freed arrays are kept 
 "pool_cache" for reuse), kiln.add_oom_observer(fn) / remove_oom_observer(id).
 """
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any
+
 from ._errors import (  # noqa: F401  (the exceptions come first: the native module imports them)
     Error, OutOfMemoryError, DeviceOutOfMemoryError, BudgetExceededError,
     DeviceHeapExhaustedError, HostOutOfMemoryError, InvalidUsageError, InvalidTypeError,
@@ -32,7 +34,7 @@ from ._kiln import (  # noqa: F401
     add_oom_observer, remove_oom_observer,
 )
 from . import _kiln, testing  # noqa: F401
-from ._version import __version__  # noqa: F401  (CMake's project(VERSION))
+from ._version import __version__ as __version__  # CMake's project(VERSION); exported for mypy
 
 __all__ = [
     "Error", "OutOfMemoryError", "DeviceOutOfMemoryError", "BudgetExceededError",
@@ -45,13 +47,17 @@ __all__ = [
 ]
 
 
-def _ndarray_from_host(host):
+if _TYPE_CHECKING:
+    import numpy.typing as _npt
+
+
+def _ndarray_from_host(host: "_npt.NDArray[_Any]") -> ndarray:
     """Unpickles a kiln.ndarray: a new array like kiln.from_numpy(host) on the current executor
     (ndarray.__reduce__ pickles the host copy, as to_numpy() gives it)."""
     return from_numpy(host)
 
 
-def _shutdown():
+def _shutdown() -> None:
     # The executor goes while the interpreter is still whole (its OOM observers hold callables).
     _kiln._shutdown()
 

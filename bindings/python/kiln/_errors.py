@@ -17,8 +17,11 @@ to exactly one of them (bindings/python/error_mapping.cpp, the only place that d
 
 Every instance carries the failure detail as attributes (``FIELDS``); sizes are in bytes and are
 ``None`` where the failure had no memory picture. ``str(e)`` is the full message. Instances
-survive ``pickle`` with their class and attributes.
+survive ``pickle`` with their class and attributes. The attributes are typed on ``Error`` (for
+mypy: ``except kiln.BudgetExceededError as e: e.requested_bytes`` is an ``int``).
 """
+
+from typing import Any, Callable, TypeVar
 
 __all__ = [
     "Error", "OutOfMemoryError", "DeviceOutOfMemoryError", "BudgetExceededError",
@@ -26,8 +29,9 @@ __all__ = [
     "NotSupportedError", "DeviceLostError", "RuntimeFaultError",
 ]
 
-# name -> default. The defaults are what an instance made by hand (not by kiln) reports.
-FIELDS = {
+# name -> default. The defaults are what an instance made by hand (not by kiln) reports. Each one
+# is declared with its type on Error below.
+FIELDS: dict[str, Any] = {
     "requested_bytes": 0,   # bytes the failed request asked for
     "class_bytes": 0,       # the pool's size class when it was larger and did not fit either
     "budget_check": "none", # which budget check refused: "limit", "live_free" (else "none")
@@ -49,15 +53,40 @@ FIELDS = {
 }
 
 
-def _rebuild(cls, message, fields):
+_E = TypeVar("_E", bound="Error")
+
+
+def _rebuild(cls: type[_E], message: str, fields: dict[str, Any]) -> _E:
     """Unpickles an Error: the same class, message and attributes."""
     return cls(message, **fields)
 
 
 class Error(Exception):
-    """Base of every kiln exception. ``str(e)`` is the full message."""
+    """Base of every kiln exception. ``str(e)`` is the full message.
 
-    def __init__(self, message="", **fields):
+    The attributes (set on every instance; sizes in bytes, None where the failure had no memory
+    picture) are those of ``FIELDS``, typed here."""
+
+    requested_bytes: int                 # bytes the failed request asked for
+    class_bytes: int                     # the pool's size class when larger and refused too
+    budget_check: str                    # which budget check refused: "limit", "live_free", "none"
+    device: str                          # "cpu", "mock", "cuda:0"
+    category: str                        # "ndarray", "staging", "argument_buffer", ...
+    free_bytes: int | None               # live free device memory at the failure
+    total_bytes: int | None              # total device memory
+    limit_bytes: int | None              # kiln's budget for the device
+    reserve_bytes: int | None            # headroom kept free (set when the live check refused)
+    live_age_ms: int | None              # ms between reading free/total and the failure
+    in_use_bytes: dict[str, int] | None  # category -> bytes kiln held at the failure
+    site: str                            # the function that refused
+    driver_status: str                   # the driver's own status name
+    result: str                          # the RhiResult: "out_of_memory", "invalid_usage", ...
+    oom_source: str                      # "driver", "budget", "device_heap", "host" or "none"
+    detail: str                          # what was wrong (invalid usage, runtime faults)
+    context: tuple[str, ...]             # lines added on the way up, innermost first
+    advice: str                          # what to do, naming kiln.init's arguments
+
+    def __init__(self, message: str = "", **fields: Any) -> None:
         super().__init__(message)
         unknown = set(fields) - set(FIELDS)
         if unknown:
@@ -70,10 +99,10 @@ class Error(Exception):
                 value = tuple(value)
             setattr(self, name, value)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[..., "Error"], tuple[type["Error"], str, dict[str, Any]]]:
         return (_rebuild, (type(self), str(self), {name: getattr(self, name) for name in FIELDS}))
 
 
@@ -107,7 +136,7 @@ class InvalidTypeError(InvalidUsageError, TypeError):
     builtins; ``result`` is "invalid_usage" like every InvalidUsageError."""
 
 
-def _recast(cls, error):
+def _recast(cls: type[_E], error: Error) -> _E:
     """The same error (message and attributes) as an instance of ``cls``; used by the native
     module for InvalidTypeError, a Python-only refinement of ErrorKind::invalid_usage."""
     return cls(str(error), **{name: getattr(error, name) for name in FIELDS})

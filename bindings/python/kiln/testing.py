@@ -1,14 +1,16 @@
 """Deterministic fault injection for tests: make allocations fail without a GPU or a full disk."""
 
 import contextlib
+from typing import Iterator, Literal, SupportsIndex
 
 from . import _kiln
+from ._errors import Error
 
 __all__ = ["fail_allocation", "allocation_count", "make_error"]
 
 
 @contextlib.contextmanager
-def fail_allocation(at=1):
+def fail_allocation(at: SupportsIndex = 1) -> Iterator[None]:
     """Inside the block, the `at`-th allocation request (1-based, counted from the start of the
     block) fails with kiln.DeviceOutOfMemoryError (driver_status "injected fault (FaultPlan)"),
     as if the driver had refused it. Every request counts: ndarrays, and each buffer a launch
@@ -28,13 +30,17 @@ def fail_allocation(at=1):
         _kiln._pop_fault()
 
 
-def allocation_count():
+def allocation_count() -> int:
     """Allocation requests counted since the innermost open fail_allocation() block began;
     outside blocks, since the last block ended (or since init)."""
     return _kiln._fault_allocation_count()
 
 
-def make_error(result, oom_source="none", requested_bytes=0, device="", detail=""):
+def make_error(
+    result: Literal["error", "invalid_usage", "not_supported", "out_of_memory", "device_lost"],
+    oom_source: Literal["none", "driver", "budget", "device_heap", "host"] = "none",
+    requested_bytes: SupportsIndex = 0, device: str = "", detail: str = "",
+) -> Error:
     """The exception kiln raises for a failure with this RhiResult ("error", "invalid_usage",
     "not_supported", "out_of_memory", "device_lost") and OomSource ("none", "driver", "budget",
     "device_heap", "host"), built by the same mapping as real failures. For testing handlers of

@@ -1,0 +1,387 @@
+"""Type stub of kiln._kiln, the native module (bindings/python/*.cpp); use the package ``kiln``.
+
+Written by hand from the bindings and their tests; test/python/test_stubs.py checks that it names
+exactly what the module defines, with the same parameters. Conventions of every function here:
+
+- Sizes are in bytes. Integer arguments take anything with ``__index__`` (int, numpy integers)
+  except bool; a bool, a float or None where an int is needed is InvalidTypeError.
+- Every call is checked whole (types, dtypes, shapes, aliasing) before anything is allocated or
+  copied: a usage mistake is InvalidUsageError (InvalidTypeError for a wrong type), never an
+  out-of-memory error. A call whose arguments match no signature (too many, too few, an unknown
+  keyword) is InvalidTypeError, not a plain TypeError.
+- Errors are the classes of kiln._errors (kiln.Error and its subclasses); every out-of-memory kind
+  is a kiln.OutOfMemoryError, hence a MemoryError. Any operation may raise one when a buffer its
+  launch needs (argument buffer, result buffer, staging) cannot be had.
+- Threading: one global executor; calls may come from any thread. Launches run with the GIL
+  released and the arrays they use marked busy (freeing a busy array is InvalidUsageError).
+"""
+
+from typing import Any, Callable, ClassVar, Final, Literal, Sequence, SupportsIndex, TypeAlias, TypedDict
+
+import numpy
+import numpy.typing as npt
+
+from kiln._errors import Error, OutOfMemoryError
+
+_DtypeName: TypeAlias = Literal["f32", "f64", "i32", "i64"]
+# An integer kiln takes: int, numpy integers, any __index__ object (bool is refused at run time).
+_Int: TypeAlias = SupportsIndex
+# A shape: an int, a sequence of ints, or a 1-D integer numpy array.
+_ShapeLike: TypeAlias = SupportsIndex | Sequence[SupportsIndex] | npt.NDArray[numpy.integer[Any]]
+# A scalar operand: a real number for floating dtypes, an integer for integer dtypes.
+_Scalar: TypeAlias = float | int | numpy.floating[Any] | numpy.integer[Any]
+# A flag: True or False (numpy bools too); None and ints are refused.
+_Flag: TypeAlias = bool | numpy.bool_
+
+
+class dtype:
+    """Element type of a kiln.ndarray: kiln.f32, f64, i32, i64 (values 0, 1, 2, 3).
+
+    ``kiln.dtype(value)`` accepts a kiln.dtype, its name ("f32") or its value (0..3).
+    Errors: InvalidTypeError (another type, wrong arity), InvalidUsageError (a name or value that
+    is no dtype). ``str(kiln.f32) == "f32"``. Immutable; safe to share between threads.
+    """
+
+    f32: ClassVar[dtype]
+    f64: ClassVar[dtype]
+    i32: ClassVar[dtype]
+    i64: ClassVar[dtype]
+    __members__: ClassVar[dict[str, dtype]]
+
+    def __init__(self, value: dtype | _DtypeName | _Int) -> None:
+        """The dtype named by ``value``: a kiln.dtype, "f32"/"f64"/"i32"/"i64", or 0..3.
+        Errors: InvalidTypeError, InvalidUsageError (see the class)."""
+    @property
+    def name(self) -> str:
+        """The dtype's name: "f32", "f64", "i32" or "i64"."""
+    @property
+    def value(self) -> int:
+        """The dtype's value: 0 (f32), 1 (f64), 2 (i32), 3 (i64)."""
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element: 4 (f32, i32) or 8 (f64, i64)."""
+    @property
+    def numpy(self) -> numpy.dtype[Any]:
+        """The numpy dtype of the same element type (numpy.float32 for kiln.f32, ...)."""
+    def __index__(self) -> int:
+        """The dtype's value (0..3)."""
+    def __int__(self) -> int:
+        """The dtype's value (0..3)."""
+    def __eq__(self, other: object) -> bool:
+        """Whether ``other`` is the same dtype (a kiln.dtype; an int never compares equal)."""
+    def __ne__(self, other: object) -> bool:
+        """The negation of ``==``."""
+    def __hash__(self) -> int:
+        """The hash of the dtype's value."""
+    def __getstate__(self) -> int:
+        """Pickle support: the dtype's value."""
+    def __setstate__(self, value: dtype | _DtypeName | _Int) -> None:
+        """Pickle support: accepts what the constructor accepts, with the same errors."""
+    def __repr__(self) -> str:
+        """``<dtype.f32: 0>``."""
+    def __str__(self) -> str:
+        """The dtype's name, e.g. "f32"."""
+
+
+f32: Final[dtype]
+"""32-bit float (itemsize 4)."""
+f64: Final[dtype]
+"""64-bit float (itemsize 8)."""
+i32: Final[dtype]
+"""32-bit signed integer (itemsize 4)."""
+i64: Final[dtype]
+"""64-bit signed integer (itemsize 8)."""
+
+# The class dtype under another name, for the ndarray members named dtype.
+_DType: TypeAlias = dtype
+
+
+class ndarray:
+    """ndarray(dtype, shape): an array in device memory, row-major (C order).
+
+    dtype: kiln.f32, f64, i32, i64 (or their names); shape: an int or a sequence of ints (at most
+    32 dimensions). The contents are uninitialized. Freed by del / garbage collection or
+    a.free(); a.to_numpy() copies it to a new numpy array; on cpu and mock np.asarray(a) (and
+    memoryview(a)) is a zero-copy, writable view. copy.copy / copy.deepcopy make a new array with
+    the same contents on the current executor; pickle goes through the host copy (to_numpy) and
+    restores the array with kiln.from_numpy on the receiving side's executor.
+
+    An array of an executor that kiln.init replaced stays safe to keep, view, free and delete;
+    operations on it raise InvalidUsageError.
+
+    Thread safety: any thread may use an array, but freeing one while another thread uses it is
+    InvalidUsageError.
+    """
+
+    def __init__(self, dtype: _DType | _DtypeName, shape: _ShapeLike) -> None:
+        """A new uninitialized array of ``dtype`` and ``shape`` on the current executor.
+
+        Errors: InvalidTypeError (wrong types: a numpy dtype, a float or bool dimension, a nested
+        sequence, ...), InvalidUsageError (an unknown dtype name, a negative dimension, more than
+        32 dimensions, a size beyond numpy's, inside an OOM observer), an OutOfMemoryError
+        subclass (usually BudgetExceededError or DeviceOutOfMemoryError) when the memory cannot
+        be had."""
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The dimensions, in elements (``()`` for a 0-d array)."""
+    @property
+    def dtype(self) -> _DType:
+        """The element type."""
+    @property
+    def nbytes(self) -> int:
+        """Size of the data in bytes (size * dtype.itemsize)."""
+    @property
+    def size(self) -> int:
+        """Number of elements (the product of shape; 1 for a 0-d array)."""
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions (len(shape))."""
+    @property
+    def device(self) -> str:
+        """The device the array lives on: "cpu", "mock", "cuda:0", "amdgpu:0"."""
+    @property
+    def is_freed(self) -> bool:
+        """Whether the array's memory was freed (by free())."""
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        """numpy's array interface (version 3) over the same zero-copy view as the buffer
+        protocol: np.asarray(a) shares a's memory. Errors: NotSupportedError when the device is
+        not host-addressable (cuda, amdgpu: use to_numpy()), InvalidUsageError for a freed array.
+        A view counts as a use: free() refuses while one exists."""
+    def free(self) -> None:
+        """Frees the array's memory now (into the caching pool when caching is on).
+
+        Errors: InvalidUsageError when it is already freed, when a running operation uses it
+        (another thread), or while buffer views of it exist (memoryview, np.asarray: delete
+        them first)."""
+    def to_numpy(self) -> npt.NDArray[Any]:
+        """A new numpy array (same shape, the numpy dtype of dtype) with a copy of the contents.
+
+        Errors: InvalidUsageError (freed, or of a replaced executor), HostOutOfMemoryError when
+        the host copy cannot be allocated."""
+    def __copy__(self) -> ndarray:
+        """copy.copy(a): a new array of the same dtype and shape on the current executor, with a's
+        contents. Errors: those of ndarray() and kiln.copy."""
+    def __deepcopy__(self, memo: object) -> ndarray:
+        """copy.deepcopy(a): the same as copy.copy(a) (an array holds no Python objects)."""
+    def __reduce__(self) -> tuple[Callable[[npt.NDArray[Any]], ndarray], tuple[npt.NDArray[Any]]]:
+        """Pickle support: (kiln._ndarray_from_host, (a.to_numpy(),)); unpickling makes a new
+        array with kiln.from_numpy on the current executor."""
+    def __len__(self) -> int:
+        """shape[0]. Errors: InvalidTypeError for a 0-d array (as numpy's TypeError)."""
+    def __repr__(self) -> str:
+        """``kiln.ndarray(f32[2, 3], device='cpu')``, with ``, freed`` once freed."""
+
+
+def init(
+    arch: Literal["cpu", "mock", "cuda", "amdgpu"] = "cpu",
+    *,
+    budget_bytes: _Int | None = None,
+    reserve_bytes: _Int | None = None,
+    live_check: _Flag = True,
+    caching: _Flag = True,
+    device_heap_bytes: _Int | None = None,
+    mock_capacity_bytes: _Int | None = None,
+    mock_other_process_bytes: _Int | Sequence[_Int] | npt.NDArray[numpy.integer[Any]] | None = None,
+    num_threads: _Int | None = None,
+    fault_at: _Int | None = None,
+    fail_sizes_at_least: _Int | None = None,
+) -> None:
+    """Makes the one global executor (device + memory budget + kernels), replacing the current
+    one. Without a call, the first use makes one with arch="cpu".
+
+    arch: "cpu", "mock" (a host-memory device with a capacity, for tests), "cuda", "amdgpu".
+    budget_bytes: kiln's memory limit (None: KILN_POOL_LIMIT_MB if set, else total - reserve).
+    reserve_bytes: headroom kept free on the device (None: max(64 MiB, total / 20)).
+    live_check: ask the device for its live free memory whenever kiln must grow.
+    caching: keep freed blocks for reuse (charged as "pool_cache"; evicted before any refusal).
+    device_heap_bytes: the device heap kernels allocate from (compact_positive); None: 16 MiB.
+      It is charged to the budget: a budget_bytes below it makes init raise BudgetExceededError.
+    mock_capacity_bytes: the mock device's total memory.
+    mock_other_process_bytes: memory "another process" holds on the mock device; a list is a
+      script of successive readings.
+    num_threads: CPU worker threads for launches (None or 0: all cores; at most 1024).
+    fault_at: the N-th allocation after set-up fails with DeviceOutOfMemoryError (0/None: never).
+    fail_sizes_at_least: every allocation of at least this many bytes fails the same way.
+
+    Arrays of the replaced executor stay safe to keep, view, free and delete; operations on them
+    raise InvalidUsageError. Its OOM observers and fail_allocation blocks are dropped. After a
+    DeviceLostError, init releases the lost executor before making the new one.
+
+    Errors: InvalidTypeError (wrong types), InvalidUsageError (an unknown arch, values out of
+    range, called inside an OOM observer), NotSupportedError (no driver for arch on this machine
+    or in this build), an OutOfMemoryError subclass (the device heap or code does not fit;
+    HostOutOfMemoryError when the host cannot compile the kernels), DeviceLostError (arrays of a
+    lost executor still hold its context). The JIT runs with the GIL released.
+    """
+
+
+def device() -> str:
+    """The current executor's device name: "cpu", "mock", "cuda:0", "amdgpu:0" (makes the default
+    executor if there is none)."""
+
+
+def from_numpy(a: npt.ArrayLike) -> ndarray:
+    """A new array on the current executor with a copy of ``a`` (a numpy array or array-like of
+    float32, float64, int32 or int64; same shape and dtype). Non-contiguous or byte-swapped input
+    is copied to C order on the host first, after the device array was allocated.
+
+    Errors: InvalidUsageError (another numpy dtype: float16, bool, object, structured, ...;
+    inside an OOM observer), InvalidTypeError (masked arrays, values that are not numbers), an
+    OutOfMemoryError subclass (device memory; HostOutOfMemoryError for the host copy)."""
+
+
+def fill(out: ndarray, value: _Scalar) -> None:
+    """out[...] = value, in place.
+
+    value: a real number for floating dtypes (nan and inf too), an integer within the dtype's
+    range for integer ones. Errors: InvalidTypeError (out not a kiln.ndarray; a float, complex,
+    str or None value for an integer dtype), InvalidUsageError (value out of range; out freed or
+    of a replaced executor)."""
+
+
+def copy(dst: ndarray, src: ndarray) -> None:
+    """dst[...] = src[...]; same dtype and shape.
+
+    Errors: InvalidTypeError (not kiln.ndarrays), InvalidUsageError (dtype or shape differ, an
+    array freed or of a replaced executor)."""
+
+
+def axpy(alpha: _Scalar, x: ndarray | npt.ArrayLike, y: ndarray) -> None:
+    """y = alpha * x + y, in place; x and y of the same dtype and shape (integers wrap).
+
+    x may be a numpy array (or array-like), checked against y before any copy and staged on the
+    device for the launch. Errors: InvalidTypeError (y not a kiln.ndarray, alpha of the wrong
+    type), InvalidUsageError (dtype or shape differ, alpha out of range, an array freed), an
+    OutOfMemoryError subclass when the staging buffer for a host x does not fit."""
+
+
+def reduce_sum(x: ndarray) -> float | int:
+    """The sum of all elements: a float for f32/f64 (accumulated in f64), an int for i32/i64
+    (wrapping 64-bit). Errors: InvalidTypeError, InvalidUsageError (x freed), an
+    OutOfMemoryError subclass when the launch's result buffer does not fit."""
+
+
+def matmul(a: ndarray, b: ndarray, out: ndarray | None = None) -> ndarray:
+    """c = a @ b for 2-D arrays a (m, k) and b (k, n) of one dtype; returns c, shape (m, n).
+
+    out: an existing (m, n) array of that dtype to write into (returned), which must be neither a
+    nor b; None: a new array. The whole call is checked before out is allocated.
+    Errors: InvalidTypeError, InvalidUsageError (not 2-D, inner dimensions differ, dtypes differ,
+    out of the wrong shape or dtype or aliasing an input), an OutOfMemoryError subclass for a new
+    out."""
+
+
+def compact_positive(x: ndarray) -> ndarray:
+    """A new 1-D array of the elements of x that are > 0, in order, of x's dtype.
+
+    The kernel allocates its output from the device heap while it runs (kiln.init's
+    device_heap_bytes). Errors: InvalidTypeError, InvalidUsageError, DeviceHeapExhaustedError
+    when the heap is too small (nothing is held after), other OutOfMemoryError subclasses for
+    the result array."""
+
+
+class _MemoryStats(TypedDict):
+    """kiln.memory_stats(): bytes, and counters since init."""
+
+    device: str
+    current_bytes: dict[str, int]
+    peak_bytes: dict[str, int]
+    current_total_bytes: int
+    allocated_bytes: int
+    peak_total_bytes: int
+    limit_bytes: int
+    reserve_bytes: int
+    cached_bytes: int
+    cached_blocks: int
+    allocations: int
+    frees: int
+    cache_hits: int
+    lock_free_hits: int
+    evictions: int
+    budget_refusals: int
+    live_checks: int
+    live_refusals: int
+    driver_ooms: int
+    retries: int
+
+
+def memory_stats() -> _MemoryStats:
+    """The current executor's memory figures, in bytes, and counters (a new dict each call).
+
+    current_bytes / peak_bytes: dicts of bytes per category ("ndarray", "pool_cache",
+    "runtime_heap", ...); current_total_bytes: all of it; allocated_bytes: all but the caching
+    pool's blocks (the baseline that comes back after a caught out-of-memory error);
+    peak_total_bytes; limit_bytes and reserve_bytes of the budget; cached_bytes / cached_blocks
+    of the caching pool; counters allocations, frees, cache_hits, lock_free_hits (hits served by
+    the thread's own cache), evictions, budget_refusals, live_checks, live_refusals, driver_ooms,
+    retries. A snapshot taken while other threads allocate may be momentarily inconsistent
+    between categories."""
+
+
+def memory_summary() -> str:
+    """A readable table of current and peak bytes per category, the pool and the counters
+    (starts with "kiln memory summary: <device> (limit ...")."""
+
+
+def empty_cache() -> int:
+    """Gives every cached block of the caching pool back to the device; returns the bytes
+    released."""
+
+
+def reset_peak_memory_stats() -> None:
+    """Sets every peak figure of memory_stats() to its current value."""
+
+
+def add_oom_observer(callback: Callable[[OutOfMemoryError], object]) -> int:
+    """Registers ``callback``, called with the exception before an out-of-memory error is raised
+    (on the thread whose allocation failed, with the GIL). If it frees arrays (or calls
+    kiln.empty_cache()) the allocation is retried once. Observers may free arrays and call
+    kiln.empty_cache(); kiln.init, making arrays and operations raise InvalidUsageError inside
+    one (the failing allocation is still in progress). An exception it raises is
+    reported through sys.unraisablehook and the out-of-memory error stands, except
+    KeyboardInterrupt, SystemExit and other non-Exceptions, which the interrupted call raises.
+    Returns the id for remove_oom_observer. Dropped when kiln.init replaces the executor.
+    Errors: InvalidTypeError (not callable)."""
+
+
+def remove_oom_observer(observer_id: _Int) -> bool:
+    """Removes the observer add_oom_observer returned ``observer_id`` for; False when there is
+    none (unknown or already removed). Errors: InvalidTypeError (not an int), InvalidUsageError
+    (negative, beyond 2**63-1)."""
+
+
+# The native part of kiln.testing and of the package's exit hook (kiln/testing.py and
+# kiln/__init__.py wrap them); not API.
+
+def _push_fault(at: _Int) -> None:
+    """Enters a fail_allocation block: the ``at``-th allocation request from now fails with
+    DeviceOutOfMemoryError. Errors: InvalidTypeError, InvalidUsageError (at < 1, beyond 2**63-1)."""
+
+
+def _pop_fault() -> None:
+    """Leaves the innermost fail_allocation block: the outer block's plan is armed again, or the
+    plan is cleared."""
+
+
+def _fault_allocation_count() -> int:
+    """Allocation requests since the innermost open block began (outside blocks, since the last
+    block ended or since init)."""
+
+
+def _make_error(
+    result: str, oom_source: str = "none", requested_bytes: _Int = 0, device: str = "",
+    detail: str = "",
+) -> Error:
+    """The exception kiln raises for a synthetic failure of this RhiResult and OomSource (see
+    kiln.testing.make_error). Errors: InvalidTypeError, InvalidUsageError (unknown names)."""
+
+
+def _throw_cpp_exception(kind: str) -> None:
+    """Throws a C++ exception ("bad_alloc", "future_error", "system_error") through the module:
+    raises HostOutOfMemoryError or RuntimeFaultError (the translation under test)."""
+
+
+def _shutdown() -> None:
+    """Interpreter exit (atexit): later calls from other threads park; waits up to 10 s for the
+    calls inside kiln, then drops the executor."""
