@@ -77,10 +77,7 @@ TEST_CASE("every built code object (gfx942 and gfx1201 too) loads and runs the k
 
 TEST_CASE("the executor loads the HSACO and charges it to the ledger as code_object", "[amdgpu][e2e]") {
   FakeGpu &fake = fake_hip();
-  ExecutorConfig config;
-  config.backend = Backend::amdgpu;
-  config.device_heap_bytes = 1_MiB;
-  auto ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+  auto ex = make_gpu_executor(Backend::amdgpu);
   CHECK(ex->device().name() == "amdgpu:0");
   CHECK(fake.call_count("hipModuleLoadData") == 1);
   const uint64_t code =
@@ -147,10 +144,7 @@ TEST_CASE("an illegal address at a launch is DeviceLostError and later cases fai
 TEST_CASE("after a sticky HIP fault kiln fails fast without calling the runtime again",
           "[amdgpu][e2e][lost]") {
   FakeGpu &fake = fake_hip();
-  ExecutorConfig config;
-  config.backend = Backend::amdgpu;
-  config.device_heap_bytes = 1_MiB;
-  auto ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+  auto ex = make_gpu_executor(Backend::amdgpu);
   Ndarray a = upload<float>(*ex, DataType::f32, {1, 2, 3});
   REQUIRE(fake.inject_fault("hipModuleLaunchKernel", 1, kHipErrorIllegalAddress) == 0);
   auto faulted = ex->fill(a, Scalar::of(1.0));
@@ -210,10 +204,8 @@ TEST_CASE("an amdgpu device loads only ELF code objects; the fake runtime checks
 TEST_CASE("after a lost HIP device a new executor recovers: the last user resets the device",
           "[amdgpu][e2e][lost]") {
   FakeGpu &fake = fake_hip();
-  ExecutorConfig config;
-  config.backend = Backend::amdgpu;
-  config.device_heap_bytes = 1_MiB;
-  std::unique_ptr<LlvmRuntimeExecutor> ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+  auto ex = make_gpu_executor(Backend::amdgpu);
+  const ExecutorConfig config = ex->config();  // a copy: recreate_executor releases ex
   Ndarray a = upload<float>(*ex, DataType::f32, {1, 2, 3});
   Ndarray b = upload<float>(*ex, DataType::f32, {4, 5, 6});
   REQUIRE(fake.inject_fault("hipModuleLaunchKernel", 1, kHipErrorIllegalAddress) == 0);
@@ -244,9 +236,7 @@ TEST_CASE("each AMD GPU gets the code object of its own gfx processor", "[amdgpu
     FakeGpu &fake = fake_hip();
     REQUIRE(fake.set_arch(gcn_arch) == 0);
     const std::string processor = std::string(gcn_arch).substr(0, std::string(gcn_arch).find(':'));
-    ExecutorConfig config;
-    config.backend = Backend::amdgpu;
-    auto ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+    auto ex = make_gpu_executor(Backend::amdgpu);
     CHECK(static_cast<GpuDevice &>(ex->device()).code_target() == processor);
     CHECK(ex->program().target() == processor);
     CHECK(fake.last_module_target() == processor);

@@ -117,10 +117,7 @@ TEST_CASE("the stub driver is NotSupported naming the library and its answer", "
 
 TEST_CASE("after a sticky fault kiln fails fast without calling the driver again", "[cuda][e2e][lost]") {
   FakeCuda &fake = fake_cuda();
-  ExecutorConfig config;
-  config.backend = Backend::cuda;
-  config.device_heap_bytes = 1_MiB;
-  auto ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+  auto ex = make_gpu_executor(Backend::cuda);
   Ndarray a = upload<float>(*ex, DataType::f32, {1, 2, 3});
   REQUIRE(fake.inject_fault("cuLaunchKernel", 1, 700) == 0);
   auto faulted = ex->fill(a, Scalar::of(1.0));
@@ -142,10 +139,7 @@ TEST_CASE("after a sticky fault kiln fails fast without calling the driver again
 TEST_CASE("a free the driver refuses stays charged and synchronize reports it once",
           "[cuda][e2e][free]") {
   FakeCuda &fake = fake_cuda();
-  ExecutorConfig config;
-  config.backend = Backend::cuda;
-  config.device_heap_bytes = 1_MiB;
-  auto ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+  auto ex = make_gpu_executor(Backend::cuda);
   runtime::DeviceMemory &memory = ex->memory();
   auto block = value_or_throw(memory.allocate(MemoryCategory::staging, 1_MiB));
   value_or_throw(memory.free(block));  // into the pool
@@ -163,10 +157,7 @@ TEST_CASE("a refused zero-fill is the answer; a free refused while cleaning up i
           "synchronize",
           "[cuda][e2e][free]") {
   FakeCuda &fake = fake_cuda();
-  ExecutorConfig config;
-  config.backend = Backend::cuda;
-  config.device_heap_bytes = 1_MiB;
-  auto ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+  auto ex = make_gpu_executor(Backend::cuda);
   REQUIRE(ex->device().synchronize());
   const uint64_t live_before = ex->device().live_allocation_count();
   REQUIRE(fake.inject_fault("cuMemsetD8_v2", 1, 2) == 0);  // CUDA_ERROR_OUT_OF_MEMORY
@@ -188,10 +179,7 @@ TEST_CASE("a refused zero-fill is the answer; a free refused while cleaning up i
 TEST_CASE("a zero-fill that loses the device frees nothing more: the memory went with it",
           "[cuda][e2e][free]") {
   FakeCuda &fake = fake_cuda();
-  ExecutorConfig config;
-  config.backend = Backend::cuda;
-  config.device_heap_bytes = 1_MiB;
-  auto ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+  auto ex = make_gpu_executor(Backend::cuda);
   REQUIRE(fake.inject_fault("cuMemsetD8_v2", 1, 700) == 0);  // CUDA_ERROR_ILLEGAL_ADDRESS
   const unsigned long long frees_before = fake.call_count("cuMemFree_v2");
   LlvmRuntimeAllocParams params;
@@ -225,10 +213,8 @@ TEST_CASE("a module load the driver refuses fails the executor with a named erro
 TEST_CASE("after a lost device a new executor recovers once the old one and its arrays let go",
           "[cuda][e2e][lost]") {
   FakeCuda &fake = fake_cuda();
-  ExecutorConfig config;
-  config.backend = Backend::cuda;
-  config.device_heap_bytes = 1_MiB;
-  std::unique_ptr<LlvmRuntimeExecutor> ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+  auto ex = make_gpu_executor(Backend::cuda);
+  const ExecutorConfig config = ex->config();  // a copy: recreate_executor releases ex
   Ndarray a = upload<float>(*ex, DataType::f32, {1, 2, 3});
   Ndarray b = upload<float>(*ex, DataType::f32, {4, 5, 6});
   REQUIRE(fake.inject_fault("cuLaunchKernel", 1, 700) == 0);  // CUDA_ERROR_ILLEGAL_ADDRESS
@@ -259,10 +245,8 @@ TEST_CASE("after a lost device a new executor recovers once the old one and its 
 
 TEST_CASE("recreate_executor releases a lost executor before making the new one", "[cuda][e2e][lost]") {
   FakeCuda &fake = fake_cuda();
-  ExecutorConfig config;
-  config.backend = Backend::cuda;
-  config.device_heap_bytes = 1_MiB;
-  std::unique_ptr<LlvmRuntimeExecutor> ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+  auto ex = make_gpu_executor(Backend::cuda);
+  const ExecutorConfig config = ex->config();  // a copy: recreate_executor releases ex
   Ndarray a = upload<float>(*ex, DataType::f32, {1, 2, 3});
   REQUIRE(fake.inject_fault("cuLaunchKernel", 1, 700) == 0);
   REQUIRE_FALSE(ex->fill(a, Scalar::of(1.0)));
@@ -286,9 +270,7 @@ TEST_CASE("each CUDA device gets PTX for its own compute capability", "[cuda][e2
     INFO(device_arch);
     FakeCuda &fake = fake_cuda();
     REQUIRE(fake.set_arch(device_arch) == 0);
-    ExecutorConfig config;
-    config.backend = Backend::cuda;
-    auto ex = value_or_throw(LlvmRuntimeExecutor::create(config));
+    auto ex = make_gpu_executor(Backend::cuda);
     CHECK(static_cast<GpuDevice &>(ex->device()).code_target() == device_arch);
     CHECK(fake.last_module_target() == loaded);
     auto x = value_or_throw(ex->ndarray(DataType::f32, std::vector<int64_t>{1000}));

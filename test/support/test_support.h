@@ -24,6 +24,16 @@ inline std::unique_ptr<LlvmRuntimeExecutor> make_executor(ExecutorConfig config 
   return value_or_throw(LlvmRuntimeExecutor::create(config, host_program()));
 }
 
+/// An executor on a GPU `backend` (cuda, amdgpu: the fake drivers in tests) with `heap_bytes` of
+/// device heap and the code for the device's own processor; throws the named error if it cannot
+/// be made.
+inline std::unique_ptr<LlvmRuntimeExecutor> make_gpu_executor(Backend backend, uint64_t heap_bytes = 1_MiB) {
+  ExecutorConfig config;
+  config.backend = backend;
+  config.device_heap_bytes = heap_bytes;
+  return value_or_throw(LlvmRuntimeExecutor::create(config));
+}
+
 inline std::unique_ptr<LlvmRuntimeExecutor> make_mock_executor(uint64_t capacity_bytes = 256_MiB,
                                                                std::optional<uint64_t> limit = {}) {
   ExecutorConfig config;
