@@ -5,6 +5,8 @@
 // for a wrong value). Threading: the GIL is held throughout.
 #include "conversions.h"
 
+#include <pybind11/numpy.h>
+
 #include <fmt/format.h>
 
 #include <climits>
@@ -195,6 +197,35 @@ std::string to_text(py::handle value, const char *name, const char *site) {
   return value.cast<std::string>();
 }
 
+namespace {
+
+/// The kiln dtype of a numpy dtype of native byte order: float32, float64, int32, int64.
+/// Errors: InvalidUsageError naming a numpy dtype kiln has no arrays of (float16, uint8, ...).
+DataType from_numpy_dtype(const py::dtype &dt, const char *site) {
+  const char kind = dt.kind();
+  const auto bytes = dt.itemsize();
+  const bool native = dt.attr("isnative").cast<bool>();
+  if (native && kind == 'f' && bytes == 4) return DataType::f32;
+  if (native && kind == 'f' && bytes == 8) return DataType::f64;
+  if (native && kind == 'i' && bytes == 4) return DataType::i32;
+  if (native && kind == 'i' && bytes == 8) return DataType::i64;
+  raise_invalid_usage("kiln", site,
+                      fmt::format("{}: kiln has no {} arrays; its dtypes are f32, f64, i32 and i64 "
+                                  "(numpy float32, float64, int32, int64)",
+                                  site, std::string(py::str(static_cast<py::handle>(dt)))));
+}
+
+/// Whether `value` is a numpy dtype or a numpy scalar type (numpy.float32): what numpy users
+/// pass as a dtype.
+bool is_numpy_dtype_like(py::handle value) {
+  if (py::isinstance<py::dtype>(value)) return true;
+  if (!PyType_Check(value.ptr())) return false;
+  const py::handle generic = py::module_::import("numpy").attr("generic");
+  return PyObject_IsSubclass(value.ptr(), generic.ptr()) == 1;
+}
+
+}  // namespace
+
 DataType to_dtype(py::handle value, const char *site) {
   if (py::isinstance<DataType>(value)) {
     const DataType d = value.cast<DataType>();
@@ -205,8 +236,22 @@ DataType to_dtype(py::handle value, const char *site) {
                                       site, static_cast<int>(d)));
     return d;
   }
-  if (py::isinstance<py::str>(value)) return check(parse_dtype(value.cast<std::string>()));
-  raise_invalid_type(site, fmt::format("{}: dtype must be kiln.f32, f64, i32 or i64, got {} {}",
+  if (py::isinstance<py::str>(value)) {
+    auto parsed = parse_dtype(value.cast<std::string>());  // "f32"; then numpy's names ("float32")
+    if (parsed) return *parsed;
+    py::dtype numpy_dtype;
+    try {
+      numpy_dtype = py::dtype::from_args(py::reinterpret_borrow<py::object>(value));
+    } catch (const py::error_already_set &e) {
+      if (!e.matches(PyExc_TypeError)) throw;  // an interrupt goes on
+      return check(std::move(parsed));         // neither kiln's nor numpy's name: its error
+    }
+    return from_numpy_dtype(numpy_dtype, site);
+  }
+  if (is_numpy_dtype_like(value))
+    return from_numpy_dtype(py::dtype::from_args(py::reinterpret_borrow<py::object>(value)), site);
+  raise_invalid_type(site, fmt::format("{}: dtype must be kiln.f32, f64, i32 or i64 (or numpy's "
+                                       "float32, float64, int32, int64), got {} {}",
                                        site, type_name(value), std::string(py::repr(value))));
 }
 

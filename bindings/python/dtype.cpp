@@ -39,6 +39,18 @@ void construct_dtype(py::detail::value_and_holder &v_h, py::handle value) {
   py::detail::initimpl::setstate<py::class_<DataType>>(v_h, std::move(d), Py_TYPE(v_h.inst) != v_h.type->type);
 }
 
+/// Whether `other` names dtype `d`: a kiln.dtype, a kiln or numpy dtype name, a numpy dtype or
+/// scalar type. False for an int and for anything that names no dtype (never raises for those).
+bool same_dtype(DataType d, py::handle other) {
+  if (is_integer(other) && !py::isinstance<DataType>(other)) return false;
+  try {
+    return to_dtype(other, "dtype.__eq__") == d;
+  } catch (const py::error_already_set &e) {
+    if (e.matches(PyExc_ValueError) || e.matches(PyExc_TypeError)) return false;  // kiln's errors
+    throw;
+  }
+}
+
 }  // namespace
 
 void register_dtype(py::module_ &m) {
@@ -50,7 +62,9 @@ void register_dtype(py::module_ &m) {
       .value("i64", DataType::i64)
       .export_values()
       .def_property_readonly("itemsize", [](DataType d) { return itemsize(d); })
-      .def_property_readonly("numpy", [](DataType d) { return numpy_dtype(d); });
+      .def_property_readonly("numpy", [](DataType d) { return numpy_dtype(d); })
+      // numpy's protocol: np.dtype(obj) takes obj.dtype, so np.dtype(kiln.f32) is float32.
+      .def_property_readonly("dtype", [](DataType d) { return numpy_dtype(d); });
   // Replaces enum_'s __init__ and __setstate__, which take any int: kiln.dtype(4) would be a
   // dtype that names nothing. Accepts a kiln.dtype, its name ("f32") or its value (0..3).
   // Wrong arity or an unknown keyword: InvalidTypeError (a last overload, as for every kiln
@@ -65,6 +79,14 @@ void register_dtype(py::module_ &m) {
         py::detail::is_new_style_constructor(), py::name(name), py::is_method(dtype_enum),
         py::sibling(construct));
   }
+  // Replaces enum_'s comparisons: a dtype equals itself, its name ("f32") and the numpy dtype of
+  // the same element type (numpy.float32, numpy.dtype("float32"), "float32"), as numpy's own
+  // dtypes compare; never an int (kiln.f32 == 0 is False) nor anything else. The hash stays the
+  // value's.
+  dtype_enum.attr("__eq__") = py::cpp_function([](DataType d, py::handle other) { return same_dtype(d, other); },
+                                               py::is_method(dtype_enum), py::arg("other"));
+  dtype_enum.attr("__ne__") = py::cpp_function([](DataType d, py::handle other) { return !same_dtype(d, other); },
+                                               py::is_method(dtype_enum), py::arg("other"));
   // Replaces enum_'s own __str__ ("dtype.f32"): str(kiln.f32) == "f32".
   dtype_enum.attr("__str__") = py::cpp_function([](DataType d) { return std::string(to_string(d)); },
                                                 py::is_method(dtype_enum));

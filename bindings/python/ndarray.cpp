@@ -191,6 +191,17 @@ void def_methods(py::class_<PyArray> &cls) {
         py::object rebuild = py::module_::import("kiln").attr("_ndarray_from_host");
         return py::make_tuple(rebuild, py::make_tuple(to_numpy(self)));
       })
+      // As numpy: the truth of a one-element array is its element's (read from the device);
+      // any other size is ambiguous (InvalidUsageError, a ValueError, as numpy's ValueError).
+      .def("__bool__", [](py::handle s) {
+        const PyArray &a = as_array(s, "ndarray", "self");
+        if (a.size != 1)
+          raise_invalid_usage(a.device, "ndarray.__bool__",
+                              fmt::format("the truth value of an array of {} elements is ambiguous; "
+                                          "use a.to_numpy().any() or .all()",
+                                          a.size));
+        return to_numpy(s).attr("item")().cast<py::object>().attr("__bool__")().cast<bool>();
+      })
       .def("__len__", [](py::handle s) {
         const PyArray &a = as_array(s, "ndarray", "self");
         if (a.shape.empty()) raise_invalid_type("len", "len() of a 0-d kiln.ndarray");

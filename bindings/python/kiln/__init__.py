@@ -20,7 +20,7 @@ kiln.empty_cache() (gives the caching pool's blocks back; freed arrays are kept 
 "pool_cache" for reuse), kiln.add_oom_observer(fn) / remove_oom_observer(id).
 """
 
-from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any
+from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any, Sequence as _Sequence
 
 from ._errors import (  # noqa: F401  (the exceptions come first: the native module imports them)
     Error, OutOfMemoryError, DeviceOutOfMemoryError, BudgetExceededError,
@@ -43,12 +43,35 @@ __all__ = [
     "init", "device", "dtype", "f32", "f64", "i32", "i64", "ndarray", "from_numpy",
     "fill", "copy", "axpy", "reduce_sum", "matmul", "compact_positive",
     "memory_stats", "memory_summary", "empty_cache", "reset_peak_memory_stats",
-    "add_oom_observer", "remove_oom_observer", "testing",
+    "add_oom_observer", "remove_oom_observer", "testing", "empty", "zeros",
 ]
 
 
 if _TYPE_CHECKING:
     import numpy.typing as _npt
+
+
+def empty(shape: "int | _Sequence[int]", dtype: _Any = f32) -> ndarray:
+    """A new uninitialized array, in numpy's argument order: kiln.ndarray(dtype, shape).
+
+    shape: an int or a sequence of ints; dtype: kiln.f32, f64, i32, i64, their names, or numpy's
+    float32, float64, int32, int64 (default f32). Errors: as kiln.ndarray (InvalidTypeError,
+    InvalidUsageError, an OutOfMemoryError subclass when the memory cannot be had).
+    """
+    return ndarray(dtype, shape)
+
+
+def zeros(shape: "int | _Sequence[int]", dtype: _Any = f32) -> ndarray:
+    """A new array of zeros, in numpy's argument order (kiln.empty, then kiln.fill with 0).
+
+    Errors: as kiln.empty; the array is freed again if the fill fails (a lost device)."""
+    array = ndarray(dtype, shape)
+    try:
+        fill(array, 0)
+    except BaseException:
+        array.free()
+        raise
+    return array
 
 
 def _ndarray_from_host(host: "_npt.NDArray[_Any]") -> ndarray:

@@ -24,6 +24,9 @@ import numpy.typing as npt
 from kiln._errors import Error, OutOfMemoryError
 
 _DtypeName: TypeAlias = Literal["f32", "f64", "i32", "i64"]
+# What ndarray(), empty() and zeros() take as a dtype: a kiln.dtype, its name, or numpy's
+# float32/float64/int32/int64 as a dtype, a scalar type or a name ("float32").
+_DtypeLike: TypeAlias = "dtype | _DtypeName | numpy.dtype[Any] | type[numpy.generic] | str"
 # An integer kiln takes: int, numpy integers, any __index__ object (bool is refused at run time).
 _Int: TypeAlias = SupportsIndex
 # A shape: an int, a sequence of ints, or a 1-D integer numpy array.
@@ -63,12 +66,18 @@ class dtype:
     @property
     def numpy(self) -> numpy.dtype[Any]:
         """The numpy dtype of the same element type (numpy.float32 for kiln.f32, ...)."""
+    @property
+    def dtype(self) -> numpy.dtype[Any]:
+        """The same as ``numpy``: numpy's protocol, so ``numpy.dtype(kiln.f32)`` is float32 and a
+        kiln dtype can be passed wherever numpy takes a dtype."""
     def __index__(self) -> int:
         """The dtype's value (0..3)."""
     def __int__(self) -> int:
         """The dtype's value (0..3)."""
     def __eq__(self, other: object) -> bool:
-        """Whether ``other`` is the same dtype (a kiln.dtype; an int never compares equal)."""
+        """Whether ``other`` names the same dtype: a kiln.dtype, its name ("f32"), or numpy's dtype
+        of the same element type (numpy.float32, numpy.dtype("float32"), "float32"). An int, or
+        anything that names no dtype, never compares equal (no error)."""
     def __ne__(self, other: object) -> bool:
         """The negation of ``==``."""
     def __hash__(self) -> int:
@@ -113,7 +122,7 @@ class ndarray:
     InvalidUsageError.
     """
 
-    def __init__(self, dtype: _DType | _DtypeName, shape: _ShapeLike) -> None:
+    def __init__(self, dtype: _DtypeLike, shape: _ShapeLike) -> None:
         """A new uninitialized array of ``dtype`` and ``shape`` on the current executor.
 
         Errors: InvalidTypeError (wrong types: a numpy dtype, a float or bool dimension, a nested
@@ -169,6 +178,9 @@ class ndarray:
         array with kiln.from_numpy on the current executor."""
     def __len__(self) -> int:
         """shape[0]. Errors: InvalidTypeError for a 0-d array (as numpy's TypeError)."""
+    def __bool__(self) -> bool:
+        """As numpy: the truth of the one element of a one-element array (read from the device).
+        Errors: InvalidUsageError (a ValueError, as numpy's) for any other size: ambiguous."""
     def __repr__(self) -> str:
         """``kiln.ndarray(f32[2, 3], device='cpu')``, with ``, freed`` once freed."""
 
