@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -41,9 +42,12 @@ class CMakeBuild(build_ext):
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", str(build_dir), "--target", "kiln_python", "-j", jobs])
         built = build_dir / "python" / "kiln"
-        extension = next(built.glob("_kiln*.so"), None)
-        if extension is None:
-            raise RuntimeError(f"the CMake build left no _kiln*.so in {built}")
+        # The extension for the Python running this build: a build directory configured for a
+        # Python of another ABI has built none of that name.
+        extension = built / ("_kiln" + sysconfig.get_config_var("EXT_SUFFIX"))
+        if not extension.exists():
+            raise RuntimeError(f"{build_dir} has no {extension.name}: it is configured for another "
+                               f"Python (its KILN_PYTHON); set KILN_CMAKE_BUILD_DIR to a new directory")
         target = Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(extension, target)

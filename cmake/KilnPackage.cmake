@@ -16,8 +16,7 @@ foreach(target IN LISTS kiln_package_targets)
 endforeach()
 
 install(TARGETS ${kiln_package_targets} EXPORT kilnTargets
-        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS kiln-ops RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 foreach(layer rhi runtime executor)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

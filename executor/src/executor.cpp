@@ -92,6 +92,14 @@ RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create_un
   if (program->arch() != arch)
     return std::unexpected(invalid_usage(context->device->name(), "LlvmRuntimeExecutor::create",
                                          "the program was compiled for another arch than the device's"));
+  if (!context->device->host_addressable()) {
+    const std::string_view target = static_cast<GpuDevice &>(*context->device).code_target();
+    if (!program->runs_on(target))  // refused here, not by a driver that may only say "invalid PTX"
+      return std::unexpected(make_failure(
+          RhiResult::not_supported, context->device->name(), "LlvmRuntimeExecutor::create",
+          fmt::format("the program's code is for {}, which does not run on this {} device",
+                      program->target(), target)));
+  }
   std::unique_ptr<LlvmRuntimeExecutor> executor(
       new LlvmRuntimeExecutor(std::move(config), std::move(context), std::move(program)));
   KILN_RETURN_IF_ERROR(executor->init_runtime());

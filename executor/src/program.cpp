@@ -1,5 +1,6 @@
 #include "kiln/executor/program.h"
 
+#include <charconv>
 #include <map>
 
 #include <fmt/format.h>
@@ -42,7 +43,37 @@ RhiExpected<std::set<std::string, std::less<>>> hsaco_entry_points(std::span<con
   return names;
 }
 
+/// The `.target` of PTX text ("sm_90"), or "" if it has none.
+std::string ptx_target(std::string_view ptx) {
+  constexpr std::string_view kTarget = ".target ";
+  const std::size_t at = ptx.find(kTarget);
+  if (at == std::string_view::npos) return {};
+  const std::size_t begin = at + kTarget.size();
+  return std::string(ptx.substr(begin, ptx.find_first_of(", \t\r\n", begin) - begin));
+}
+
+/// The number of "sm_<digits>[a|f]" (sm_90a -> 90), or 0.
+int sm_number(std::string_view target) {
+  if (!target.starts_with("sm_")) return 0;
+  int number = 0;
+  const std::string_view digits = target.substr(3);
+  std::from_chars(digits.data(), digits.data() + digits.size(), number);  // stops at a suffix
+  return number;
+}
+
 }  // namespace
+
+bool Program::runs_on(std::string_view device_target) const {
+  switch (arch_) {
+    case CodegenArch::host: return true;
+    case CodegenArch::nvptx64: {
+      const int device_sm = sm_number(device_target);
+      return device_sm != 0 && sm_number(target_) <= device_sm;
+    }
+    case CodegenArch::amdgcn: return target_ == device_target.substr(0, device_target.find(':'));
+  }
+  return false;
+}
 
 Program::Program(CodegenArch arch, std::string target, std::unique_ptr<runtime::CpuJit> jit,
                  std::string image, std::set<std::string, std::less<>> gpu_kernels)
@@ -77,11 +108,12 @@ RhiExpected<std::shared_ptr<Program>> Program::create_unguarded(CodegenArch arch
       return std::shared_ptr<Program>(new Program(arch, "", std::move(jit), "", {}));
     }
     case CodegenArch::nvptx64: {
-      const std::string sm_arch(target.empty() ? std::string_view("sm_80") : target);
-      KILN_ASSIGN_OR_RETURN(std::string ptx, runtime::generate_ptx(sm_arch));
+      KILN_ASSIGN_OR_RETURN(std::string ptx, runtime::generate_ptx(target.empty() ? "sm_80" : target));
       auto kernels = gpu_entry_points(ptx);
+      std::string written = ptx_target(ptx);  // sm_90 when sm_100 was asked for
       ptx.push_back('\0');
-      return std::shared_ptr<Program>(new Program(arch, sm_arch, nullptr, std::move(ptx), std::move(kernels)));
+      return std::shared_ptr<Program>(
+          new Program(arch, std::move(written), nullptr, std::move(ptx), std::move(kernels)));
     }
     case CodegenArch::amdgcn: {
       KILN_ASSIGN_OR_RETURN(const runtime::AmdgcnCodeObject object, runtime::amdgcn_code_object(target));

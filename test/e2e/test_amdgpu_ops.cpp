@@ -260,11 +260,18 @@ TEST_CASE("an AMD GPU kiln has no code object for is NotSupported naming it and 
   CHECK(fake.held_bytes() == 0);
   CHECK(fake.call_count("hipModuleLoadData") == 0);  // refused before the runtime saw an image
 
-  // A program for another processor reaches the runtime, which refuses it.
+  // A program for another processor is refused before the runtime sees it...
   REQUIRE(fake.set_arch("gfx1100") == 0);
-  auto wrong = LlvmRuntimeExecutor::create(config, value_or_throw(Program::shared(CodegenArch::amdgcn, "gfx942")));
+  const auto gfx942 = value_or_throw(Program::shared(CodegenArch::amdgcn, "gfx942"));
+  auto wrong = LlvmRuntimeExecutor::create(config, gfx942);
   REQUIRE_FALSE(wrong);
   CHECK(classify(wrong.error()) == ErrorKind::not_supported);
-  CHECK(std::string(wrong.error().driver_status) == "hipErrorNoBinaryForGpu");
+  CHECK_THAT(wrong.error().message(), Catch::Contains("gfx942") && Catch::Contains("gfx1100"));
+  CHECK(fake.call_count("hipModuleLoadData") == 0);
   CHECK(fake.held_bytes() == 0);
+  // ...which would refuse it too, as the real one does.
+  auto device = value_or_throw(create_amdgpu_device(0));
+  auto loaded = device->load_module(gfx942->code_image());
+  REQUIRE_FALSE(loaded);
+  CHECK(std::string(loaded.error().driver_status) == "hipErrorNoBinaryForGpu");
 }

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "fake_gpu_handle.h"
+#include "kiln/rhi/cuda_device.h"
 #include "kiln/rhi/gpu_device.h"
 #include "suite.h"
 #include "test_support.h"
@@ -280,15 +281,29 @@ TEST_CASE("each CUDA device gets PTX for its own compute capability", "[cuda][e2
   }
 }
 
-TEST_CASE("PTX for a newer GPU than the device is NotSupported from the driver, and holds nothing",
+TEST_CASE("PTX for a newer GPU than the device is NotSupported before the driver sees it",
           "[cuda][e2e][target]") {
   FakeCuda &fake = fake_cuda();
   REQUIRE(fake.set_arch("sm_80") == 0);
+  const auto sm_90 = value_or_throw(Program::shared(CodegenArch::nvptx64, "sm_90"));
+  CHECK(sm_90->target() == "sm_90");
+  CHECK(value_or_throw(Program::shared(CodegenArch::nvptx64, "sm_100"))->target() == "sm_90");
   ExecutorConfig config;
   config.backend = Backend::cuda;
-  auto ex = LlvmRuntimeExecutor::create(config, value_or_throw(Program::shared(CodegenArch::nvptx64, "sm_90")));
+  auto ex = LlvmRuntimeExecutor::create(config, sm_90);
   REQUIRE_FALSE(ex);
   CHECK(classify(ex.error()) == ErrorKind::not_supported);
-  CHECK(std::string(ex.error().driver_status) == "CUDA_ERROR_NO_BINARY_FOR_GPU");
+  CHECK_THAT(ex.error().message(), Catch::Contains("sm_90") && Catch::Contains("sm_80"));
+  CHECK(fake.call_count("cuModuleLoadData") == 0);
   CHECK(fake.held_bytes() == 0);
+  // Older PTX runs on a newer GPU (the driver compiles it).
+  REQUIRE(fake.set_arch("sm_90") == 0);
+  CHECK(LlvmRuntimeExecutor::create(config, value_or_throw(Program::shared(CodegenArch::nvptx64, "sm_80"))));
+  // What the real driver answers for too-new PTX, the fake answers too: INVALID_PTX, not a
+  // "not supported" that kiln could name; which is why kiln checks first.
+  REQUIRE(fake.set_arch("sm_80") == 0);
+  auto device = value_or_throw(create_cuda_device(0));
+  auto loaded = device->load_module(sm_90->code_image());
+  REQUIRE_FALSE(loaded);
+  CHECK(std::string(loaded.error().driver_status) == "CUDA_ERROR_INVALID_PTX");
 }

@@ -73,7 +73,7 @@ unsigned long long kiln_fake_cuda_launch_count(void);
 
 /// Makes the device report processor `arch`, "sm_<major><minor>" (sm_80, sm_90, sm_100), as
 /// KILN_FAKE_CUDA_ARCH does: cuDeviceGetAttribute answers its compute capability, and
-/// cuModuleLoadData refuses PTX for a newer SM version (CUDA_ERROR_NO_BINARY_FOR_GPU). Returns 0,
+/// cuModuleLoadData refuses PTX for a newer SM version (CUDA_ERROR_INVALID_PTX). Returns 0,
 /// or -1 for NULL or a malformed value.
 int kiln_fake_cuda_set_arch(const char *arch);
 

@@ -29,7 +29,6 @@ constexpr CUresult kNoDevice = 100;
 constexpr CUresult kInvalidDevice = 101;
 constexpr CUresult kInvalidImage = 200;
 constexpr CUresult kInvalidContext = 201;
-constexpr CUresult kNoBinaryForGpu = 209;
 constexpr CUresult kInvalidPtx = 218;
 constexpr CUresult kStubLibrary = 34;
 
@@ -138,8 +137,9 @@ constexpr Dialect kDialect{
 
 /// Collects the .entry names and the .target of NUL-terminated PTX text `image` into `module`, and
 /// its size with the NUL. CUDA_ERROR_INVALID_IMAGE if it is not NUL-terminated text (or is a
-/// cubin), CUDA_ERROR_INVALID_PTX if it has no .version, .entry or .target sm_<digits>,
-/// CUDA_ERROR_NO_BINARY_FOR_GPU if its SM version is newer than the device's.
+/// cubin), CUDA_ERROR_INVALID_PTX if it has no .version, .entry or .target sm_<digits>, or if
+/// its SM version is newer than the device's (as the real driver's JIT: "SM version specified by
+/// .target is higher than default").
 CUresult parse_ptx(const char *image, const State &state, Module *module, std::size_t *size_bytes) {
   std::set<std::string, std::less<>> *entries = &module->entries;
   const void *nul = std::memchr(image, '\0', kMaxImageBytes);
@@ -170,7 +170,7 @@ CUresult parse_ptx(const char *image, const State &state, Module *module, std::s
   module->target = std::string(text.substr(begin, end == std::string_view::npos ? end : end - begin));
   const int image_sm = sm_number(module->target);
   if (image_sm == 0) return kInvalidPtx;
-  if (image_sm > sm_number(state.arch)) return kNoBinaryForGpu;
+  if (image_sm > sm_number(state.arch)) return kInvalidPtx;  // ptxas: .target newer than the GPU
   *size_bytes = text.size() + 1;
   return kSuccess;
 }

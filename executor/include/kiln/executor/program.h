@@ -50,9 +50,13 @@ class Program {
   ~Program();
 
   [[nodiscard]] CodegenArch arch() const { return arch_; }
-  /// The processor the code is for: "sm_80" (the SM version requested, or sm_80), "gfx942";
-  /// empty for host.
+  /// The processor the code is for: the PTX's `.target` ("sm_90"; for sm_100 requested, sm_90,
+  /// the newest LLVM 19 writes), the code object's gfx processor ("gfx942"); empty for host.
   [[nodiscard]] const std::string &target() const { return target_; }
+  /// Whether this code runs on a GPU whose GpuDevice::code_target() is `device_target`: PTX of an
+  /// SM version up to the device's (the driver compiles older PTX for newer GPUs), a code object
+  /// of exactly that gfx processor. Always true for host programs.
+  [[nodiscard]] bool runs_on(std::string_view device_target) const;
   /// Host programs: the kernel "kiln_<op>_<dtype>". Errors: invalid_usage naming an unknown
   /// kernel, or not_supported for a GPU program (its kernels run on the device).
   [[nodiscard]] RhiExpected<KilnKernelFn> kernel(std::string_view name);
