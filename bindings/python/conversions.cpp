@@ -73,7 +73,10 @@ int64_t dimension_of(py::handle d, py::handle shape) {
 std::vector<int64_t> dimensions_of(py::handle value) {
   std::vector<int64_t> shape;
   const auto each = [&] {
-    for (py::handle d : value) shape.push_back(dimension_of(d, value));
+    for (py::handle d : value) {
+      shape.push_back(dimension_of(d, value));
+      if (shape.size() > kMaxDimensions) break;  // to_shape refuses it; an endless sequence ends
+    }
   };
   if (py::isinstance<py::array>(value)) {
     const auto arr = py::reinterpret_borrow<py::array>(value);
@@ -215,13 +218,14 @@ DataType from_numpy_dtype(const py::dtype &dt, const char *site) {
                                   site, std::string(py::str(static_cast<py::handle>(dt)))));
 }
 
-/// Whether `value` is a numpy dtype or a numpy scalar type (numpy.float32): what numpy users
-/// pass as a dtype.
+/// Whether `value` is a numpy dtype or a concrete numpy scalar type (numpy.float32; not an
+/// abstract one such as numpy.floating, which numpy itself deprecates as a dtype): what numpy
+/// users pass as a dtype.
 bool is_numpy_dtype_like(py::handle value) {
   if (py::isinstance<py::dtype>(value)) return true;
   if (!PyType_Check(value.ptr())) return false;
-  const py::handle generic = py::module_::import("numpy").attr("generic");
-  return PyObject_IsSubclass(value.ptr(), generic.ptr()) == 1;
+  const py::object concrete = py::module_::import("numpy").attr("sctypeDict").attr("values")();
+  return PySequence_Contains(concrete.ptr(), value.ptr()) == 1;
 }
 
 }  // namespace
@@ -237,7 +241,13 @@ DataType to_dtype(py::handle value, const char *site) {
     return d;
   }
   if (py::isinstance<py::str>(value)) {
-    auto parsed = parse_dtype(value.cast<std::string>());  // "f32"; then numpy's names ("float32")
+    Py_ssize_t length = 0;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(value.ptr(), &length);
+    if (utf8 == nullptr) {  // a lone surrogate: no dtype's name
+      PyErr_Clear();
+      raise_invalid_usage("kiln", site, fmt::format("{}: {} names no dtype", site, std::string(py::repr(value))));
+    }
+    auto parsed = parse_dtype(std::string(utf8, static_cast<std::size_t>(length)));  // "f32"; then numpy's ("float32")
     if (parsed) return *parsed;
     py::dtype numpy_dtype;
     try {

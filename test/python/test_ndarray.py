@@ -76,7 +76,7 @@ def test_overflowing_or_non_integer_shapes_are_invalid_usage(shape):
         kiln.ndarray(kiln.f64, shape)
 
 
-@pytest.mark.parametrize("dtype", ["f16", 5, np.float32, None])
+@pytest.mark.parametrize("dtype", ["f16", 5, np.float16, None])
 def test_unknown_dtypes_are_invalid_usage(dtype):
     with pytest.raises(kiln.InvalidUsageError):
         kiln.ndarray(dtype, (3,))

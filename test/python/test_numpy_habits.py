@@ -35,6 +35,33 @@ def test_a_dtype_never_equals_what_names_no_dtype_or_an_int(other):
     assert kiln.f32 != other
 
 
+@pytest.mark.parametrize("kiln_dtype,numpy_type", KILN_AND_NUMPY)
+def test_kiln_dtype_of_a_numpy_dtype(kiln_dtype, numpy_type):
+    assert kiln.dtype(numpy_type) == kiln_dtype
+    assert kiln.dtype(np.dtype(numpy_type).name) == kiln_dtype
+
+
+@pytest.mark.parametrize("hostile", ["\ud800", np.floating, np.number, np.generic, np.integer])
+def test_what_names_no_concrete_dtype_is_refused_and_never_equal(hostile):
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's deprecation of abstract types must not surface
+        assert not (kiln.f64 == hostile)
+        with pytest.raises(kiln.InvalidUsageError):  # InvalidTypeError is one too
+            kiln.empty(2, hostile)
+
+
+def test_an_endless_shape_sequence_is_refused_not_a_hang():
+    import itertools
+
+    class Endless(list):
+        def __iter__(self):
+            return itertools.repeat(1)
+
+    with pytest.raises(kiln.InvalidUsageError, match="dimensions"):
+        kiln.zeros(Endless([1]))
+
+
 def test_dtype_hash_is_unchanged_so_dicts_keep_working():
     assert {kiln.f32: "a", kiln.i64: "b"}[kiln.f32] == "a"
     assert hash(kiln.f64) == hash(kiln.dtype("f64"))

@@ -20,7 +20,7 @@ kiln.empty_cache() (gives the caching pool's blocks back; freed arrays are kept 
 "pool_cache" for reuse), kiln.add_oom_observer(fn) / remove_oom_observer(id).
 """
 
-from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any, Sequence as _Sequence
+from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any
 
 from ._errors import (  # noqa: F401  (the exceptions come first: the native module imports them)
     Error, OutOfMemoryError, DeviceOutOfMemoryError, BudgetExceededError,
@@ -49,9 +49,10 @@ __all__ = [
 
 if _TYPE_CHECKING:
     import numpy.typing as _npt
+    from ._kiln import _DtypeLike, _ShapeLike
 
 
-def empty(shape: "int | _Sequence[int]", dtype: _Any = f32) -> ndarray:
+def empty(shape: "_ShapeLike", dtype: "_DtypeLike" = f32) -> ndarray:
     """A new uninitialized array, in numpy's argument order: kiln.ndarray(dtype, shape).
 
     shape: an int or a sequence of ints; dtype: kiln.f32, f64, i32, i64, their names, or numpy's
@@ -61,7 +62,7 @@ def empty(shape: "int | _Sequence[int]", dtype: _Any = f32) -> ndarray:
     return ndarray(dtype, shape)
 
 
-def zeros(shape: "int | _Sequence[int]", dtype: _Any = f32) -> ndarray:
+def zeros(shape: "_ShapeLike", dtype: "_DtypeLike" = f32) -> ndarray:
     """A new array of zeros, in numpy's argument order (kiln.empty, then kiln.fill with 0).
 
     Errors: as kiln.empty; the array is freed again if the fill fails (a lost device)."""

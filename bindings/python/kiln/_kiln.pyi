@@ -24,6 +24,9 @@ import numpy.typing as npt
 from kiln._errors import Error, OutOfMemoryError
 
 _DtypeName: TypeAlias = Literal["f32", "f64", "i32", "i64"]
+# A numpy dtype, named apart from the class dtype (whose properties numpy and dtype hide both names
+# in its body).
+_NumpyDType: TypeAlias = numpy.dtype[Any]
 # What ndarray(), empty() and zeros() take as a dtype: a kiln.dtype, its name, or numpy's
 # float32/float64/int32/int64 as a dtype, a scalar type or a name ("float32").
 _DtypeLike: TypeAlias = "dtype | _DtypeName | numpy.dtype[Any] | type[numpy.generic] | str"
@@ -45,14 +48,15 @@ class dtype:
     is no dtype). ``str(kiln.f32) == "f32"``. Immutable; safe to share between threads.
     """
 
-    f32: ClassVar[dtype]
-    f64: ClassVar[dtype]
-    i32: ClassVar[dtype]
-    i64: ClassVar[dtype]
-    __members__: ClassVar[dict[str, dtype]]
+    f32: ClassVar[_DType]
+    f64: ClassVar[_DType]
+    i32: ClassVar[_DType]
+    i64: ClassVar[_DType]
+    __members__: ClassVar[dict[str, _DType]]
 
-    def __init__(self, value: dtype | _DtypeName | _Int) -> None:
-        """The dtype named by ``value``: a kiln.dtype, "f32"/"f64"/"i32"/"i64", or 0..3.
+    def __init__(self, value: _DtypeLike | _Int) -> None:
+        """The dtype named by ``value``: a kiln.dtype, "f32"/"f64"/"i32"/"i64", 0..3, or numpy's
+        float32/float64/int32/int64 (a dtype, a scalar type or a name such as "float32").
         Errors: InvalidTypeError, InvalidUsageError (see the class)."""
     @property
     def name(self) -> str:
@@ -64,10 +68,10 @@ class dtype:
     def itemsize(self) -> int:
         """Bytes per element: 4 (f32, i32) or 8 (f64, i64)."""
     @property
-    def numpy(self) -> numpy.dtype[Any]:
+    def numpy(self) -> _NumpyDType:
         """The numpy dtype of the same element type (numpy.float32 for kiln.f32, ...)."""
     @property
-    def dtype(self) -> numpy.dtype[Any]:
+    def dtype(self) -> _NumpyDType:
         """The same as ``numpy``: numpy's protocol, so ``numpy.dtype(kiln.f32)`` is float32 and a
         kiln dtype can be passed wherever numpy takes a dtype."""
     def __index__(self) -> int:
@@ -84,7 +88,7 @@ class dtype:
         """The hash of the dtype's value."""
     def __getstate__(self) -> int:
         """Pickle support: the dtype's value."""
-    def __setstate__(self, value: dtype | _DtypeName | _Int) -> None:
+    def __setstate__(self, value: _DtypeLike | _Int) -> None:
         """Pickle support: accepts what the constructor accepts, with the same errors."""
     def __repr__(self) -> str:
         """``<dtype.f32: 0>``."""
@@ -125,8 +129,9 @@ class ndarray:
     def __init__(self, dtype: _DtypeLike, shape: _ShapeLike) -> None:
         """A new uninitialized array of ``dtype`` and ``shape`` on the current executor.
 
-        Errors: InvalidTypeError (wrong types: a numpy dtype, a float or bool dimension, a nested
-        sequence, ...), InvalidUsageError (an unknown dtype name, a negative dimension, more than
+        Errors: InvalidTypeError (wrong types: a float or bool dimension, a nested sequence, a
+        Python type such as float, ...), InvalidUsageError (an unknown dtype name, a numpy dtype
+        kiln has no arrays of such as float16, a negative dimension, more than
         32 dimensions, a size beyond numpy's, inside an OOM observer), an OutOfMemoryError
         subclass (usually BudgetExceededError or DeviceOutOfMemoryError) when the memory cannot
         be had."""
