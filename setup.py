@@ -33,7 +33,8 @@ class CMakeBuild(build_ext):
     """Builds the CMake target kiln_python and copies its outputs into the package."""
 
     def build_extension(self, ext: Extension) -> None:
-        build_dir = Path(os.environ.get("KILN_CMAKE_BUILD_DIR", SOURCE_DIR / "build" / "pip")).resolve()
+        # Unset or empty: build/pip (an empty value must not mean the source tree itself).
+        build_dir = Path(os.environ.get("KILN_CMAKE_BUILD_DIR") or SOURCE_DIR / "build" / "pip").resolve()
         if not (build_dir / "CMakeCache.txt").exists():
             subprocess.check_call([
                 "cmake", "-S", str(SOURCE_DIR), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",

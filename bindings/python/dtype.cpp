@@ -51,6 +51,17 @@ bool same_dtype(DataType d, py::handle other) {
   }
 }
 
+/// dtype == other: kiln answers for what can name a dtype (a kiln dtype, a str, an int, a numpy
+/// dtype, a type); anything else is left to `other` (NotImplemented), as Python's protocol asks,
+/// so that unittest.mock.ANY == kiln.f32 both ways. `equal` false gives !=.
+py::object compare_dtype(DataType d, py::handle other, bool equal) {
+  const bool comparable = py::isinstance<DataType>(other) || py::isinstance<py::str>(other) ||
+                          is_integer(other) || py::isinstance<py::dtype>(other) ||
+                          PyType_Check(other.ptr());
+  if (!comparable) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+  return py::bool_(same_dtype(d, other) == equal);
+}
+
 }  // namespace
 
 void register_dtype(py::module_ &m) {
@@ -83,9 +94,9 @@ void register_dtype(py::module_ &m) {
   // the same element type (numpy.float32, numpy.dtype("float32"), "float32"), as numpy's own
   // dtypes compare; never an int (kiln.f32 == 0 is False) nor anything else. The hash stays the
   // value's.
-  dtype_enum.attr("__eq__") = py::cpp_function([](DataType d, py::handle other) { return same_dtype(d, other); },
+  dtype_enum.attr("__eq__") = py::cpp_function([](DataType d, py::handle other) { return compare_dtype(d, other, true); },
                                                py::is_method(dtype_enum), py::arg("other"));
-  dtype_enum.attr("__ne__") = py::cpp_function([](DataType d, py::handle other) { return !same_dtype(d, other); },
+  dtype_enum.attr("__ne__") = py::cpp_function([](DataType d, py::handle other) { return compare_dtype(d, other, false); },
                                                py::is_method(dtype_enum), py::arg("other"));
   // Replaces enum_'s own __str__ ("dtype.f32"): str(kiln.f32) == "f32".
   dtype_enum.attr("__str__") = py::cpp_function([](DataType d) { return std::string(to_string(d)); },

@@ -62,6 +62,13 @@ def test_an_endless_shape_sequence_is_refused_not_a_hang():
         kiln.zeros(Endless([1]))
 
 
+def test_a_dtype_leaves_comparison_with_foreign_objects_to_them():
+    from unittest import mock
+    assert kiln.f32 == mock.ANY and mock.ANY == kiln.f32
+    assert not (kiln.f32 != mock.ANY)
+    assert kiln.f32 != object() and not (kiln.f32 == 3.0)
+
+
 def test_dtype_hash_is_unchanged_so_dicts_keep_working():
     assert {kiln.f32: "a", kiln.i64: "b"}[kiln.f32] == "a"
     assert hash(kiln.f64) == hash(kiln.dtype("f64"))

@@ -80,8 +80,9 @@ class dtype:
         """The dtype's value (0..3)."""
     def __eq__(self, other: object) -> bool:
         """Whether ``other`` names the same dtype: a kiln.dtype, its name ("f32"), or numpy's dtype
-        of the same element type (numpy.float32, numpy.dtype("float32"), "float32"). An int, or
-        anything that names no dtype, never compares equal (no error)."""
+        of the same element type (numpy.float32, numpy.dtype("float32"), "float32"). An int, a
+        str or type that names no dtype never compares equal (no error); any other object
+        decides itself (NotImplemented: ``unittest.mock.ANY == kiln.f32`` both ways)."""
     def __ne__(self, other: object) -> bool:
         """The negation of ``==``."""
     def __hash__(self) -> int:
