@@ -82,24 +82,21 @@ RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create_un
   KILN_ASSIGN_OR_RETURN(context->device, create_device(config));
   KILN_ASSIGN_OR_RETURN(context->memory, runtime::DeviceMemory::create(*context->device, config.budget));
   const CodegenArch arch = codegen_arch(*context->device);
+  // A GPU gets the code of its own processor (sm_90 PTX for an H200, gfx942 for an MI300).
+  const std::string_view target = context->device->host_addressable()
+                                      ? std::string_view()
+                                      : static_cast<GpuDevice &>(*context->device).code_target();
   if (!program) {
-    // A GPU gets the code of its own processor (sm_90 PTX for an H200, gfx942 for an MI300).
-    const std::string_view target =
-        context->device->host_addressable() ? std::string_view()
-                                            : static_cast<GpuDevice &>(*context->device).code_target();
     KILN_ASSIGN_OR_RETURN(program, Program::shared(arch, target));
   }
   if (program->arch() != arch)
     return std::unexpected(invalid_usage(context->device->name(), "LlvmRuntimeExecutor::create",
                                          "the program was compiled for another arch than the device's"));
-  if (!context->device->host_addressable()) {
-    const std::string_view target = static_cast<GpuDevice &>(*context->device).code_target();
-    if (!program->runs_on(target))  // refused here, not by a driver that may only say "invalid PTX"
-      return std::unexpected(make_failure(
-          RhiResult::not_supported, context->device->name(), "LlvmRuntimeExecutor::create",
-          fmt::format("the program's code is for {}, which does not run on this {} device",
-                      program->target(), target)));
-  }
+  if (!program->runs_on(target))  // refused here, not by a driver that may only say "invalid PTX"
+    return std::unexpected(make_failure(
+        RhiResult::not_supported, context->device->name(), "LlvmRuntimeExecutor::create",
+        fmt::format("the program's code is for {}, which does not run on this {} device",
+                    program->target(), target)));
   std::unique_ptr<LlvmRuntimeExecutor> executor(
       new LlvmRuntimeExecutor(std::move(config), std::move(context), std::move(program)));
   KILN_RETURN_IF_ERROR(executor->init_runtime());

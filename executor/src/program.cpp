@@ -1,6 +1,5 @@
 #include "kiln/executor/program.h"
 
-#include <charconv>
 #include <map>
 
 #include <fmt/format.h>
@@ -52,23 +51,15 @@ std::string ptx_target(std::string_view ptx) {
   return std::string(ptx.substr(begin, ptx.find_first_of(", \t\r\n", begin) - begin));
 }
 
-/// The number of "sm_<digits>[a|f]" (sm_90a -> 90), or 0.
-int sm_number(std::string_view target) {
-  if (!target.starts_with("sm_")) return 0;
-  int number = 0;
-  const std::string_view digits = target.substr(3);
-  std::from_chars(digits.data(), digits.data() + digits.size(), number);  // stops at a suffix
-  return number;
-}
-
 }  // namespace
 
 bool Program::runs_on(std::string_view device_target) const {
   switch (arch_) {
     case CodegenArch::host: return true;
     case CodegenArch::nvptx64: {
-      const int device_sm = sm_number(device_target);
-      return device_sm != 0 && sm_number(target_) <= device_sm;
+      const std::optional<int> device_sm = runtime::parse_sm_version(device_target);
+      const std::optional<int> code_sm = runtime::parse_sm_version(target_);
+      return device_sm && code_sm && *code_sm <= *device_sm;
     }
     case CodegenArch::amdgcn: return target_ == device_target.substr(0, device_target.find(':'));
   }

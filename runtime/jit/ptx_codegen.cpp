@@ -49,19 +49,6 @@ std::span<const uint8_t> nvptx_runtime_bitcode() {
 #endif
 }
 
-namespace {
-
-constexpr const char *kDevice = "cuda";
-constexpr const char *kSite = "generate_ptx";
-constexpr const char *kTriple = "nvptx64-nvidia-cuda";
-
-Failure llvm_failure(llvm::Error error, std::string_view what) {
-  return make_failure(RhiResult::error, kDevice, kSite,
-                      std::string(what) + ": " + llvm::toString(std::move(error)));
-}
-
-/// Parses "sm_<digits>" with an optional feature-set suffix "a" or "f" (sm_90a, sm_100f) into
-/// the number (sm_80 -> 80); nullopt if malformed.
 std::optional<int> parse_sm_version(std::string_view arch) {
   if (!arch.starts_with("sm_")) return std::nullopt;
   std::string_view digits = arch.substr(3);
@@ -73,6 +60,17 @@ std::optional<int> parse_sm_version(std::string_view arch) {
     return std::nullopt;
   }
   return version;
+}
+
+namespace {
+
+constexpr const char *kDevice = "cuda";
+constexpr const char *kSite = "generate_ptx";
+constexpr const char *kTriple = "nvptx64-nvidia-cuda";
+
+Failure llvm_failure(llvm::Error error, std::string_view what) {
+  return make_failure(RhiResult::error, kDevice, kSite,
+                      std::string(what) + ": " + llvm::toString(std::move(error)));
 }
 
 /// The lowest PTX ISA version (times 10) that can target sm_<version>, from the PTX ISA

@@ -275,3 +275,15 @@ TEST_CASE("an AMD GPU kiln has no code object for is NotSupported naming it and 
   REQUIRE_FALSE(loaded);
   CHECK(std::string(loaded.error().driver_status) == "hipErrorNoBinaryForGpu");
 }
+
+TEST_CASE("a runtime that cannot give the device properties fails the device by name",
+          "[amdgpu][e2e][target]") {
+  FakeGpu &fake = fake_hip();
+  REQUIRE(fake.inject_fault("hipGetDeviceProperties", 1, 101) == 0);  // hipErrorInvalidDevice
+  auto device = create_amdgpu_device(0);
+  REQUIRE_FALSE(device);
+  CHECK(classify(device.error()) == ErrorKind::not_supported);
+  CHECK(std::string(device.error().site) == "hipGetDeviceProperties");
+  CHECK(std::string(device.error().driver_status) == "hipErrorInvalidDevice");
+  CHECK(create_amdgpu_device(0));  // the next attempt works
+}

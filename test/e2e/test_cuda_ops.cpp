@@ -307,3 +307,15 @@ TEST_CASE("PTX for a newer GPU than the device is NotSupported before the driver
   REQUIRE_FALSE(loaded);
   CHECK(std::string(loaded.error().driver_status) == "CUDA_ERROR_INVALID_PTX");
 }
+
+TEST_CASE("a driver that cannot say the compute capability fails the device by name, holding nothing",
+          "[cuda][e2e][target]") {
+  FakeCuda &fake = fake_cuda();
+  REQUIRE(fake.inject_fault("cuDeviceGetAttribute", 1, 2) == 0);  // CUDA_ERROR_OUT_OF_MEMORY
+  auto device = create_cuda_device(0);
+  REQUIRE_FALSE(device);
+  CHECK(std::string(device.error().site) == "cuDeviceGetAttribute");
+  CHECK(std::string(device.error().driver_status) == "CUDA_ERROR_OUT_OF_MEMORY");
+  CHECK(fake.call_count("cuDevicePrimaryCtxRetain") == 0);  // asked before a context is held
+  CHECK(create_cuda_device(0));                             // the next attempt works
+}

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <span>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -40,6 +41,10 @@ namespace kiln::runtime {
 /// Thread-safe. The first call per SM version takes a few hundred ms; the text is cached, so
 /// later calls for the same SM version return a copy at once.
 [[nodiscard]] RhiExpected<std::string> generate_ptx(std::string_view sm_arch = "sm_80");
+
+/// The number of an SM version "sm_<digits>" with an optional feature-set suffix "a" or "f"
+/// (sm_80 -> 80, sm_90a -> 90, sm_100f -> 100); nullopt if malformed.
+[[nodiscard]] std::optional<int> parse_sm_version(std::string_view sm_arch);
 
 }  // namespace kiln::runtime
 
