@@ -154,12 +154,7 @@ void set_python_error(const Failure &failure) {
 
 [[noreturn]] void raise_host_oom(const std::string &device, const char *site, uint64_t size_bytes,
                                  std::string detail) {
-  Failure f = make_failure(RhiResult::out_of_memory, device, site, std::move(detail));
-  f.oom_source = OomSource::host;
-  f.category = MemoryCategory::ndarray;
-  f.requested_bytes = size_bytes;
-  f.driver_status = "MemoryError";
-  raise_failure(f);
+  raise_failure(host_out_of_memory(device, site, size_bytes, std::move(detail), "MemoryError"));
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -56,23 +56,18 @@ RhiStatus KernelLauncher::check_device_error(const std::string &kernel) {
   KILN_RETURN_IF_ERROR(memory_.device().memcpy_device_to_host(&state, runtime_state_, 0, sizeof state));
   if (state.error_code == KILN_DEVICE_OK) return {};
   state.error_message[sizeof state.error_message - 1] = '\0';
-  Failure f;
-  f.device = memory_.device().name();
-  f.site = "KernelLauncher::launch";
+  constexpr const char *kSite = "KernelLauncher::launch";
   if (state.error_code == KILN_DEVICE_HEAP_EXHAUSTED) {
-    f.result = RhiResult::out_of_memory;
-    f.oom_source = OomSource::device_heap;
-    f.category = MemoryCategory::runtime_heap;
-    f.requested_bytes = state.error_arg0;
-    f.detail = fmt::format("kernel {}; heap of {} had {} used", kernel,
-                           format_bytes(state.error_arg2), format_bytes(state.error_arg1));
+    Failure f = device_heap_exhausted(
+        memory_.device().name(), kSite, state.error_arg0,
+        fmt::format("kernel {}; heap of {} had {} used", kernel, format_bytes(state.error_arg2),
+                    format_bytes(state.error_arg1)));
     memory_.annotate(f);
-  } else {
-    f.result = RhiResult::error;
-    f.detail = fmt::format("kernel {} recorded device error {}: {}", kernel, state.error_code,
-                           state.error_message);
+    return std::unexpected(std::move(f));
   }
-  return std::unexpected(std::move(f));
+  return std::unexpected(make_failure(RhiResult::error, memory_.device().name(), kSite,
+                                      fmt::format("kernel {} recorded device error {}: {}", kernel,
+                                                  state.error_code, state.error_message)));
 }
 
 RhiExpected<LaunchResult> KernelLauncher::launch(const LaunchSpec &spec) {

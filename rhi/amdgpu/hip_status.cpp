@@ -68,9 +68,9 @@ const char *error_name(const HipRuntime *runtime, hipError_t result) {
 RhiStatus to_rhi(const HipRuntime *runtime, hipError_t result, const char *site, std::string device) {
   if (result == kSuccess) return {};
   const Code *code = find(result);
-  return std::unexpected(driver::driver_failure(code != nullptr ? code->result : RhiResult::error,
-                                                result, error_name(runtime, result), site,
-                                                std::move(device)));
+  return std::unexpected(driver_call_failure(code != nullptr ? code->result : RhiResult::error,
+                                             std::move(device), site, error_name(runtime, result),
+                                             static_cast<int>(result)));
 }
 
 }  // namespace kiln::hip

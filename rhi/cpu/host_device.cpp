@@ -13,12 +13,8 @@ RhiExpected<uint64_t> HostMemoryDevice::driver_allocate(const LlvmRuntimeAllocPa
   const uint64_t rounded = (params.size_bytes + alignment - 1) / alignment * alignment;
   void *ptr = rounded < params.size_bytes ? nullptr : std::aligned_alloc(alignment, rounded);
   if (ptr == nullptr) {
-    Failure f = failure(RhiResult::out_of_memory, "aligned_alloc", "");
-    f.oom_source = OomSource::driver;
-    f.category = params.category;
-    f.requested_bytes = params.size_bytes;
-    f.driver_status = "ENOMEM";
-    return std::unexpected(std::move(f));
+    return std::unexpected(
+        driver_out_of_memory(name(), "aligned_alloc", "ENOMEM", params.category, params.size_bytes));
   }
   return reinterpret_cast<uint64_t>(ptr);
 }

@@ -74,9 +74,9 @@ const char *error_name(const CudaDriver *driver, CUresult result) {
 RhiStatus to_rhi(const CudaDriver *driver, CUresult result, const char *site, std::string device) {
   if (result == kSuccess) return {};
   const Code *code = find(result);
-  return std::unexpected(driver::driver_failure(code != nullptr ? code->result : RhiResult::error,
-                                                result, error_name(driver, result), site,
-                                                std::move(device)));
+  return std::unexpected(driver_call_failure(code != nullptr ? code->result : RhiResult::error,
+                                             std::move(device), site, error_name(driver, result),
+                                             static_cast<int>(result)));
 }
 
 }  // namespace kiln::cuda

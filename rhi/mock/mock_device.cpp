@@ -47,12 +47,9 @@ RhiExpected<uint64_t> MockDevice::driver_allocate(const LlvmRuntimeAllocParams &
   do {
     if (params.size_bytes > capacity_bytes_ || held + others > capacity_bytes_ - params.size_bytes) {
       driver_oom_count_.fetch_add(1);
-      Failure f = failure(RhiResult::out_of_memory, "MockDevice::driver_allocate", "");
-      f.oom_source = OomSource::driver;
-      f.category = params.category;
-      f.requested_bytes = params.size_bytes;
-      f.driver_status = "MOCK_ERROR_OUT_OF_MEMORY";
-      return std::unexpected(std::move(f));
+      return std::unexpected(driver_out_of_memory(name(), "MockDevice::driver_allocate",
+                                                  "MOCK_ERROR_OUT_OF_MEMORY", params.category,
+                                                  params.size_bytes));
     }
   } while (!held_bytes_.compare_exchange_weak(held, held + params.size_bytes));
   uint64_t high = high_water_bytes_.load();

@@ -38,20 +38,4 @@ RhiExpected<void *> resolve(const LibraryInfo &info, const OpenedLibrary &librar
       fmt::format("{} {} has no entry point {}; it is too old", info.what, library.library, name)));
 }
 
-Failure driver_failure(RhiResult result, int code, const char *name, const char *site,
-                       std::string device) {
-  Failure f;
-  f.result = result;
-  f.oom_source = result == RhiResult::out_of_memory ? OomSource::driver : OomSource::none;
-  f.device = std::move(device);
-  f.site = site;
-  f.driver_status = name;
-  // Which call this was is known here, not whether it allocated: an allocation site says so
-  // (DriverGpuDevice::allocated), so a copy, launch or module load that runs out of memory is
-  // never worded as an allocation of 0 bytes.
-  f.allocating = false;
-  if (result != RhiResult::out_of_memory) f.detail = fmt::format("{} failed with code {}", site, code);
-  return f;
-}
-
 }  // namespace kiln::driver

@@ -66,13 +66,6 @@ template <class Table, class Fill>
   return loaded.emplace(candidates, std::move(table)).first->second.get();
 }
 
-/// The Failure for driver code `code` that a backend's status table classified as `result`
-/// (never success), named `name` by the driver: out_of_memory gets oom_source driver, no detail
-/// (the message says it all) and `allocating` false (an allocation site sets it, with the size);
-/// anything else the detail "<site> failed with code <code>".
-[[nodiscard]] Failure driver_failure(RhiResult result, int code, const char *name,
-                                     const char *site, std::string device);
-
 }  // namespace kiln::driver
 
 #endif  // KILN_RHI_SRC_DRIVER_LOADER_H_

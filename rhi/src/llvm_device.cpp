@@ -46,7 +46,7 @@ RhiExpected<DeviceAllocation> LlvmDevice::allocate_runtime(const LlvmRuntimeAllo
   constexpr const char *kSite = "LlvmDevice::allocate_runtime";
   KILN_RETURN_IF_ERROR(check_alive(kSite));
   const auto refuse = [&](RhiResult result, std::string detail) {
-    Failure f = failure(result, kSite, std::move(detail));
+    Failure f = failure(result, kSite, std::move(detail));  // invalid_usage
     f.category = params.category;
     f.requested_bytes = params.size_bytes;
     return std::unexpected(std::move(f));
@@ -57,13 +57,8 @@ RhiExpected<DeviceAllocation> LlvmDevice::allocate_runtime(const LlvmRuntimeAllo
   if (!std::has_single_bit(params.alignment_bytes))
     return refuse(RhiResult::invalid_usage,
                   fmt::format("alignment {} is not a power of two", params.alignment_bytes));
-  if (fault_plan_.should_fail(params.size_bytes)) {
-    auto refused = refuse(RhiResult::out_of_memory, "");
-    refused.error().oom_source = OomSource::driver;
-    refused.error().driver_status = "injected fault (FaultPlan)";
-    refused.error().injected = true;
-    return refused;
-  }
+  if (fault_plan_.should_fail(params.size_bytes))
+    return std::unexpected(injected_fault(name(), kSite, params.category, params.size_bytes));
   KILN_ASSIGN_OR_RETURN(const uint64_t address, driver_allocate(params));
   if (params.zero_fill) {
     if (auto cleared = driver_memset_zero(address, params.size_bytes); !cleared) {

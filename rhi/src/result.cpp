@@ -172,19 +172,6 @@ Failure &&Failure::add_context(std::string line) && {
   return std::move(*this);
 }
 
-Failure make_failure(RhiResult result, std::string device, const char *site, std::string detail) {
-  Failure f;
-  f.result = result;
-  f.device = std::move(device);
-  f.site = site;
-  f.detail = std::move(detail);
-  return f;
-}
-
-Failure invalid_usage(std::string device, const char *site, std::string detail) {
-  return make_failure(RhiResult::invalid_usage, std::move(device), site, std::move(detail));
-}
-
 namespace {
 thread_local Failure t_last_failure;
 }

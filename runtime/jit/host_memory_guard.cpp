@@ -13,26 +13,17 @@
 
 namespace kiln::runtime {
 
-Failure host_out_of_memory(std::string device, const char *site, uint64_t requested_bytes,
-                           std::string detail) {
-  Failure f = make_failure(RhiResult::out_of_memory, std::move(device), site, std::move(detail));
-  f.oom_source = OomSource::host;
-  f.requested_bytes = requested_bytes;
-  return f;
-}
-
 RhiStatus check_host_headroom(std::string device, const char *site, uint64_t headroom_bytes) {
   void *probe = mmap(nullptr, headroom_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                      -1, 0);
   if (probe == MAP_FAILED) {
     const int error = errno;
-    Failure f = host_out_of_memory(
+    return std::unexpected(host_out_of_memory(
         std::move(device), site, headroom_bytes,
         fmt::format("compiling kiln's kernels (mapping that much address space failed: {}; raise "
                     "the process's memory limit, ulimit -v, or free host memory)",
-                    std::strerror(error)));
-    f.driver_status = "ENOMEM";
-    return std::unexpected(std::move(f));
+                    std::strerror(error)),
+        "ENOMEM"));
   }
   munmap(probe, headroom_bytes);
   return {};
@@ -42,10 +33,8 @@ Failure failure_from_current_exception(std::string device, const char *site) {
   try {
     throw;
   } catch (const std::bad_alloc &) {
-    Failure f = host_out_of_memory(std::move(device), site, 0,
-                                   "a C++ allocation (std::bad_alloc)");
-    f.driver_status = "std::bad_alloc";
-    return f;
+    return host_out_of_memory(std::move(device), site, 0, "a C++ allocation (std::bad_alloc)",
+                              "std::bad_alloc");
   } catch (const LlvmFatalError &e) {
     return make_failure(RhiResult::error, std::move(device), site,
                         fmt::format("LLVM reported a fatal error: {}", e.reason));

@@ -50,20 +50,36 @@ std::size_t index(MemoryCategory category) { return static_cast<std::size_t>(cat
 constexpr auto kRelaxed = std::memory_order_relaxed;
 }  // namespace
 
-Failure MemoryBudget::refusal(uint64_t requested_bytes, MemoryCategory category) {
+Failure MemoryBudget::refusal(uint64_t requested_bytes, MemoryCategory category, const char *site,
+                              const CategoryBytes *in_use, std::source_location where) {
   refusals_.fetch_add(1, kRelaxed);
-  Failure f;
-  f.result = RhiResult::out_of_memory;
-  f.oom_source = OomSource::budget;
-  f.budget_check = BudgetCheck::limit;
-  f.category = category;
-  f.requested_bytes = requested_bytes;
-  f.site = "MemoryBudget::reserve";
-  f.has_memory = true;
-  f.memory.limit_bytes = limit_bytes_.load(kRelaxed);
-  for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
-    f.memory.in_use_bytes[i] = current_bytes_[i].load(kRelaxed);
-  return f;
+  MemorySnapshot memory;
+  memory.limit_bytes = limit_bytes_.load(kRelaxed);
+  memory.in_use_bytes = in_use != nullptr ? *in_use : in_use_by_category();
+  return budget_refusal(BudgetCheck::limit, site, category, requested_bytes, memory, where);
+}
+
+bool MemoryBudget::fits_after_reclaim(uint64_t size_bytes, uint64_t unreclaimable_bytes) const {
+  const uint64_t limit = limit_bytes_.load(kRelaxed);
+  return size_bytes <= limit && unreclaimable_bytes <= limit &&
+         size_bytes <= limit - unreclaimable_bytes;
+}
+
+RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> requests,
+                                               ReclaimHook &hook) {
+  auto reservation = reserve(requests);
+  // Reclaimable bytes never cause a refusal on their own: while reclaiming would make room,
+  // reclaim and ask again. The retry happens even when this call reclaimed nothing itself
+  // (another thread's reclaim may have finished meanwhile; the hook says whether to go on).
+  for (int round = 0; round < kReclaimRounds && !reservation &&
+                      reservation.error().result == RhiResult::out_of_memory &&
+                      fits_after_reclaim(reservation.error().requested_bytes,
+                                         hook.unreclaimable_bytes());
+       ++round) {
+    ignore_result(hook.reclaim(), "asked again whatever it says: the budget decides");
+    reservation = reserve(requests);
+  }
+  return reservation;
 }
 
 bool MemoryBudget::fits(uint64_t total_bytes) const {
@@ -77,12 +93,13 @@ RhiExpected<Reservation> MemoryBudget::reserve(MemoryCategory category, uint64_t
 }
 
 RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> requests) {
+  constexpr const char *kSite = "MemoryBudget::reserve";
   CategoryBytes bytes{};
   uint64_t total = 0;
   bool overflow = false;
   for (const CategoryRequest &r : requests) {
     if (index(r.category) >= kNumMemoryCategories)
-      return std::unexpected(invalid_usage("kiln", "MemoryBudget::reserve", "no such memory category"));
+      return std::unexpected(invalid_usage("kiln", kSite, "no such memory category"));
     bytes[index(r.category)] += r.size_bytes;
     overflow |= total + r.size_bytes < total;
     total += r.size_bytes;
@@ -91,10 +108,10 @@ RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> 
   // A refusal is decided without the lock: the total only changes under it, and a request that
   // does not fit now did not fit at the moment of that load.
   if (overflow || !fits(total))
-    return std::unexpected(refusal(overflow ? UINT64_MAX : total, first));
+    return std::unexpected(refusal(overflow ? UINT64_MAX : total, first, kSite));
   if (before_lock_hook_ != nullptr) before_lock_hook_(before_lock_context_);
   std::lock_guard lock(mutex_);
-  if (!fits(total)) return std::unexpected(refusal(total, first));
+  if (!fits(total)) return std::unexpected(refusal(total, first, kSite));
   if (under_lock_hook_ != nullptr) under_lock_hook_(under_lock_context_);
   const uint64_t in_use = in_use_total_.load(kRelaxed) + total;
   in_use_total_.store(in_use, kRelaxed);

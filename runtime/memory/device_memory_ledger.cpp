@@ -1,5 +1,5 @@
 // DeviceMemory's ledger view: per-category figures that add every thread cache's share, peaks
-// that never fall below the truth, the counters, stats() and summary().
+// that never fall below the truth, the counters and stats() (summary: memory_stats.cpp).
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -174,28 +174,6 @@ MemoryStats DeviceMemory::stats() const {
   return s;
 }
 
-std::string DeviceMemory::summary() const {
-  const MemoryStats s = stats();
-  std::string out = fmt::format("kiln memory summary: {} (limit {}, reserve {})\n", device_.name(),
-                                format_bytes(s.ledger.limit_bytes), format_bytes(s.reserve_bytes));
-  out += fmt::format("  {:<16} {:>12} {:>12}\n", "category", "current", "peak");
-  for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
-    out +=
-        fmt::format("  {:<16} {:>12} {:>12}\n", to_string(static_cast<MemoryCategory>(i)),
-                    format_bytes(s.ledger.current_bytes[i]), format_bytes(s.ledger.peak_bytes[i]));
-  out +=
-      fmt::format("  {:<16} {:>12} {:>12}\n", "total", format_bytes(s.ledger.current_total_bytes()),
-                  format_bytes(s.ledger.peak_total_bytes));
-  out += fmt::format(
-      "  pool: {} cached in {} blocks; {} hits ({} lock-free) of {} allocations; "
-      "{} evicted\n",
-      format_bytes(s.cached_bytes), s.cached_blocks, s.cache_hits, s.lock_free_hits, s.allocations,
-      s.evictions);
-  out += fmt::format(
-      "  refusals: {} by budget, {} by live free memory; driver out-of-memory: {}; "
-      "retries: {}; frees: {}; live checks: {}\n",
-      s.ledger.refusals, s.live_refusals, s.driver_ooms, s.retries, s.frees, s.live_checks);
-  return out;
-}
+std::string DeviceMemory::summary() const { return format_memory_summary(device_.name(), stats()); }
 
 }  // namespace kiln::runtime

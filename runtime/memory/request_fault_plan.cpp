@@ -1,6 +1,6 @@
-// RequestFaultPlan: DeviceMemory's fault injection over allocation requests, counted by the
-// locked path (FaultPlan) and by the thread caches (lock-free hits and disarmed requests).
-#include "kiln/runtime/memory/device_memory.h"
+// RequestFaultPlan: fault injection over allocation requests, counted here (FaultPlan) and by
+// the owner's thread caches (lock-free hits and disarmed requests).
+#include "kiln/runtime/memory/request_fault_plan.h"
 
 #include <algorithm>
 
@@ -8,7 +8,7 @@ namespace kiln::runtime {
 
 void RequestFaultPlan::fail_nth_allocation(uint64_t n) {
   std::lock_guard lock(settings_mutex_);
-  fast_baseline_.store(memory_.cache_request_count(), std::memory_order_relaxed);
+  fast_baseline_.store(owner_.cache_request_count(), std::memory_order_relaxed);
   plan_.fail_nth_allocation(n);
   update_armed();
 }
@@ -16,7 +16,8 @@ void RequestFaultPlan::fail_nth_allocation(uint64_t n) {
 void RequestFaultPlan::fail_at_count(uint64_t count) {
   std::lock_guard lock(settings_mutex_);
   // allocation_count() = the plan's own count + the thread caches' requests since the baseline.
-  const uint64_t cached = memory_.cache_request_count() - fast_baseline_.load(std::memory_order_relaxed);
+  const uint64_t cached =
+      owner_.cache_request_count() - fast_baseline_.load(std::memory_order_relaxed);
   plan_.fail_at_count(count - std::min(count, cached));
   update_armed();
 }
@@ -35,12 +36,23 @@ void RequestFaultPlan::clear() {
 
 void RequestFaultPlan::update_armed() {
   armed_.store(plan_.armed(), std::memory_order_relaxed);
-  memory_.update_fast_path();
+  owner_.fault_plan_changed();
 }
 
 uint64_t RequestFaultPlan::allocation_count() const {
-  return plan_.allocation_count() + memory_.cache_request_count() -
+  return plan_.allocation_count() + owner_.cache_request_count() -
          fast_baseline_.load(std::memory_order_relaxed);
+}
+
+const AllocRequest *RequestFaultPlan::first_refused(std::span<const AllocRequest> requests) {
+  for (const AllocRequest &r : requests)
+    if (plan_.should_fail(r.size_bytes)) return &r;
+  return nullptr;
+}
+
+void RequestFaultPlan::count(std::span<const AllocRequest> requests) {
+  for (const AllocRequest &r : requests)
+    ignore_result(plan_.should_fail(r.size_bytes), "counting only: the plan is disarmed");
 }
 
 }  // namespace kiln::runtime

@@ -217,6 +217,9 @@ bool init_asymmetric_barrier();
 }
 /// The drainer's side: after it returns, every thread has passed a full barrier.
 void heavy_barrier();
+/// Whether this process is a child forked from a kiln process: its fast paths stay closed and
+/// nothing waits for a fast-path pass of a thread the child does not have.
+[[nodiscard]] bool in_forked_child();
 
 }  // namespace kiln::runtime::detail
 

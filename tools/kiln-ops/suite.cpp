@@ -18,11 +18,9 @@ CaseResult run_case(const Case &c, LlvmRuntimeExecutor &ex) {
   try {
     outcome = c.run(ex);
   } catch (const std::bad_alloc &) {  // the host reference's vectors did not fit
-    Failure f = make_failure(RhiResult::out_of_memory, "host", "kiln-ops case",
-                             "the host reference arrays of this case");
-    f.oom_source = OomSource::host;
-    f.requested_bytes = c.max_array_bytes;
-    outcome = std::unexpected(std::move(f));
+    outcome = std::unexpected(host_out_of_memory("host", "kiln-ops case", c.max_array_bytes,
+                                                 "the host reference arrays of this case",
+                                                 "std::bad_alloc"));
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!outcome) {

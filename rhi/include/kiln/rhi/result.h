@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <expected>
+#include <source_location>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -114,6 +115,9 @@ struct Failure {
   /// executor's advise(), with the knobs of C++, Python or kiln-ops); the layers below never
   /// name a knob. Empty: the message gives no advice.
   std::string advice;
+  /// Where the factory that built this failure was called (rhi/failures.h): file, line and
+  /// function. Not part of the message; tests check `site` against it.
+  std::source_location where{};
 
   /// The full one-line message: what failed, the numbers, then `advice` when there is one.
   [[nodiscard]] std::string message() const;
@@ -121,12 +125,6 @@ struct Failure {
   Failure &add_context(std::string line) &;
   Failure &&add_context(std::string line) &&;
 };
-
-/// Builds an invalid_usage failure with a one-line reason.
-[[nodiscard]] Failure invalid_usage(std::string device, const char *site, std::string detail);
-/// Builds a failure with the given code and reason.
-[[nodiscard]] Failure make_failure(RhiResult result, std::string device, const char *site,
-                                   std::string detail);
 
 /// A value of type T or the Failure that prevented it: `std::expected<T, Failure>` with every
 /// member, conversion and comparison of it, as a `[[nodiscard]]` class type (like LLVM's
@@ -186,5 +184,8 @@ void set_last_failure(Failure failure);
   auto tmp = (expr);                                           \
   if (!tmp) return std::unexpected(std::move(tmp).error());    \
   lhs = std::move(tmp).value()
+
+// The factories that build each kind of Failure (after Failure is complete).
+#include "kiln/rhi/failures.h"
 
 #endif  // KILN_RHI_RESULT_H_

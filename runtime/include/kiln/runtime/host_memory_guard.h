@@ -21,11 +21,6 @@ namespace kiln::runtime {
 /// runs; 32 MiB is five times the need. Tested by [host_oom] in test/unit/test_lifecycle.cpp.
 inline constexpr uint64_t kJitHeadroomBytes = 32ull << 20;
 
-/// out_of_memory with oom_source host (Python: HostOutOfMemoryError) for `requested_bytes` of host
-/// memory (0 when unknown) needed at `site`.
-[[nodiscard]] Failure host_out_of_memory(std::string device, const char *site,
-                                         uint64_t requested_bytes, std::string detail);
-
 /// Checks, before work that cannot fail cleanly (LLVM, built without exceptions), that
 /// `headroom_bytes` of address space can still be mapped: maps and unmaps that much, PROT_NONE
 /// (it counts against RLIMIT_AS but uses no memory). Errors: out_of_memory (host). Thread-safe.

@@ -60,6 +60,20 @@ struct LedgerStats {
   [[nodiscard]] uint64_t current_total_bytes() const;
 };
 
+/// What a budget asks before it refuses for good (the reclaim hook: evict, then ask again): memory
+/// held now that could be given back, such as a caching pool's blocks. DeviceMemory is one.
+class ReclaimHook {
+ public:
+  /// Bytes held now that reclaim() cannot give back (every category but the reclaimable one).
+  [[nodiscard]] virtual uint64_t unreclaimable_bytes() const = 0;
+  /// Gives back what it can so that a refused reservation may be asked again: true when that
+  /// may have made room (bytes released here or by another thread meanwhile).
+  virtual bool reclaim() = 0;
+
+ protected:
+  ~ReclaimHook() = default;
+};
+
 /// A budget over one ledger: reservations succeed while in-use + request <= limit.
 /// Thread-safe: every member may be called from any thread. A refusal takes no lock (the check
 /// that refuses reads one atomic total), so refusing threads do not wait on each other; the
@@ -74,6 +88,22 @@ class MemoryBudget {
   [[nodiscard]] RhiExpected<Reservation> reserve(MemoryCategory category, uint64_t size_bytes);
   /// Reserves every request in one step: all of them, or none (the failure names the total).
   [[nodiscard]] RhiExpected<Reservation> reserve(std::span<const CategoryRequest> requests);
+  /// As reserve(requests), but a limit refusal that reclaiming would cure (the request fits
+  /// beside `hook`'s unreclaimable bytes) reclaims and asks again, for at most kReclaimRounds
+  /// rounds (other threads may take the room each round made). The only place a reserve becomes
+  /// "evict, then ask again". Errors: as reserve.
+  [[nodiscard]] RhiExpected<Reservation> reserve(std::span<const CategoryRequest> requests,
+                                                 ReclaimHook &hook);
+  static constexpr int kReclaimRounds = 8;
+  /// Whether `size_bytes` would fit under the limit beside `unreclaimable_bytes` (what no
+  /// reclaim can give back). No lock; a reservation decides for good.
+  [[nodiscard]] bool fits_after_reclaim(uint64_t size_bytes, uint64_t unreclaimable_bytes) const;
+  /// The limit refusal of `requested_bytes` of `category`, with the limit and in-use bytes per
+  /// category now (`in_use`, or the ledger's own when null), counted as a refusal. The only
+  /// producer of limit refusals: reserve() and callers that decided with fits() alike.
+  [[nodiscard]] Failure refusal(uint64_t requested_bytes, MemoryCategory category, const char *site,
+                                const CategoryBytes *in_use = nullptr,
+                                std::source_location where = std::source_location::current());
   /// Gives back committed bytes (the memory was freed).
   void release(MemoryCategory category, uint64_t size_bytes);
 
@@ -102,7 +132,6 @@ class MemoryBudget {
  private:
   friend class Reservation;
   void give_back(const CategoryBytes &bytes);
-  [[nodiscard]] Failure refusal(uint64_t requested_bytes, MemoryCategory category);
 
   // Serializes charges; the figures below are read without it. A leaf lock (arithmetic only),
   // held across fork() so that a child never inherits it locked.

@@ -1,143 +1,43 @@
-// DeviceMemory: the budget as an adaptor around a device (RMM's resource-adaptor shape). Every
+// DeviceMemory: the facade over a device's memory adaptors (RMM's resource-adaptor shape). Every
 // allocation kiln makes on a device goes through here, so every kind is charged to one ledger.
+// The parts, one file each under runtime/memory/: the budget and its reclaim hook (budget.h),
+// the caching pool's size classes (caching_pool.h), the thread-cache front (thread_cache.h,
+// thread_cache_front.cpp, cache_eviction.cpp), the ledger view and stats (device_memory_ledger.cpp,
+// memory_stats.h), OOM observers (oom_observers.h), request fault injection
+// (request_fault_plan.h), the live free-memory check (live_free_check.cpp) and the failure
+// picture (failure_picture.h). The inline fast path below is the pool hit.
 #ifndef KILN_RUNTIME_MEMORY_DEVICE_MEMORY_H_
 #define KILN_RUNTIME_MEMORY_DEVICE_MEMORY_H_
 
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <memory>
-#include <functional>
-#include <string>
 #include <cstdint>
+#include <memory>
 #include <mutex>
-#include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kiln/rhi/device.h"
-#include "kiln/rhi/fault_plan.h"
 #include "kiln/rhi/fork_hooks.h"
+#include "kiln/runtime/memory/alloc_request.h"
 #include "kiln/runtime/memory/budget.h"
+#include "kiln/runtime/memory/budget_config.h"
 #include "kiln/runtime/memory/caching_pool.h"
+#include "kiln/runtime/memory/failure_picture.h"
+#include "kiln/runtime/memory/memory_stats.h"
+#include "kiln/runtime/memory/oom_observers.h"
+#include "kiln/runtime/memory/request_fault_plan.h"
+#include "kiln/runtime/memory/seq_mutex.h"
 
 namespace kiln::runtime {
-
-/// How a device's budget is set. Sizes in bytes.
-struct BudgetConfig {
-  /// A fixed limit (deterministic tests). Unset: KILN_POOL_LIMIT_MB if set, else the ceiling
-  /// (total - reserve).
-  std::optional<uint64_t> limit_bytes;
-  /// Headroom kept free on the device. Unset: default_reserve_bytes(total).
-  std::optional<uint64_t> reserve_bytes;
-  /// Ask the device for its live free memory whenever kiln must grow (sees other processes).
-  bool live_check = true;
-  /// Keep freed blocks for reuse (charged as pool_cache; evicted before any refusal).
-  bool caching = true;
-};
-
-/// The default headroom: max(64 MiB, total / 20). 5 % leaves room for the driver's own context,
-/// other libraries in the process and fragmentation; the floor matters on small devices.
-[[nodiscard]] uint64_t default_reserve_bytes(uint64_t total_bytes);
-/// KILN_POOL_LIMIT_MB from the environment, in bytes; nullopt when unset.
-/// Errors: invalid_usage when set but not a non-negative integer.
-[[nodiscard]] RhiExpected<std::optional<uint64_t>> pool_limit_from_env();
-
-/// One member of an all-or-nothing group allocation.
-struct AllocRequest {
-  MemoryCategory category = MemoryCategory::ndarray;
-  uint64_t size_bytes = 0;
-  bool zero_fill = false;
-};
-
-/// Counters and bytes for one device (a snapshot). `get_*`-cheap: no device call.
-struct MemoryStats {
-  /// Current/peak bytes per category, the limit, and budget refusals returned to callers (a
-  /// refusal that eviction or an observer cured, and then succeeded, does not count).
-  LedgerStats ledger;
-  uint64_t reserve_bytes = 0;   ///< headroom kept free on the device
-  uint64_t allocations = 0;     ///< successful allocations (cache hits included)
-  uint64_t frees = 0;
-  uint64_t cache_hits = 0;      ///< allocations served from the caching pool
-  uint64_t lock_free_hits = 0;  ///< of those, served by the calling thread's cache without a lock
-  uint64_t cached_bytes = 0;    ///< bytes in the caching pool now
-  uint64_t cached_blocks = 0;
-  uint64_t evictions = 0;       ///< cached blocks given back to the device under pressure
-  uint64_t live_checks = 0;     ///< live free-memory queries made
-  uint64_t live_refusals = 0;   ///< refusals by live free memory returned to callers
-  uint64_t driver_ooms = 0;     ///< out_of_memory answers from the driver
-  uint64_t retries = 0;         ///< allocations retried after evicting the cache or an observer
-};
-
-/// Called with the failure detail of an out-of-memory refusal before the error is returned. If it
-/// frees kiln memory, the allocation is retried once. Must not allocate on the same device.
-using OomObserver = std::function<void(const Failure &)>;
 
 namespace detail {
 struct BlockRecord;
 class BlockRegistry;
 class ThreadCache;
-
-/// A mutex that also publishes a sequence number, odd while it is held, so that a reader may read
-/// the atomics it guards without taking it: read, then check that the number is even and did not
-/// move (a seqlock; Boehm, "Can seqlocks get along with programming language memory models?",
-/// MSPC 2012). Lockable, for std::lock_guard.
-class SeqMutex {
- public:
-  void lock() {
-    mutex_.lock();
-    seq_.store(seq_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
-  }
-  void unlock() {
-    seq_.store(seq_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
-    mutex_.unlock();
-  }
-  /// Starts a read: the number to give read_valid.
-  [[nodiscard]] uint64_t read_begin() const { return seq_.load(std::memory_order_acquire); }
-  /// Whether what was read since read_begin returned `seq` is whole: no holder came or went.
-  [[nodiscard]] bool read_valid(uint64_t seq) const {
-    std::atomic_thread_fence(std::memory_order_acquire);
-    return seq % 2 == 0 && seq_.load(std::memory_order_relaxed) == seq;
-  }
-
- private:
-  std::mutex mutex_;
-  std::atomic<uint64_t> seq_{0};
-};
 }  // namespace detail
-
-class DeviceMemory;
-
-/// DeviceMemory's fault injection: FaultPlan's interface over allocation *requests* (cache hits
-/// included). A faulted request fails as if the driver had refused it (out_of_memory, oom_source
-/// driver). While armed, every request takes DeviceMemory's locked path; disarmed, requests
-/// served by a thread cache are counted there. Thread-safe.
-class RequestFaultPlan {
- public:
-  static constexpr uint64_t kNever = FaultPlan::kNever;
-  /// The `n`-th request from now (1-based) fails; kNever disarms. Resets the count.
-  void fail_nth_allocation(uint64_t n);
-  /// The request that brings allocation_count() to `count` fails; the count goes on (no reset),
-  /// so nested plans (kiln.testing.fail_allocation blocks) count consistently.
-  void fail_at_count(uint64_t count);
-  /// Every request of at least `size_bytes` fails; kNever disarms.
-  void fail_sizes_at_least(uint64_t size_bytes);
-  void clear();
-  /// Requests counted since the last fail_nth_allocation (or construction).
-  [[nodiscard]] uint64_t allocation_count() const;
-  [[nodiscard]] bool armed() const { return armed_.load(std::memory_order_relaxed); }
-
- private:
-  friend class DeviceMemory;
-  explicit RequestFaultPlan(DeviceMemory &memory) : memory_(memory) {}
-  void update_armed();
-  DeviceMemory &memory_;
-  std::mutex settings_mutex_;  // one setter at a time: armed_ and the fast path follow the settings
-  FaultPlan plan_;  // counts the locked path's requests
-  std::atomic<uint64_t> fast_baseline_{0};  // thread caches' requests at the last reset
-  std::atomic<bool> armed_{false};
-};
 
 /// The budgeted allocator of one device. Owns the budget; does not own the device.
 /// Thread-safe: every member may be called from any thread.
@@ -151,7 +51,10 @@ class RequestFaultPlan {
 /// Without membarrier(2), and in a child after fork(), every operation takes the lock. (As POSIX
 /// warns for any library with locks, a child forked while another thread was inside a locked
 /// operation may block on that lock; a child of an idle or single-threaded parent works.)
-class DeviceMemory {
+///
+/// OOM observers may not allocate here: while one runs, its thread's allocations here are refused
+/// with invalid_usage (frees are fine: that is what observers are for).
+class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
  public:
   /// Reads total memory from the device and sets the limit per `config`.
   /// Errors: what the device's memory_info answers; invalid_usage for a bad KILN_POOL_LIMIT_MB.
@@ -160,11 +63,14 @@ class DeviceMemory {
   /// Gives every live and cached block back to the device. No other thread may use this object
   /// while it is destroyed.
   ~DeviceMemory();
+  DeviceMemory(const DeviceMemory &) = delete;
+  DeviceMemory &operator=(const DeviceMemory &) = delete;
 
   /// Allocates `size_bytes` charged to `category`. On failure nothing is held.
   /// Errors: out_of_memory (oom_source budget: the limit or the live free memory refused;
   ///         oom_source driver: the driver refused), invalid_usage (size 0, category pool_cache
-  ///         or out of range), device_lost. Out-of-memory failures carry a MemorySnapshot.
+  ///         or out of range, or called from an OOM observer of this memory), device_lost.
+  ///         Out-of-memory failures carry a MemorySnapshot.
   [[nodiscard]] RhiExpected<DeviceAllocation> allocate(MemoryCategory category, uint64_t size_bytes,
                                                        bool zero_fill = false) {
     // A hit in this thread's cache is one call that returns the block's id (the result is built
@@ -192,9 +98,9 @@ class DeviceMemory {
   uint64_t release_cached();
 
   /// Registers an OOM observer; returns its id. Thread-safe.
-  uint64_t add_oom_observer(OomObserver observer);
+  uint64_t add_oom_observer(OomObserver observer) { return observers_.add(std::move(observer)); }
   /// Removes an observer; false if the id is unknown.
-  bool remove_oom_observer(uint64_t id);
+  bool remove_oom_observer(uint64_t id) { return observers_.remove(id); }
 
   /// Charges bytes that live outside device allocations (e.g. JIT code objects) to `category`.
   /// Errors: out_of_memory (oom_source budget) as allocate; invalid_usage for pool_cache or a
@@ -241,10 +147,9 @@ class DeviceMemory {
   /// refusing stays cheap, even in a loop. Every other failure asks the device now. Normally
   /// takes no lock (see in_use_by_category).
   void annotate(Failure &failure);
-  static constexpr std::chrono::microseconds kLiveReadingReuse{1000};
+  static constexpr std::chrono::microseconds kLiveReadingReuse = FailurePicture::kReuse;
 
  private:
-  friend class RequestFaultPlan;
   using Record = detail::BlockRecord;
   using Cache = detail::ThreadCache;
 
@@ -255,8 +160,17 @@ class DeviceMemory {
   [[nodiscard]] Cache *fast_cache() const;  // the cache t_fast binds to this object, or null
   [[nodiscard]] Cache *my_cache() const;    // this thread's cache here, or null (rebinds t_fast)
   [[nodiscard]] Cache *bind_cache();  // my_cache(), made on first use (takes the mutex)
+  void forget_fast_binding();  // this thread's fast path forgets this memory until my_cache()
   [[nodiscard]] bool fast_path_open(MemoryCategory category, uint64_t size_bytes) const;
   void update_fast_path();  // after the fault plan changed
+  // RequestFaultPlan::Owner
+  [[nodiscard]] uint64_t cache_request_count() const override;  // requests the caches counted
+  void fault_plan_changed() override { update_fast_path(); }
+  // ReclaimHook: the budget's "evict, then ask again"
+  [[nodiscard]] uint64_t unreclaimable_bytes() const override;
+  /// The bytes of `in_use` that eviction cannot give back (every category but pool_cache).
+  [[nodiscard]] static uint64_t unreclaimable_bytes(const CategoryBytes &in_use);
+  bool reclaim() override;
   static void install_fork_handler();
   [[nodiscard]] Record *fast_allocate(Cache &cache, MemoryCategory category, uint64_t size_bytes);
   /// The lock-free hit: the block's alloc id, or 0 (ids start at 1) when it cannot serve it.
@@ -300,23 +214,17 @@ class DeviceMemory {
   [[nodiscard]] RhiStatus check_live_with_eviction(uint64_t growth_bytes, MemoryCategory category,
                                                    uint64_t requested_bytes);
   [[nodiscard]] RhiStatus check_fault_plan(std::span<const AllocRequest> requests);
+  /// invalid_usage when the calling thread is inside an OOM observer of this memory.
+  [[nodiscard]] RhiStatus check_not_observing() const;
   [[nodiscard]] RhiStatus validate(MemoryCategory category, uint64_t size_bytes) const;
   [[nodiscard]] uint64_t class_of(uint64_t size_bytes) const;
-  /// Whether evicting every cached block would make room for `size_bytes` under `limit_bytes`,
-  /// given the bytes held per category now.
-  [[nodiscard]] static bool evicting_would_fit(uint64_t size_bytes, uint64_t limit_bytes,
-                                               const CategoryBytes &in_use);
   /// The budget refuses a growth of `size_bytes` (a request's exact size: its class may still be
   /// refused and the exact size not) and no eviction could make room: true, with the bytes held
   /// per category in `in_use`. (No observer registered: they take the general path.)
-  [[nodiscard]] bool refused_outright(uint64_t size_bytes, CategoryBytes &in_use) const;
+  [[nodiscard]] bool refuses_outright(uint64_t size_bytes, CategoryBytes &in_use) const;
   /// That refusal, built once where the caller returns it (no lock, no device call).
-  [[nodiscard]] RhiExpected<DeviceAllocation> budget_refusal(const AllocRequest &request,
+  [[nodiscard]] RhiExpected<DeviceAllocation> refused_outright(const AllocRequest &request,
                                                              const CategoryBytes &in_use);
-  /// Reserves growth; a budget refusal that evicting would cure evicts and retries, for at most
-  /// kEvictionRounds rounds.
-  [[nodiscard]] RhiExpected<Reservation> reserve_growth(std::span<const CategoryRequest> growth);
-  static constexpr int kEvictionRounds = 8;
   [[nodiscard]] RhiStatus check_live_free(uint64_t size_bytes, MemoryCategory category);
   /// Evicts every cache so that a refused request may be retried: true when this call released
   /// bytes, or when another thread's eviction was under way (this call waited for it to finish).
@@ -324,6 +232,7 @@ class DeviceMemory {
   [[nodiscard]] uint64_t release_cached_holding_evict_lock();
   [[nodiscard]] RhiExpected<DeviceAllocation> allocate_block(const AllocRequest &request,
                                                              uint64_t class_bytes);
+  /// Tells the observers (this thread may not allocate here meanwhile); true if they freed memory.
   bool notify_observers(const Failure &failure);
   /// Runs `attempt`; an out-of-memory failure goes to the observers and, if they freed memory,
   /// `attempt` runs once more. The failure returned is annotated and counted (count_refusal).
@@ -368,8 +277,7 @@ class DeviceMemory {
   static void reopen_cache_locked(Cache &cache);
   void trim_headroom_locked(Cache *cache);
   void set_owner_locked(Record *record, Cache *owner);
-  void retire_cache(Cache *cache);  // a thread exits (thread_cache binding in device_memory.cpp)
-  [[nodiscard]] uint64_t cache_request_count() const;  // requests the caches counted
+  void retire_cache(Cache *cache);  // a thread exits (thread_cache_front.cpp)
   friend struct ThreadBinding;
 
   LlvmDevice &device_;
@@ -399,20 +307,10 @@ class DeviceMemory {
   CategoryBytes peaks_{};
   uint64_t retired_requests_ = 0;  // requests counted by caches whose thread exited
   RequestFaultPlan fault_plan_;
-  // The device's free/total as last read for a failure's picture, and when (coarse clock; -1:
-  // never). Written in that order by whoever reads the device, read without a lock: a reader may
-  // mix two readings of the same tick, either of which it would have accepted.
-  std::atomic<uint64_t> reading_free_bytes_{0}, reading_total_bytes_{0};
-  std::atomic<int64_t> reading_time_ns_{-1};
-  void fill_live_figures(MemorySnapshot &memory, bool may_reuse);
+  FailurePicture picture_;
   /// annotate's work for an out-of-memory failure, with the bytes held per category given.
   void fill_picture(Failure &failure, const CategoryBytes &in_use);
-  // Reset in a forked child, not held across fork(): dropping an observer under it may wait
-  // for the Python GIL, which the forking thread may hold.
-  ForkSafeMutex observers_mutex_{ForkSafeMutex::Policy::reset_in_child};
-  std::vector<std::pair<uint64_t, OomObserver>> observers_;
-  std::atomic<std::size_t> observer_count_{0};  // lets a refusal skip the lock when 0
-  uint64_t next_observer_id_ = 1;
+  OomObservers observers_;
   // The locked path's busiest counters: kept per thread in its cache (a plain add), here for
   // threads without one and for caches whose thread exited.
   // kLockFreeHits: only the lock-free hits of caches whose thread exited (live caches keep theirs

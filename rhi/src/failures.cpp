@@ -1,0 +1,97 @@
+// The failure factories (failures.h): each kind of Failure is built here and nowhere else.
+#include "kiln/rhi/failures.h"
+
+#include <utility>
+
+namespace kiln {
+
+namespace {
+
+// The fields every out-of-memory failure about an allocation has.
+Failure out_of_memory(OomSource source, std::string device, const char *site,
+                      MemoryCategory category, uint64_t requested_bytes,
+                      std::source_location where) {
+  Failure f = make_failure(RhiResult::out_of_memory, std::move(device), site, "", where);
+  f.oom_source = source;
+  f.category = category;
+  f.requested_bytes = requested_bytes;
+  return f;
+}
+
+}  // namespace
+
+Failure make_failure(RhiResult result, std::string device, const char *site, std::string detail,
+                     std::source_location where) {
+  Failure f;
+  f.result = result;
+  f.device = std::move(device);
+  f.site = site;
+  f.detail = std::move(detail);
+  f.where = where;
+  return f;
+}
+
+Failure invalid_usage(std::string device, const char *site, std::string detail,
+                      std::source_location where) {
+  return make_failure(RhiResult::invalid_usage, std::move(device), site, std::move(detail), where);
+}
+
+Failure driver_out_of_memory(std::string device, const char *site, const char *driver_status,
+                             MemoryCategory category, uint64_t requested_bytes,
+                             std::source_location where) {
+  Failure f = out_of_memory(OomSource::driver, std::move(device), site, category,
+                            requested_bytes, where);
+  f.driver_status = driver_status;
+  return f;
+}
+
+Failure driver_call_failure(RhiResult result, std::string device, const char *site,
+                            const char *driver_status, int code, std::source_location where) {
+  Failure f = make_failure(result, std::move(device), site, "", where);
+  f.oom_source = result == RhiResult::out_of_memory ? OomSource::driver : OomSource::none;
+  f.driver_status = driver_status;
+  // Which call this was is known here, not whether it allocated: an allocation site says so
+  // (DriverGpuDevice::allocated), so a copy, launch or module load that runs out of memory is
+  // never worded as an allocation of 0 bytes.
+  f.allocating = false;
+  if (result != RhiResult::out_of_memory) f.detail = fmt::format("{} failed with code {}", site, code);
+  return f;
+}
+
+Failure injected_fault(std::string device, const char *site, MemoryCategory category,
+                       uint64_t requested_bytes, std::source_location where) {
+  Failure f = driver_out_of_memory(std::move(device), site, "injected fault (FaultPlan)", category,
+                                   requested_bytes, where);
+  f.injected = true;
+  return f;
+}
+
+Failure budget_refusal(BudgetCheck check, const char *site, MemoryCategory category,
+                       uint64_t requested_bytes, const MemorySnapshot &memory,
+                       std::source_location where) {
+  Failure f = out_of_memory(OomSource::budget, "", site, category, requested_bytes, where);
+  f.budget_check = check;
+  f.has_memory = true;
+  f.memory = memory;
+  return f;
+}
+
+Failure device_heap_exhausted(std::string device, const char *site, uint64_t requested_bytes,
+                              std::string detail, std::source_location where) {
+  Failure f = out_of_memory(OomSource::device_heap, std::move(device), site,
+                            MemoryCategory::runtime_heap, requested_bytes, where);
+  f.detail = std::move(detail);
+  return f;
+}
+
+Failure host_out_of_memory(std::string device, const char *site, uint64_t requested_bytes,
+                           std::string detail, const char *driver_status,
+                           std::source_location where) {
+  Failure f = out_of_memory(OomSource::host, std::move(device), site, MemoryCategory::ndarray,
+                            requested_bytes, where);
+  f.detail = std::move(detail);
+  f.driver_status = driver_status;
+  return f;
+}
+
+}  // namespace kiln

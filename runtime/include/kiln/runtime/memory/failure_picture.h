@@ -1,0 +1,36 @@
+// The memory picture of an out-of-memory failure: the device's free/total, read for the failure
+// or reused from a reading of the same clock tick.
+#ifndef KILN_RUNTIME_MEMORY_FAILURE_PICTURE_H_
+#define KILN_RUNTIME_MEMORY_FAILURE_PICTURE_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+#include "kiln/rhi/device.h"
+
+namespace kiln::runtime {
+
+/// One device's last free/total reading for failure pictures. Thread-safe, lock-free: written by
+/// whoever reads the device (free, total, then the time, released), read without a lock; a
+/// reader may mix two readings of the same tick, either of which it would have accepted.
+class FailurePicture {
+ public:
+  /// How long a reading may be reused for a budget refusal (whose verdict does not depend on it):
+  /// while CLOCK_MONOTONIC_COARSE has moved less than this, i.e. within one kernel tick (1 to
+  /// 10 ms), so that refusing stays cheap even in a loop.
+  static constexpr std::chrono::microseconds kReuse{1000};
+
+  /// Sets `memory`'s free_bytes, total_bytes and live_age_ms: from a reading of this tick when
+  /// `may_reuse` (live_age_ms then bounds its age, in whole ms rounded up), else from `device`
+  /// now (live_age_ms 0). A device that cannot answer leaves them as they are.
+  void fill_live_figures(MemorySnapshot &memory, bool may_reuse, Device &device);
+
+ private:
+  std::atomic<uint64_t> free_bytes_{0}, total_bytes_{0};
+  std::atomic<int64_t> time_ns_{-1};  // coarse clock; -1: never read
+};
+
+}  // namespace kiln::runtime
+
+#endif  // KILN_RUNTIME_MEMORY_FAILURE_PICTURE_H_

@@ -1,0 +1,66 @@
+// Fault injection over a device memory's allocation *requests* (cache hits included), as
+// FaultPlan is over the calls that reach a driver.
+#ifndef KILN_RUNTIME_MEMORY_REQUEST_FAULT_PLAN_H_
+#define KILN_RUNTIME_MEMORY_REQUEST_FAULT_PLAN_H_
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <span>
+
+#include "kiln/rhi/fault_plan.h"
+#include "kiln/runtime/memory/alloc_request.h"
+
+namespace kiln::runtime {
+
+/// FaultPlan's interface over allocation requests. A faulted request fails as if the driver had
+/// refused it (out_of_memory, oom_source driver, injected). While armed, every request is
+/// decided by check() (DeviceMemory then keeps its lock-free path closed); disarmed, requests
+/// are counted by the owner's thread caches, which the plan adds in (Owner). Thread-safe.
+class RequestFaultPlan {
+ public:
+  static constexpr uint64_t kNever = FaultPlan::kNever;
+
+  /// What the plan needs from the memory it belongs to.
+  class Owner {
+   public:
+    /// Requests counted outside the plan so far (by thread caches, while disarmed).
+    [[nodiscard]] virtual uint64_t cache_request_count() const = 0;
+    /// The plan was armed or disarmed.
+    virtual void fault_plan_changed() = 0;
+
+   protected:
+    ~Owner() = default;
+  };
+  explicit RequestFaultPlan(Owner &owner) : owner_(owner) {}
+
+  /// The `n`-th request from now (1-based) fails; kNever disarms. Resets the count.
+  void fail_nth_allocation(uint64_t n);
+  /// The request that brings allocation_count() to `count` fails; the count goes on (no reset),
+  /// so nested plans (kiln.testing.fail_allocation blocks) count consistently.
+  void fail_at_count(uint64_t count);
+  /// Every request of at least `size_bytes` fails; kNever disarms.
+  void fail_sizes_at_least(uint64_t size_bytes);
+  void clear();
+  /// Requests counted since the last fail_nth_allocation (or construction).
+  [[nodiscard]] uint64_t allocation_count() const;
+  [[nodiscard]] bool armed() const { return armed_.load(std::memory_order_relaxed); }
+
+  /// Counts `requests` and decides them in order: the first that the plan fails (the caller
+  /// fails it with injected_fault), or null when none does.
+  [[nodiscard]] const AllocRequest *first_refused(std::span<const AllocRequest> requests);
+  /// Counts `requests` without deciding (disarmed, on a thread without a cache).
+  void count(std::span<const AllocRequest> requests);
+
+ private:
+  void update_armed();
+  Owner &owner_;
+  std::mutex settings_mutex_;  // one setter at a time: armed_ and the fast path follow the settings
+  FaultPlan plan_;  // counts the requests check() and count() see
+  std::atomic<uint64_t> fast_baseline_{0};  // the owner's cached requests at the last reset
+  std::atomic<bool> armed_{false};
+};
+
+}  // namespace kiln::runtime
+
+#endif  // KILN_RUNTIME_MEMORY_REQUEST_FAULT_PLAN_H_

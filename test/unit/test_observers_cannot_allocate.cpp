@@ -1,0 +1,71 @@
+// OOM observers may not allocate on the memory they observe (DeviceMemory enforces it: the
+// observer's thread is refused with invalid_usage, even for a block its own thread cache holds);
+// they may free there and allocate elsewhere, and the thread's fast path comes back after them.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "kiln/rhi/mock_device.h"
+#include "kiln/runtime/memory/device_memory.h"
+#include "memory_test_support.h"
+
+using namespace kiln;
+using namespace kiln::test::memory;
+
+TEST_CASE("an OOM observer that allocates on its own memory is refused", "[observer][oom]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(64_MiB));
+  // A small block in this thread's cache: a pool hit the fast path would serve without a lock.
+  auto small = memory->allocate(MemoryCategory::ndarray, 1_KiB);
+  REQUIRE(small);
+  REQUIRE(memory->free(*small));
+  auto victim = memory->allocate(MemoryCategory::ndarray, 48_MiB);
+  REQUIRE(victim);
+
+  std::optional<RhiExpected<DeviceAllocation>> inside;
+  const uint64_t id = memory->add_oom_observer([&](const Failure &) {
+    inside = memory->allocate(MemoryCategory::ndarray, 1_KiB);
+    REQUIRE(memory->free(*victim));  // freeing is what observers are for
+  });
+  auto big = memory->allocate(MemoryCategory::ndarray, 32_MiB);
+  REQUIRE(big);  // the observer freed the victim: retried and granted
+  REQUIRE(inside.has_value());
+  REQUIRE_FALSE(*inside);
+  const Failure &refused = inside->error();
+  CHECK(refused.result == RhiResult::invalid_usage);
+  CHECK(std::string_view(refused.site) == "DeviceMemory::check_not_observing");
+  CHECK(refused.message().find("OOM observer") != std::string::npos);
+  CHECK(memory->remove_oom_observer(id));
+
+  // After the observers, this thread's pool hits are lock-free again (the first call binds the
+  // thread's cache anew on the locked path).
+  const uint64_t lock_free_before = memory->stats().lock_free_hits;
+  for (int i = 0; i < 2; ++i) {
+    auto again = memory->allocate(MemoryCategory::ndarray, 1_KiB);
+    REQUIRE(again);
+    REQUIRE(memory->free(*again));
+  }
+  CHECK(memory->stats().lock_free_hits == lock_free_before + 1);
+  REQUIRE(memory->free(*big));
+}
+
+TEST_CASE("an OOM observer may allocate on another device's memory", "[observer][oom]") {
+  MockDevice mock(mock_options(1_GiB));
+  MockDevice other_mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(8_MiB));
+  auto other = make_memory(other_mock, cached(8_MiB));
+  std::optional<RhiExpected<DeviceAllocation>> elsewhere;
+  const uint64_t id = memory->add_oom_observer(
+      [&](const Failure &) { elsewhere = other->allocate(MemoryCategory::ndarray, 1_MiB); });
+  CHECK_FALSE(memory->allocate(MemoryCategory::ndarray, 16_MiB));
+  REQUIRE(elsewhere.has_value());
+  REQUIRE(*elsewhere);
+  REQUIRE(other->free(**elsewhere));
+  CHECK(memory->remove_oom_observer(id));
+  // Outside the observer this thread allocates on the observed memory as before.
+  auto after = memory->allocate(MemoryCategory::ndarray, 1_MiB);
+  REQUIRE(after);
+  REQUIRE(memory->free(*after));
+}
