@@ -1,27 +1,12 @@
 #include "kiln/runtime/memory/caching_pool.h"
 
+#include "kiln/runtime/memory/size_classes.h"
+
 #include <algorithm>
-#include <bit>
 
 namespace kiln::runtime {
 
-uint64_t CachingPool::size_class(uint64_t size_bytes) {
-  constexpr uint64_t kMinClass = 512;
-  if (size_bytes <= kMinClass) return kMinClass;
-  constexpr uint64_t kThreadCacheClasses = 4ull << 20;  // quarter steps up to here
-  constexpr unsigned kLargeStepShift = 21;                // 2 MiB
-  // Quarter steps of the power of two: shifts, not a division.
-  unsigned shift = static_cast<unsigned>(std::bit_width(size_bytes)) - 3;
-  if (size_bytes > kThreadCacheClasses) {
-    // 1/64 of the size, rounded down to a power of two, but not below 2 MiB.
-    const unsigned fine = std::max(kLargeStepShift,
-                                   static_cast<unsigned>(std::bit_width(size_bytes >> 6)) - 1);
-    shift = std::min(shift, fine);
-  }
-  const uint64_t quarters = (size_bytes >> shift) + ((size_bytes & ((1ull << shift) - 1)) != 0);
-  const uint64_t rounded = quarters << shift;  // 0 when it passes 2^64
-  return rounded < size_bytes ? 0 : rounded;
-}
+uint64_t CachingPool::size_class(uint64_t size_bytes) { return runtime::size_class(size_bytes); }
 
 std::optional<DeviceAllocation> CachingPool::take(uint64_t class_bytes) {
   auto it = free_by_class_.find(class_bytes);

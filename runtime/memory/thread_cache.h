@@ -24,51 +24,11 @@
 #include <vector>
 
 #include "kiln/rhi/result.h"
+#include "kiln/runtime/memory/size_classes.h"
 
 namespace kiln::runtime::detail {
 
 class ThreadCache;
-
-/// The bin of a caching-pool size class (CachingPool::size_class): 0 for classes up to 512 B,
-/// then four per power of two (the class's quarter steps).
-[[nodiscard]] constexpr uint32_t bin_of_class(uint64_t class_bytes) {
-  if (class_bytes <= 512) return 0;
-  const uint32_t k = static_cast<uint32_t>(std::bit_width(class_bytes)) - 1;
-  return (k - 9) * 4 + static_cast<uint32_t>((class_bytes - (1ull << k)) >> (k - 2));
-}
-
-/// Thread caches keep classes up to 4 MiB; larger blocks live in the shared pool only.
-inline constexpr uint32_t kCacheBins = bin_of_class(4ull << 20) + 1;
-inline constexpr uint32_t kNoBin = UINT32_MAX;
-inline constexpr uint32_t kMaxBinDepth = 7;  // a bin is then one 64-byte cache line
-
-/// The class bytes of bin `bin` (inverse of bin_of_class).
-[[nodiscard]] constexpr uint64_t class_of_bin(uint32_t bin) {
-  if (bin == 0) return 512;
-  const uint32_t k = 9 + bin / 4;
-  return (1ull << k) + static_cast<uint64_t>(bin % 4) * (1ull << (k - 2));
-}
-
-/// Blocks a thread cache keeps per bin: 7 for small classes, fewer as they grow, so that one
-/// bin holds at most max(4 MiB, one block); all bins of one cache hold at most 65 MiB.
-[[nodiscard]] constexpr uint32_t bin_depth(uint32_t bin) {
-  const uint64_t by_bytes = (4ull << 20) / class_of_bin(bin);
-  return by_bytes >= kMaxBinDepth ? kMaxBinDepth
-                                  : (by_bytes == 0 ? 1 : static_cast<uint32_t>(by_bytes));
-}
-
-/// The bin and class bytes of a request, in one step (the fast path's version of size_class).
-struct BinClass {
-  uint32_t bin;
-  uint64_t class_bytes;
-};
-[[nodiscard]] inline BinClass bin_of_size(uint64_t size_bytes) {
-  if (size_bytes <= 512) return {0, 512};
-  const uint32_t k = static_cast<uint32_t>(std::bit_width(size_bytes)) - 1;
-  const uint32_t shift = k - 2;
-  const uint64_t quarters = (size_bytes + (1ull << shift) - 1) >> shift;  // 4..8
-  return {(k - 9) * 4 + static_cast<uint32_t>(quarters - 4), quarters << shift};
-}
 
 /// One device block DeviceMemory holds, live or cached. Records are recycled, never freed,
 /// while their DeviceMemory lives, so a stale pointer to one is always safe to read; the fields

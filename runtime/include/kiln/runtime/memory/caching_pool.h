@@ -15,13 +15,7 @@ namespace kiln::runtime {
 /// Free lists of device blocks, one per size class. Not thread-safe: DeviceMemory guards it.
 class CachingPool {
  public:
-  /// The size class of a request: the bytes a block serving it has. Requests up to 512 B share
-  /// one class; up to 4 MiB (the thread caches' classes), sizes round up to a quarter of their
-  /// power of two (at most 25 % slack, at most 1 MiB above 1 MiB). Above 4 MiB the step is the
-  /// smaller of that quarter and max(2 MiB, the power of two at most 1/64 of the size), so a
-  /// block over 1 MiB wastes less than max(2 MiB, 1/64 of it) (PyTorch rounds large blocks to
-  /// 2 MiB; the 1/64 keeps the number of classes of very large blocks small). Every class is
-  /// its own class, and the function is monotone. Returns 0 when rounding would overflow.
+  /// The size class of a request (size_classes.h: runtime::size_class, documented there).
   [[nodiscard]] static uint64_t size_class(uint64_t size_bytes);
 
   /// A cached block of exactly `class_bytes`, removed from the pool, or nullopt.
