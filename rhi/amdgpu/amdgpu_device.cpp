@@ -7,24 +7,23 @@
 #include <fmt/format.h>
 
 #include "hip_runtime.h"
-#include "src/driver_gpu_device.h"
 
 namespace kiln {
 namespace {
 
 using hip::HipRuntime;
 
-constexpr DriverGpuDevice::EntryNames kEntryNames{"hipModuleLoadData", "hipModuleUnload",
+constexpr GpuDevice::EntryNames kEntryNames{"hipModuleLoadData", "hipModuleUnload",
                                                   "hipModuleGetFunction", "hipModuleLaunchKernel",
                                                   "hipDeviceSynchronize"};
 
 void *pointer(uint64_t address) { return reinterpret_cast<void *>(static_cast<uintptr_t>(address)); }
 
-/// An AMD GPU through HIP; modules, launches and the lost-device state are DriverGpuDevice's.
-class AmdgpuDevice final : public DriverGpuDevice {
+/// An AMD GPU through HIP; modules, launches and the lost-device state are GpuDevice's.
+class AmdgpuDevice final : public GpuDevice {
  public:
   AmdgpuDevice(const HipRuntime *runtime, int ordinal, std::string code_target)
-      : DriverGpuDevice(fmt::format("amdgpu:{}", ordinal), kEntryNames, std::move(code_target)),
+      : GpuDevice(fmt::format("amdgpu:{}", ordinal), kEntryNames, std::move(code_target)),
         runtime_(runtime),
         ordinal_(ordinal) {}
   /// A lost device is reset when its last user lets go, as CUDA destroys a primary context on

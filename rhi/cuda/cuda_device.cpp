@@ -3,24 +3,23 @@
 #include <fmt/format.h>
 
 #include "cuda_driver.h"
-#include "src/driver_gpu_device.h"
 
 namespace kiln {
 namespace {
 
 using cuda::CudaDriver;
 
-constexpr DriverGpuDevice::EntryNames kEntryNames{"cuModuleLoadData", "cuModuleUnload",
+constexpr GpuDevice::EntryNames kEntryNames{"cuModuleLoadData", "cuModuleUnload",
                                                   "cuModuleGetFunction", "cuLaunchKernel",
                                                   "cuCtxSynchronize"};
 
 /// A CUDA device with its primary context; modules, launches and the lost-device state are
-/// DriverGpuDevice's.
-class CudaDevice final : public DriverGpuDevice {
+/// GpuDevice's.
+class CudaDevice final : public GpuDevice {
  public:
   CudaDevice(const CudaDriver *driver, CUdevice device, CUcontext context, int ordinal,
              std::string code_target)
-      : DriverGpuDevice(fmt::format("cuda:{}", ordinal), kEntryNames, std::move(code_target)),
+      : GpuDevice(fmt::format("cuda:{}", ordinal), kEntryNames, std::move(code_target)),
         driver_(driver),
         device_(device),
         context_(context) {}
