@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "hip_runtime.h"
+#include "kiln/rhi/backend_registry.h"
 
 namespace kiln {
 namespace {
@@ -165,6 +166,12 @@ RhiExpected<std::unique_ptr<GpuDevice>> create_amdgpu_device(int ordinal) {
   auto target = gfx_target(runtime, ordinal, device);
   if (!target) return add_library(target.error());
   return std::unique_ptr<GpuDevice>(new AmdgpuDevice(runtime, ordinal, std::move(*target)));
+}
+
+/// The registry's factory for Backend::amdgpu (backends.inc): GPU options.ordinal.
+RhiExpected<std::unique_ptr<LlvmDevice>> make_amdgpu_device(const DeviceOptions &options) {
+  KILN_ASSIGN_OR_RETURN(auto device, create_amdgpu_device(options.ordinal));
+  return std::unique_ptr<LlvmDevice>(std::move(device));
 }
 
 }  // namespace kiln

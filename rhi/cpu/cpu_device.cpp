@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "kiln/rhi/backend_registry.h"
 #include "kiln/rhi/cpu_device.h"
 #include "kiln/rhi/coarse_clock.h"
 
@@ -80,6 +81,11 @@ RhiExpected<Device::MemoryInfo> CpuDevice::read_memory_info() {
   info.total_bytes = static_cast<uint64_t>(si.totalram) * si.mem_unit;
   info.free_bytes = static_cast<uint64_t>(si.freeram + si.bufferram) * si.mem_unit;
   return apply_cgroup_limit(info);
+}
+
+/// The registry's factory for Backend::cpu (backends.inc): the one host CPU.
+RhiExpected<std::unique_ptr<LlvmDevice>> make_cpu_device(const DeviceOptions &) {
+  return std::make_unique<CpuDevice>();
 }
 
 }  // namespace kiln

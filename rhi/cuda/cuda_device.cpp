@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "cuda_driver.h"
+#include "kiln/rhi/backend_registry.h"
 
 namespace kiln {
 namespace {
@@ -157,6 +158,12 @@ RhiExpected<std::unique_ptr<GpuDevice>> create_cuda_device(int ordinal) {
       !s)
     return add_library(s.error());
   return std::unique_ptr<GpuDevice>(new CudaDevice(driver, handle, context, ordinal, std::move(*target)));
+}
+
+/// The registry's factory for Backend::cuda (backends.inc): GPU options.ordinal.
+RhiExpected<std::unique_ptr<LlvmDevice>> make_cuda_device(const DeviceOptions &options) {
+  KILN_ASSIGN_OR_RETURN(auto device, create_cuda_device(options.ordinal));
+  return std::unique_ptr<LlvmDevice>(std::move(device));
 }
 
 }  // namespace kiln

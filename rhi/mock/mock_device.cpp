@@ -69,4 +69,9 @@ RhiStatus MockDevice::driver_free(uint64_t address, uint64_t size_bytes) {
   return HostMemoryDevice::driver_free(address, size_bytes);
 }
 
+/// The registry's factory for Backend::mock (backends.inc).
+RhiExpected<std::unique_ptr<LlvmDevice>> make_mock_device(const DeviceOptions &options) {
+  return std::make_unique<MockDevice>(options.mock);
+}
+
 }  // namespace kiln

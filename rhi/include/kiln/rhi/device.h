@@ -23,8 +23,12 @@ namespace kiln {
 
 class Device;
 
-/// The backends kiln knows.
-enum class Backend : uint8_t { cpu, mock, cuda, amdgpu };
+/// The backends kiln knows (backends.inc lists them; backend_registry.h makes their devices).
+enum class Backend : uint8_t {
+#define KILN_BACKEND(name) name,
+#include "kiln/rhi/backends.inc"
+#undef KILN_BACKEND
+};
 [[nodiscard]] std::string_view to_string(Backend backend);
 /// "cpu" -> Backend::cpu, ...; anything else -> invalid_usage naming the backends kiln knows.
 [[nodiscard]] RhiExpected<Backend> parse_backend(std::string_view name);
