@@ -3,6 +3,7 @@
 #include "kiln/runtime/cpu_jit.h"
 
 #include "gpu_pipeline.h"
+#include "kiln/runtime/embedded_code.h"
 
 #include <atomic>
 #include <mutex>

@@ -27,10 +27,9 @@
 
 #include "gpu_pipeline.h"
 #include "kiln/rhi/fork_hooks.h"
+#include "kiln/runtime/embedded_code.h"
 
 #if KILN_HAVE_NVPTX
-extern "C" const uint8_t kiln_bitcode_kiln_device_runtime_nvptx_begin[];
-extern "C" const uint8_t kiln_bitcode_kiln_device_runtime_nvptx_end[];
 extern "C" void LLVMInitializeNVPTXTargetInfo();
 extern "C" void LLVMInitializeNVPTXTarget();
 extern "C" void LLVMInitializeNVPTXTargetMC();
@@ -38,16 +37,6 @@ extern "C" void LLVMInitializeNVPTXAsmPrinter();
 #endif
 
 namespace kiln::runtime {
-
-std::span<const uint8_t> nvptx_runtime_bitcode() {
-#if KILN_HAVE_NVPTX
-  const auto size = static_cast<std::size_t>(kiln_bitcode_kiln_device_runtime_nvptx_end -
-                                             kiln_bitcode_kiln_device_runtime_nvptx_begin);
-  return {kiln_bitcode_kiln_device_runtime_nvptx_begin, size};
-#else
-  return {};
-#endif
-}
 
 std::optional<int> parse_sm_version(std::string_view arch) {
   if (!arch.starts_with("sm_")) return std::nullopt;
