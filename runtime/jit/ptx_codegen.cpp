@@ -1,7 +1,7 @@
 // generate_ptx: the embedded nvptx64 runtime bitcode -> kernels annotated -> O3 for the chosen SM
-// version -> PTX text, with the pipeline shared with the amdgcn generator (gpu_pipeline.h). Every
-// llvm::Error and every LLVM diagnostic of error severity is consumed here and becomes a Failure;
-// nothing in this file aborts.
+// version -> PTX text, with the pipeline shared with the amdgcn generator (llvm_gpu_pipeline.h).
+// Every llvm::Error and every LLVM diagnostic of error severity is consumed here and becomes a
+// Failure; nothing in this file aborts.
 #include "kiln/runtime/ptx_codegen.h"
 
 #include <charconv>
@@ -25,7 +25,7 @@
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/Target/TargetOptions.h>
 
-#include "gpu_pipeline.h"
+#include "llvm_gpu_pipeline.h"
 #include "kiln/rhi/fork_hooks.h"
 #include "kiln/runtime/embedded_code.h"
 
