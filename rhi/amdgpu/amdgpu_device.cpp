@@ -74,7 +74,7 @@ class AmdgpuDevice final : public GpuDevice {
   int ordinal_;
 };
 
-RhiExpected<Device::MemoryInfo> AmdgpuDevice::memory_info() {
+RhiExpected<LlvmDevice::MemoryInfo> AmdgpuDevice::memory_info() {
   KILN_RETURN_IF_ERROR(enter("hipMemGetInfo"));
   size_t free_bytes = 0, total_bytes = 0;
   KILN_RETURN_IF_ERROR(check(runtime_->hipMemGetInfo(&free_bytes, &total_bytes), "hipMemGetInfo"));

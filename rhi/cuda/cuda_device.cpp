@@ -67,7 +67,7 @@ CudaDevice::~CudaDevice() {
   if (!crossed_fork()) (void)driver_->cuDevicePrimaryCtxRelease_v2(device_);  // the parent's
 }
 
-RhiExpected<Device::MemoryInfo> CudaDevice::memory_info() {
+RhiExpected<LlvmDevice::MemoryInfo> CudaDevice::memory_info() {
   KILN_RETURN_IF_ERROR(enter("cuMemGetInfo_v2"));
   size_t free_bytes = 0, total_bytes = 0;
   KILN_RETURN_IF_ERROR(check(driver_->cuMemGetInfo_v2(&free_bytes, &total_bytes), "cuMemGetInfo_v2"));

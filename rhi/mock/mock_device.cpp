@@ -28,7 +28,7 @@ uint64_t MockDevice::other_process_bytes() {
   return current_other_bytes_;
 }
 
-RhiExpected<Device::MemoryInfo> MockDevice::memory_info() {
+RhiExpected<LlvmDevice::MemoryInfo> MockDevice::memory_info() {
   memory_info_count_.fetch_add(1);
   if (fail_memory_info_.load(std::memory_order_relaxed)) [[unlikely]] {
     Failure f = failure(RhiResult::error, "MockDevice::memory_info", "the query failed");

@@ -35,18 +35,7 @@ RhiExpected<Backend> parse_backend(std::string_view name) {
       fmt::format("unknown backend '{}'; kiln knows {}", name, known)));
 }
 
-RhiResult Device::allocate_memory(const AllocParams &params, DeviceAllocation *out) {
-  auto alloc = allocate(params);
-  if (!alloc) {
-    const RhiResult result = alloc.error().result;
-    set_last_failure(std::move(alloc).error());
-    return result;
-  }
-  *out = *alloc;
-  return RhiResult::success;
-}
-
-RhiResult Device::get_memory_info(uint64_t *free_bytes, uint64_t *total_bytes) {
+RhiResult LlvmDevice::get_memory_info(uint64_t *free_bytes, uint64_t *total_bytes) {
   auto info = memory_info();
   if (!info) {
     const RhiResult result = info.error().result;
