@@ -131,11 +131,6 @@ RhiStatus recreate_executor(std::unique_ptr<LlvmRuntimeExecutor> &executor, Exec
 
 unsigned LlvmRuntimeExecutor::worker_threads() const { return launcher_->num_threads(); }
 
-RhiExpected<DeviceAllocation> LlvmRuntimeExecutor::allocate_memory_on_device(uint64_t size_bytes,
-                                                                             MemoryCategory category) {
-  return context_->memory->allocate(category, size_bytes);
-}
-
 RhiExpected<Ndarray> LlvmRuntimeExecutor::ndarray(DataType dtype, std::span<const int64_t> shape) {
   auto info = compute_shape_info(dtype, shape);
   if (!info) {

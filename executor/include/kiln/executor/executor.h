@@ -60,10 +60,6 @@ class LlvmRuntimeExecutor {
       ExecutorConfig config, std::shared_ptr<Program> program = nullptr);
   ~LlvmRuntimeExecutor();
 
-  /// Allocates `size_bytes` charged to `category`. Errors: out_of_memory, invalid_usage.
-  [[nodiscard]] RhiExpected<DeviceAllocation> allocate_memory_on_device(uint64_t size_bytes,
-                                                                        MemoryCategory category);
-
   /// A new array of `shape` (row-major). Contents are unspecified until written.
   /// Errors: invalid_usage (negative dimension, size overflow), out_of_memory.
   [[nodiscard]] RhiExpected<Ndarray> ndarray(DataType dtype, std::span<const int64_t> shape);
