@@ -5,11 +5,11 @@
 # The targets carry the C++23 requirement, the include directory and their dependencies (fmt,
 # Threads and LLVM 19, found again by kilnConfig.cmake). kiln::executor pulls in the others:
 # kiln::rhi (RhiResult, devices), kiln::memory (budget, ledger, pool), kiln::codegen (JIT, PTX,
-# code objects) and kiln::gpu_pipeline (its LLVM pipeline).
+# code objects) and kiln::llvm_gpu_pipeline (its LLVM pipeline).
 include(CMakePackageConfigHelpers)
 
 set(KILN_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/kiln)
-set(kiln_package_targets kiln_rhi kiln_memory kiln_codegen kiln_gpu_pipeline kiln_executor)
+set(kiln_package_targets kiln_rhi kiln_memory kiln_codegen kiln_llvm_gpu_pipeline kiln_executor)
 foreach(target IN LISTS kiln_package_targets)
   string(REGEX REPLACE "^kiln_" "" export_name ${target})
   set_target_properties(${target} PROPERTIES EXPORT_NAME ${export_name})

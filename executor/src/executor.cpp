@@ -5,9 +5,6 @@
 #include <fmt/format.h>
 
 #include "kiln/executor/launcher.h"
-#include "kiln/rhi/amdgpu_device.h"
-#include "kiln/rhi/cpu_device.h"
-#include "kiln/rhi/cuda_device.h"
 #include "kiln/runtime/host_memory_guard.h"
 #include "kiln/runtime/thread_pool.h"
 
@@ -16,24 +13,6 @@ namespace kiln {
 DeviceContext::~DeviceContext() {
   memory.reset();  // frees what is still live before the device goes
   device.reset();
-}
-
-RhiExpected<std::unique_ptr<LlvmDevice>> create_device(const ExecutorConfig &config) {
-  switch (config.backend) {
-    case Backend::cpu: return std::unique_ptr<LlvmDevice>(new CpuDevice());
-    case Backend::mock: return std::unique_ptr<LlvmDevice>(new MockDevice(config.mock));
-    case Backend::cuda: {
-      KILN_ASSIGN_OR_RETURN(auto device, create_cuda_device(0));
-      return std::unique_ptr<LlvmDevice>(std::move(device));
-    }
-    case Backend::amdgpu: {
-      KILN_ASSIGN_OR_RETURN(auto device, create_amdgpu_device(0));
-      return std::unique_ptr<LlvmDevice>(std::move(device));
-    }
-  }
-  return std::unexpected(make_failure(
-      RhiResult::not_supported, std::string(to_string(config.backend)), "create_device",
-      fmt::format("the {} backend is not built into this kiln", to_string(config.backend))));
 }
 
 CodegenArch codegen_arch(const LlvmDevice &device) {
@@ -79,7 +58,8 @@ RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create(
 RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create_unguarded(
     ExecutorConfig config, std::shared_ptr<Program> program) {
   auto context = std::make_shared<DeviceContext>();
-  KILN_ASSIGN_OR_RETURN(context->device, create_device(config));
+  KILN_ASSIGN_OR_RETURN(context->device,
+                        create_device(config.backend, DeviceOptions{.mock = config.mock}));
   KILN_ASSIGN_OR_RETURN(context->memory, runtime::DeviceMemory::create(*context->device, config.budget));
   const CodegenArch arch = codegen_arch(*context->device);
   // A GPU gets the code of its own processor (sm_90 PTX for an H200, gfx942 for an MI300).
@@ -150,11 +130,6 @@ RhiStatus recreate_executor(std::unique_ptr<LlvmRuntimeExecutor> &executor, Exec
 }
 
 unsigned LlvmRuntimeExecutor::worker_threads() const { return launcher_->num_threads(); }
-
-RhiExpected<DeviceAllocation> LlvmRuntimeExecutor::allocate_memory_on_device(uint64_t size_bytes,
-                                                                             MemoryCategory category) {
-  return context_->memory->allocate(category, size_bytes);
-}
 
 RhiExpected<Ndarray> LlvmRuntimeExecutor::ndarray(DataType dtype, std::span<const int64_t> shape) {
   auto info = compute_shape_info(dtype, shape);

@@ -4,9 +4,9 @@
 
 #include <fmt/format.h>
 
-#include "kiln/runtime/amdgcn_codegen.h"
 #include "kiln/runtime/cpu_jit.h"
 #include "kiln/runtime/elf_image.h"
+#include "kiln/runtime/embedded_code.h"
 #include "kiln/runtime/host_memory_guard.h"
 #include "kiln/runtime/ptx_codegen.h"
 

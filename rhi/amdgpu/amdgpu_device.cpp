@@ -7,24 +7,24 @@
 #include <fmt/format.h>
 
 #include "hip_runtime.h"
-#include "src/driver_gpu_device.h"
+#include "kiln/rhi/backend_registry.h"
 
 namespace kiln {
 namespace {
 
 using hip::HipRuntime;
 
-constexpr DriverGpuDevice::EntryNames kEntryNames{"hipModuleLoadData", "hipModuleUnload",
+constexpr GpuDevice::EntryNames kEntryNames{"hipModuleLoadData", "hipModuleUnload",
                                                   "hipModuleGetFunction", "hipModuleLaunchKernel",
                                                   "hipDeviceSynchronize"};
 
 void *pointer(uint64_t address) { return reinterpret_cast<void *>(static_cast<uintptr_t>(address)); }
 
-/// An AMD GPU through HIP; modules, launches and the lost-device state are DriverGpuDevice's.
-class AmdgpuDevice final : public DriverGpuDevice {
+/// An AMD GPU through HIP; modules, launches and the lost-device state are GpuDevice's.
+class AmdgpuDevice final : public GpuDevice {
  public:
   AmdgpuDevice(const HipRuntime *runtime, int ordinal, std::string code_target)
-      : DriverGpuDevice(fmt::format("amdgpu:{}", ordinal), kEntryNames, std::move(code_target)),
+      : GpuDevice(fmt::format("amdgpu:{}", ordinal), kEntryNames, std::move(code_target)),
         runtime_(runtime),
         ordinal_(ordinal) {}
   /// A lost device is reset when its last user lets go, as CUDA destroys a primary context on
@@ -74,7 +74,7 @@ class AmdgpuDevice final : public DriverGpuDevice {
   int ordinal_;
 };
 
-RhiExpected<Device::MemoryInfo> AmdgpuDevice::memory_info() {
+RhiExpected<LlvmDevice::MemoryInfo> AmdgpuDevice::memory_info() {
   KILN_RETURN_IF_ERROR(enter("hipMemGetInfo"));
   size_t free_bytes = 0, total_bytes = 0;
   KILN_RETURN_IF_ERROR(check(runtime_->hipMemGetInfo(&free_bytes, &total_bytes), "hipMemGetInfo"));
@@ -166,6 +166,12 @@ RhiExpected<std::unique_ptr<GpuDevice>> create_amdgpu_device(int ordinal) {
   auto target = gfx_target(runtime, ordinal, device);
   if (!target) return add_library(target.error());
   return std::unique_ptr<GpuDevice>(new AmdgpuDevice(runtime, ordinal, std::move(*target)));
+}
+
+/// The registry's factory for Backend::amdgpu (backends.inc): GPU options.ordinal.
+RhiExpected<std::unique_ptr<LlvmDevice>> make_amdgpu_device(const DeviceOptions &options) {
+  KILN_ASSIGN_OR_RETURN(auto device, create_amdgpu_device(options.ordinal));
+  return std::unique_ptr<LlvmDevice>(std::move(device));
 }
 
 }  // namespace kiln

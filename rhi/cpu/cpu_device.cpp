@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "kiln/rhi/backend_registry.h"
 #include "kiln/rhi/cpu_device.h"
 #include "kiln/rhi/coarse_clock.h"
 
@@ -15,7 +16,7 @@ namespace kiln {
 namespace {
 
 // A container's memory limit caps what the host reports.
-Device::MemoryInfo apply_cgroup_limit(Device::MemoryInfo info) {
+LlvmDevice::MemoryInfo apply_cgroup_limit(LlvmDevice::MemoryInfo info) {
   cgroup::cap_by_limit(cgroup::own_memory_limit(), &info.total_bytes, &info.free_bytes);
   return info;
 }
@@ -47,7 +48,7 @@ constexpr int64_t kReuseNs = std::chrono::nanoseconds(CpuDevice::kReadingReuse).
   return true;
 }
 
-RhiExpected<Device::MemoryInfo> CpuDevice::refresh_reading(int64_t now_ns) {
+RhiExpected<LlvmDevice::MemoryInfo> CpuDevice::refresh_reading(int64_t now_ns) {
   std::lock_guard lock(refresh_mutex_);
   MemoryInfo info;
   if (reuse_reading(now_ns, &info)) return info;  // another thread just refreshed it
@@ -64,14 +65,14 @@ RhiExpected<Device::MemoryInfo> CpuDevice::refresh_reading(int64_t now_ns) {
   return info;
 }
 
-RhiExpected<Device::MemoryInfo> CpuDevice::memory_info() {
+RhiExpected<LlvmDevice::MemoryInfo> CpuDevice::memory_info() {
   const int64_t now_ns = coarse_now_ns();
   MemoryInfo info;
   if (reuse_reading(now_ns, &info)) return info;
   return refresh_reading(now_ns);
 }
 
-RhiExpected<Device::MemoryInfo> CpuDevice::read_memory_info() {
+RhiExpected<LlvmDevice::MemoryInfo> CpuDevice::read_memory_info() {
   MemoryInfo info;
   if (meminfo::read(&info.total_bytes, &info.free_bytes)) return apply_cgroup_limit(info);
   struct sysinfo si {};
@@ -80,6 +81,11 @@ RhiExpected<Device::MemoryInfo> CpuDevice::read_memory_info() {
   info.total_bytes = static_cast<uint64_t>(si.totalram) * si.mem_unit;
   info.free_bytes = static_cast<uint64_t>(si.freeram + si.bufferram) * si.mem_unit;
   return apply_cgroup_limit(info);
+}
+
+/// The registry's factory for Backend::cpu (backends.inc): the one host CPU.
+RhiExpected<std::unique_ptr<LlvmDevice>> make_cpu_device(const DeviceOptions &) {
+  return std::make_unique<CpuDevice>();
 }
 
 }  // namespace kiln

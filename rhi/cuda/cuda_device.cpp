@@ -3,24 +3,24 @@
 #include <fmt/format.h>
 
 #include "cuda_driver.h"
-#include "src/driver_gpu_device.h"
+#include "kiln/rhi/backend_registry.h"
 
 namespace kiln {
 namespace {
 
 using cuda::CudaDriver;
 
-constexpr DriverGpuDevice::EntryNames kEntryNames{"cuModuleLoadData", "cuModuleUnload",
+constexpr GpuDevice::EntryNames kEntryNames{"cuModuleLoadData", "cuModuleUnload",
                                                   "cuModuleGetFunction", "cuLaunchKernel",
                                                   "cuCtxSynchronize"};
 
 /// A CUDA device with its primary context; modules, launches and the lost-device state are
-/// DriverGpuDevice's.
-class CudaDevice final : public DriverGpuDevice {
+/// GpuDevice's.
+class CudaDevice final : public GpuDevice {
  public:
   CudaDevice(const CudaDriver *driver, CUdevice device, CUcontext context, int ordinal,
              std::string code_target)
-      : DriverGpuDevice(fmt::format("cuda:{}", ordinal), kEntryNames, std::move(code_target)),
+      : GpuDevice(fmt::format("cuda:{}", ordinal), kEntryNames, std::move(code_target)),
         driver_(driver),
         device_(device),
         context_(context) {}
@@ -67,7 +67,7 @@ CudaDevice::~CudaDevice() {
   if (!crossed_fork()) (void)driver_->cuDevicePrimaryCtxRelease_v2(device_);  // the parent's
 }
 
-RhiExpected<Device::MemoryInfo> CudaDevice::memory_info() {
+RhiExpected<LlvmDevice::MemoryInfo> CudaDevice::memory_info() {
   KILN_RETURN_IF_ERROR(enter("cuMemGetInfo_v2"));
   size_t free_bytes = 0, total_bytes = 0;
   KILN_RETURN_IF_ERROR(check(driver_->cuMemGetInfo_v2(&free_bytes, &total_bytes), "cuMemGetInfo_v2"));
@@ -158,6 +158,12 @@ RhiExpected<std::unique_ptr<GpuDevice>> create_cuda_device(int ordinal) {
       !s)
     return add_library(s.error());
   return std::unique_ptr<GpuDevice>(new CudaDevice(driver, handle, context, ordinal, std::move(*target)));
+}
+
+/// The registry's factory for Backend::cuda (backends.inc): GPU options.ordinal.
+RhiExpected<std::unique_ptr<LlvmDevice>> make_cuda_device(const DeviceOptions &options) {
+  KILN_ASSIGN_OR_RETURN(auto device, create_cuda_device(options.ordinal));
+  return std::unique_ptr<LlvmDevice>(std::move(device));
 }
 
 }  // namespace kiln

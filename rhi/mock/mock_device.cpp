@@ -28,7 +28,7 @@ uint64_t MockDevice::other_process_bytes() {
   return current_other_bytes_;
 }
 
-RhiExpected<Device::MemoryInfo> MockDevice::memory_info() {
+RhiExpected<LlvmDevice::MemoryInfo> MockDevice::memory_info() {
   memory_info_count_.fetch_add(1);
   if (fail_memory_info_.load(std::memory_order_relaxed)) [[unlikely]] {
     Failure f = failure(RhiResult::error, "MockDevice::memory_info", "the query failed");
@@ -64,6 +64,11 @@ RhiExpected<uint64_t> MockDevice::driver_allocate(const LlvmRuntimeAllocParams &
 RhiStatus MockDevice::driver_free(uint64_t address, uint64_t size_bytes) {
   held_bytes_.fetch_sub(size_bytes);
   return HostMemoryDevice::driver_free(address, size_bytes);
+}
+
+/// The registry's factory for Backend::mock (backends.inc).
+RhiExpected<std::unique_ptr<LlvmDevice>> make_mock_device(const DeviceOptions &options) {
+  return std::make_unique<MockDevice>(options.mock);
 }
 
 }  // namespace kiln

@@ -4,36 +4,38 @@
 
 namespace kiln {
 
+namespace {
+
+constexpr Backend kBackends[] = {
+#define KILN_BACKEND(name) Backend::name,
+#include "kiln/rhi/backends.inc"
+#undef KILN_BACKEND
+};
+
+}  // namespace
+
 std::string_view to_string(Backend backend) {
   switch (backend) {
-    case Backend::cpu: return "cpu";
-    case Backend::mock: return "mock";
-    case Backend::cuda: return "cuda";
-    case Backend::amdgpu: return "amdgpu";
+#define KILN_BACKEND(name) \
+  case Backend::name: return #name;
+#include "kiln/rhi/backends.inc"
+#undef KILN_BACKEND
   }
   return "unknown";
 }
 
 RhiExpected<Backend> parse_backend(std::string_view name) {
-  for (Backend b : {Backend::cpu, Backend::mock, Backend::cuda, Backend::amdgpu})
+  std::string known;
+  for (Backend b : kBackends) {
     if (name == to_string(b)) return b;
+    known += fmt::format("{}{}", known.empty() ? "" : ", ", to_string(b));
+  }
   return std::unexpected(invalid_usage(
       "kiln", "parse_backend",
-      fmt::format("unknown backend '{}'; kiln knows cpu, mock, cuda, amdgpu", name)));
+      fmt::format("unknown backend '{}'; kiln knows {}", name, known)));
 }
 
-RhiResult Device::allocate_memory(const AllocParams &params, DeviceAllocation *out) {
-  auto alloc = allocate(params);
-  if (!alloc) {
-    const RhiResult result = alloc.error().result;
-    set_last_failure(std::move(alloc).error());
-    return result;
-  }
-  *out = *alloc;
-  return RhiResult::success;
-}
-
-RhiResult Device::get_memory_info(uint64_t *free_bytes, uint64_t *total_bytes) {
+RhiResult LlvmDevice::get_memory_info(uint64_t *free_bytes, uint64_t *total_bytes) {
   auto info = memory_info();
   if (!info) {
     const RhiResult result = info.error().result;

@@ -1,15 +1,15 @@
 // kiln-amdgcn-codegen: the build-time half of the AMDGPU backend. Turns the generic amdgcn
 // device-runtime bitcode (cmake/KilnDeviceBitcode.cmake, clang-19 --target=amdgcn-amd-amdhsa
 // -nogpulib -mcode-object-version=5) into a relocatable code object for one gfx processor;
-// ld.lld-19 then links it into the HSACO that kiln embeds (runtime/CMakeLists.txt) and
-// hipModuleLoadData loads.
+// ld.lld-19 then links it into the HSACO that kiln embeds (cmake/KilnAmdgpuCodeObjects.cmake)
+// and hipModuleLoadData loads.
 //
 //   kiln-amdgcn-codegen <input.bc> <gfx processor> <output.o>
 //
-// The pipeline is ptx_codegen's (gpu_pipeline.h): every kiln_*_gpu function becomes an entry
-// point, every other definition is internalized, O3, verify, emit. An entry point here gets the
-// amdgpu_kernel calling convention (clang has no source attribute for it outside OpenCL and HIP),
-// protected visibility (so ld.lld exports it and the runtime finds it by name) and
+// The pipeline is ptx_codegen's (llvm_gpu_pipeline.h): every kiln_*_gpu function becomes an
+// entry point, every other definition is internalized, O3, verify, emit. An entry point here gets
+// the amdgpu_kernel calling convention (clang has no source attribute for it outside OpenCL and
+// HIP), protected visibility (so ld.lld exports it and the runtime finds it by name) and
 // "amdgpu-flat-work-group-size"="1,<kBlockThreads>": GpuKernelLauncher never launches more than
 // kBlockThreads = 256 threads per block, which lets the compiler budget registers for 256.
 // The code object version is the one the bitcode's "amdhsa_code_object_version" module flag
@@ -38,7 +38,7 @@
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/Target/TargetOptions.h>
 
-#include "gpu_pipeline.h"
+#include "llvm_gpu_pipeline.h"
 
 extern "C" void LLVMInitializeAMDGPUTargetInfo();
 extern "C" void LLVMInitializeAMDGPUTarget();

@@ -2,7 +2,8 @@
 // Every llvm::Error is consumed here and becomes a Failure; nothing in this file aborts.
 #include "kiln/runtime/cpu_jit.h"
 
-#include "gpu_pipeline.h"
+#include "llvm_gpu_pipeline.h"
+#include "kiln/runtime/embedded_code.h"
 
 #include <atomic>
 #include <mutex>

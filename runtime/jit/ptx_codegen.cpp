@@ -1,7 +1,7 @@
 // generate_ptx: the embedded nvptx64 runtime bitcode -> kernels annotated -> O3 for the chosen SM
-// version -> PTX text, with the pipeline shared with the amdgcn generator (gpu_pipeline.h). Every
-// llvm::Error and every LLVM diagnostic of error severity is consumed here and becomes a Failure;
-// nothing in this file aborts.
+// version -> PTX text, with the pipeline shared with the amdgcn generator (llvm_gpu_pipeline.h).
+// Every llvm::Error and every LLVM diagnostic of error severity is consumed here and becomes a
+// Failure; nothing in this file aborts.
 #include "kiln/runtime/ptx_codegen.h"
 
 #include <charconv>
@@ -25,12 +25,11 @@
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/Target/TargetOptions.h>
 
-#include "gpu_pipeline.h"
+#include "llvm_gpu_pipeline.h"
 #include "kiln/rhi/fork_hooks.h"
+#include "kiln/runtime/embedded_code.h"
 
 #if KILN_HAVE_NVPTX
-extern "C" const uint8_t kiln_bitcode_kiln_device_runtime_nvptx_begin[];
-extern "C" const uint8_t kiln_bitcode_kiln_device_runtime_nvptx_end[];
 extern "C" void LLVMInitializeNVPTXTargetInfo();
 extern "C" void LLVMInitializeNVPTXTarget();
 extern "C" void LLVMInitializeNVPTXTargetMC();
@@ -38,16 +37,6 @@ extern "C" void LLVMInitializeNVPTXAsmPrinter();
 #endif
 
 namespace kiln::runtime {
-
-std::span<const uint8_t> nvptx_runtime_bitcode() {
-#if KILN_HAVE_NVPTX
-  const auto size = static_cast<std::size_t>(kiln_bitcode_kiln_device_runtime_nvptx_end -
-                                             kiln_bitcode_kiln_device_runtime_nvptx_begin);
-  return {kiln_bitcode_kiln_device_runtime_nvptx_begin, size};
-#else
-  return {};
-#endif
-}
 
 std::optional<int> parse_sm_version(std::string_view arch) {
   if (!arch.starts_with("sm_")) return std::nullopt;

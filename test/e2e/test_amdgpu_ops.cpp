@@ -5,7 +5,7 @@
 
 #include "fake_gpu_handle.h"
 #include "kiln/rhi/amdgpu_device.h"
-#include "kiln/runtime/amdgcn_codegen.h"
+#include "kiln/runtime/embedded_code.h"
 #include "suite.h"
 #include "test_support.h"
 

@@ -2,6 +2,7 @@
 // repetitions. (test/e2e/kiln_ops_cli.sh checks the binary itself.)
 #include <catch2/catch.hpp>
 
+#include "kiln/rhi/mock_device.h"
 #include "suite.h"
 #include "test_support.h"
 

@@ -19,6 +19,7 @@
 
 #include "kiln/rhi/result.h"
 #include "kiln/runtime/cpu_jit.h"
+#include "kiln/runtime/embedded_code.h"
 #include "kiln/runtime/kernel_abi.h"
 #include "kiln/runtime/thread_pool.h"
 

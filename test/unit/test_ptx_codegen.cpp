@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kiln/rhi/result.h"
+#include "kiln/runtime/embedded_code.h"
 #include "kiln/runtime/kernel_abi.h"
 #include "kiln/runtime/ptx_codegen.h"
 

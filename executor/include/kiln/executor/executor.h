@@ -13,9 +13,9 @@
 #include "kiln/executor/dtype.h"
 #include "kiln/executor/ndarray.h"
 #include "kiln/executor/program.h"
+#include "kiln/rhi/backend_registry.h"
 #include "kiln/rhi/device.h"
 #include "kiln/rhi/fork_hooks.h"
-#include "kiln/rhi/mock_device.h"
 #include "kiln/runtime/memory/device_memory.h"
 
 namespace kiln {
@@ -40,9 +40,6 @@ struct DeviceContext {
   ~DeviceContext();
 };
 
-/// Makes the device a config names. Errors: invalid_usage (unknown backend), not_supported
-/// (backend without a driver on this machine or in this build).
-[[nodiscard]] RhiExpected<std::unique_ptr<LlvmDevice>> create_device(const ExecutorConfig &config);
 /// The code-generation arch a device's backend runs: host for cpu and mock, nvptx64 for cuda,
 /// amdgcn for amdgpu.
 [[nodiscard]] CodegenArch codegen_arch(const LlvmDevice &device);
@@ -55,16 +52,13 @@ class KernelLauncher;
 class LlvmRuntimeExecutor {
  public:
   /// Opens the device, sets its budget, compiles (or reuses) the Program, and allocates the
-  /// device runtime state and heap chunk. Errors: those of create_device and Program::create;
-  /// out_of_memory when the heap chunk or code object does not fit, or the host has no memory
-  /// left for the executor itself (oom_source host; a thread the host refuses is error).
+  /// device runtime state and heap chunk. Errors: those of create_device (backend_registry.h)
+  /// and Program::create; out_of_memory when the heap chunk or code object does not fit, or the
+  /// host has no memory left for the executor itself (oom_source host; a thread the host
+  /// refuses is error).
   [[nodiscard]] static RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> create(
       ExecutorConfig config, std::shared_ptr<Program> program = nullptr);
   ~LlvmRuntimeExecutor();
-
-  /// Allocates `size_bytes` charged to `category`. Errors: out_of_memory, invalid_usage.
-  [[nodiscard]] RhiExpected<DeviceAllocation> allocate_memory_on_device(uint64_t size_bytes,
-                                                                        MemoryCategory category);
 
   /// A new array of `shape` (row-major). Contents are unspecified until written.
   /// Errors: invalid_usage (negative dimension, size overflow), out_of_memory.

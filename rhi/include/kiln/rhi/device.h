@@ -1,4 +1,4 @@
-// Device, LlvmDevice and DeviceAllocation: the driver-level interface every backend implements.
+// LlvmDevice and DeviceAllocation: the driver-level interface every backend implements.
 //
 // A device here is only the driver: it allocates, frees, copies and reports memory. Budget,
 // ledger and caching pool are adaptors around it in runtime/memory (as RMM wraps an upstream
@@ -21,19 +21,25 @@
 
 namespace kiln {
 
-class Device;
+class LlvmDevice;
+/// The name DeviceAllocation's users and runtime/memory spell LlvmDevice with.
+using Device = LlvmDevice;
 
-/// The backends kiln knows.
-enum class Backend : uint8_t { cpu, mock, cuda, amdgpu };
+/// The backends kiln knows (backends.inc lists them; backend_registry.h makes their devices).
+enum class Backend : uint8_t {
+#define KILN_BACKEND(name) name,
+#include "kiln/rhi/backends.inc"
+#undef KILN_BACKEND
+};
 [[nodiscard]] std::string_view to_string(Backend backend);
 /// "cpu" -> Backend::cpu, ...; anything else -> invalid_usage naming the backends kiln knows.
 [[nodiscard]] RhiExpected<Backend> parse_backend(std::string_view name);
 
 /// A handle to one live allocation on a device. It names memory only after a successful
 /// allocation wrote it; a failed allocation never produces one (there is no "invalid" value to
-/// check). Copyable; it does not own the memory: free it with Device::dealloc_memory.
+/// check). Copyable; it does not own the memory: free it with LlvmDevice::dealloc_memory.
 struct DeviceAllocation {
-  Device *device = nullptr;
+  LlvmDevice *device = nullptr;
   uint64_t alloc_id = 0;
   friend bool operator==(const DeviceAllocation &, const DeviceAllocation &) = default;
 };
@@ -50,39 +56,45 @@ struct LlvmRuntimeAllocParams : AllocParams {
   bool zero_fill = false;  ///< clear the memory before returning it
 };
 
-/// A device: allocation, copies, memory info. Implementations are thread-safe.
-class Device {
+/// A device whose kernels come from LLVM: allocation, copies, memory info, device addresses and
+/// the fault plan every backend honours (Dawn-style error injection, for tests and CI). A backend
+/// implements the driver hooks; this class keeps the allocation table. Thread-safe.
+class LlvmDevice {
  public:
-  virtual ~Device() = default;
-  Device(const Device &) = delete;
-  Device &operator=(const Device &) = delete;
+  virtual ~LlvmDevice() = default;
+  LlvmDevice(const LlvmDevice &) = delete;
+  LlvmDevice &operator=(const LlvmDevice &) = delete;
 
   /// "cpu", "mock", "cuda:0".
   [[nodiscard]] const std::string &name() const { return name_; }
   [[nodiscard]] virtual Backend backend() const = 0;
 
-  /// Allocates params.size_bytes. On success writes *out; on failure leaves *out untouched, holds
-  /// nothing and records the detail in last_failure().
-  /// Errors: out_of_memory (driver refused, oom_source driver), invalid_usage (size 0, alignment
-  /// not a power of two), device_lost. Thread-safe.
-  [[nodiscard]] RhiResult allocate_memory(const AllocParams &params, DeviceAllocation *out);
-  /// The same, as an expected.
-  [[nodiscard]] virtual RhiExpected<DeviceAllocation> allocate(const AllocParams &params) = 0;
+  /// Allocates memory for the LLVM runtime (ndarrays, staging, argument and result buffers, the
+  /// device heap), charged by callers to params.category. On success writes *out; on failure
+  /// leaves *out untouched, holds nothing, and records the detail in last_failure().
+  /// Errors: out_of_memory (driver refused or an injected fault: oom_source driver),
+  ///         invalid_usage (size_bytes == 0, alignment not a power of two), device_lost.
+  /// Thread-safe.
+  [[nodiscard]] RhiResult allocate_memory_runtime(const LlvmRuntimeAllocParams &params,
+                                                  DeviceAllocation *out);
+  /// The same, as an expected: the value on success, the failure detail otherwise.
+  [[nodiscard]] RhiExpected<DeviceAllocation> allocate_runtime(const LlvmRuntimeAllocParams &params);
+  /// The same without zero_fill.
+  [[nodiscard]] RhiExpected<DeviceAllocation> allocate(const AllocParams &params);
 
   /// Frees an allocation this device made. Errors: invalid_usage (not live: double free, foreign
   /// or never allocated), device_lost. Thread-safe.
-  [[nodiscard]] virtual RhiStatus dealloc_memory(DeviceAllocation alloc) = 0;
+  [[nodiscard]] RhiStatus dealloc_memory(DeviceAllocation alloc);
 
   /// Copies between host memory and a live allocation. `offset_bytes + size_bytes` must lie
   /// inside the allocation (else invalid_usage). Blocking. Thread-safe.
-  [[nodiscard]] virtual RhiStatus memcpy_host_to_device(DeviceAllocation dst, uint64_t offset_bytes,
-                                                        const void *src, uint64_t size_bytes) = 0;
-  [[nodiscard]] virtual RhiStatus memcpy_device_to_host(void *dst, DeviceAllocation src,
-                                                        uint64_t offset_bytes,
-                                                        uint64_t size_bytes) = 0;
-  [[nodiscard]] virtual RhiStatus memcpy_device_to_device(DeviceAllocation dst, uint64_t dst_offset,
-                                                          DeviceAllocation src, uint64_t src_offset,
-                                                          uint64_t size_bytes) = 0;
+  [[nodiscard]] RhiStatus memcpy_host_to_device(DeviceAllocation dst, uint64_t offset_bytes,
+                                                const void *src, uint64_t size_bytes);
+  [[nodiscard]] RhiStatus memcpy_device_to_host(void *dst, DeviceAllocation src,
+                                                uint64_t offset_bytes, uint64_t size_bytes);
+  [[nodiscard]] RhiStatus memcpy_device_to_device(DeviceAllocation dst, uint64_t dst_offset,
+                                                  DeviceAllocation src, uint64_t src_offset,
+                                                  uint64_t size_bytes);
 
   /// Live free and total device memory in bytes, asked of the device now (never cached).
   [[nodiscard]] RhiResult get_memory_info(uint64_t *free_bytes, uint64_t *total_bytes);
@@ -95,38 +107,6 @@ class Device {
   /// Waits for outstanding work; returns the first deferred error (e.g. a failed free in a
   /// destructor path), then clears it.
   [[nodiscard]] virtual RhiStatus synchronize() = 0;
-
- protected:
-  explicit Device(std::string name) : name_(std::move(name)) {}
-
- private:
-  std::string name_;
-};
-
-/// A device whose kernels come from LLVM. Adds runtime allocations, device addresses and the
-/// fault plan every LLVM backend honours (Dawn-style error injection, for tests and CI).
-class LlvmDevice : public Device {
- public:
-  /// Allocates memory for the LLVM runtime (ndarrays, staging, argument and result buffers, the
-  /// device heap), charged by callers to params.category. On success writes *out; on failure
-  /// leaves *out untouched, holds nothing, and records the detail in last_failure().
-  /// Errors: out_of_memory (driver refused or an injected fault: oom_source driver),
-  ///         invalid_usage (size_bytes == 0, alignment not a power of two), device_lost.
-  /// Thread-safe.
-  [[nodiscard]] RhiResult allocate_memory_runtime(const LlvmRuntimeAllocParams &params,
-                                                  DeviceAllocation *out);
-  /// The same, as an expected: the value on success, the failure detail otherwise.
-  [[nodiscard]] RhiExpected<DeviceAllocation> allocate_runtime(const LlvmRuntimeAllocParams &params);
-
-  RhiExpected<DeviceAllocation> allocate(const AllocParams &params) final;
-  RhiStatus dealloc_memory(DeviceAllocation alloc) final;
-  RhiStatus memcpy_host_to_device(DeviceAllocation dst, uint64_t offset_bytes, const void *src,
-                                  uint64_t size_bytes) final;
-  RhiStatus memcpy_device_to_host(void *dst, DeviceAllocation src, uint64_t offset_bytes,
-                                  uint64_t size_bytes) final;
-  RhiStatus memcpy_device_to_device(DeviceAllocation dst, uint64_t dst_offset,
-                                    DeviceAllocation src, uint64_t src_offset,
-                                    uint64_t size_bytes) final;
 
   /// Sets every byte of a live allocation to zero. Errors: invalid_usage (not live).
   [[nodiscard]] RhiStatus fill_zero(DeviceAllocation alloc);
@@ -156,7 +136,7 @@ class LlvmDevice : public Device {
   [[nodiscard]] uint64_t live_allocation_bytes() const;
 
  protected:
-  explicit LlvmDevice(std::string name) : Device(std::move(name)) {}
+  explicit LlvmDevice(std::string name) : name_(std::move(name)) {}
 
   /// Backend hooks. Called with validated arguments; the base class keeps the allocation table.
   [[nodiscard]] virtual RhiExpected<uint64_t> driver_allocate(const LlvmRuntimeAllocParams &params) = 0;
@@ -180,6 +160,7 @@ class LlvmDevice : public Device {
   [[nodiscard]] RhiExpected<Entry> check_range(DeviceAllocation alloc, uint64_t offset,
                                                uint64_t size_bytes, const char *site) const;
 
+  std::string name_;
   FaultPlan fault_plan_;
   std::atomic<bool> lost_{false};
   std::string lost_cause_;  // written once, before lost_ is set

@@ -4,17 +4,10 @@
 #include <atomic>
 #include <vector>
 
+#include "kiln/rhi/backend_registry.h"
 #include "kiln/rhi/host_device.h"
 
 namespace kiln {
-
-/// What a mock device is like. Sizes in bytes.
-struct MockDeviceOptions {
-  uint64_t capacity_bytes = 1ull << 30;  ///< total device memory
-  /// Bytes used by "other processes", one value per memory_info() call in turn; the last value
-  /// stays in force. Empty: nobody else uses the device.
-  std::vector<uint64_t> other_process_bytes_script;
-};
 
 /// A device for tests and CI without a GPU: host memory behind a fixed capacity, a script of
 /// other processes' usage, and counters that let tests prove what the driver was asked.

@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <span>
 #include <string_view>
 
 #include "kiln/rhi/result.h"
@@ -16,10 +15,6 @@ namespace kiln::runtime {
 /// The device runtime's heap allocator entry point (runtime_memory_allocate_aligned).
 using KilnHeapAllocateFn = void (*)(KilnRuntime *runtime, uint64_t size_bytes,
                                     uint64_t alignment_bytes, uint64_t *result);
-
-/// The device runtime module compiled at build time for the host triple, as LLVM bitcode bytes.
-/// The bytes live in the binary's read-only data for the life of the process.
-[[nodiscard]] std::span<const uint8_t> host_runtime_bitcode();
 
 /// The host device-runtime module, JIT-compiled for this CPU. Kernel pointers stay valid for the
 /// life of the CpuJit. All member functions are thread-safe.

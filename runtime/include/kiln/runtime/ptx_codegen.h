@@ -5,8 +5,6 @@
 #ifndef KILN_RUNTIME_PTX_CODEGEN_H_
 #define KILN_RUNTIME_PTX_CODEGEN_H_
 
-#include <cstdint>
-#include <span>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -14,11 +12,6 @@
 #include "kiln/rhi/result.h"
 
 namespace kiln::runtime {
-
-/// The device runtime module compiled at build time for nvptx64-nvidia-cuda (no SM version
-/// chosen), as LLVM bitcode bytes. The bytes live in the binary's read-only data for the life of
-/// the process. Thread-safe.
-[[nodiscard]] std::span<const uint8_t> nvptx_runtime_bitcode();
 
 /// PTX text (NUL-free, ready for cuModuleLoadData once NUL-terminated, which std::string's
 /// c_str() is) of the whole device runtime module for `sm_arch` ("sm_<major><minor>"; a

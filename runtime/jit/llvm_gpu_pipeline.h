@@ -3,8 +3,8 @@
 // functions are the only entry points, the O3 pipeline, verification, and emission with LLVM's
 // error diagnostics collected instead of printed. Private to runtime/; returns llvm::Error, so
 // the build-time tool needs nothing but LLVM.
-#ifndef KILN_RUNTIME_JIT_GPU_PIPELINE_H_
-#define KILN_RUNTIME_JIT_GPU_PIPELINE_H_
+#ifndef KILN_RUNTIME_JIT_LLVM_GPU_PIPELINE_H_
+#define KILN_RUNTIME_JIT_LLVM_GPU_PIPELINE_H_
 
 #include <string>
 
@@ -44,4 +44,4 @@ void optimize(llvm::Module &module, llvm::TargetMachine &tm);
 
 }  // namespace kiln::runtime::gpu
 
-#endif  // KILN_RUNTIME_JIT_GPU_PIPELINE_H_
+#endif  // KILN_RUNTIME_JIT_LLVM_GPU_PIPELINE_H_

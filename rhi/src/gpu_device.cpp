@@ -1,16 +1,16 @@
-#include "driver_gpu_device.h"
+#include "kiln/rhi/gpu_device.h"
 
 #include <fmt/format.h>
 
 namespace kiln {
 
-RhiStatus DriverGpuDevice::check(int code, const char *site) {
+RhiStatus GpuDevice::check(int code, const char *site) {
   auto status = to_status(code, site);
   if (!status && status.error().result == RhiResult::device_lost) mark_lost(status.error());
   return status;
 }
 
-RhiStatus DriverGpuDevice::enter(const char *site) {
+RhiStatus GpuDevice::enter(const char *site) {
   KILN_RETURN_IF_ERROR(check_alive(site));
   if (crossed_fork())
     return std::unexpected(failure(
@@ -22,7 +22,7 @@ RhiStatus DriverGpuDevice::enter(const char *site) {
   return make_current();
 }
 
-RhiExpected<uint64_t> DriverGpuDevice::allocated(int code, const char *site, uint64_t address,
+RhiExpected<uint64_t> GpuDevice::allocated(int code, const char *site, uint64_t address,
                                                  const LlvmRuntimeAllocParams &params) {
   auto status = check(code, site);
   if (!status) {
@@ -34,20 +34,20 @@ RhiExpected<uint64_t> DriverGpuDevice::allocated(int code, const char *site, uin
   return address;
 }
 
-void DriverGpuDevice::unload_all_modules(const char *site) {
+void GpuDevice::unload_all_modules(const char *site) {
   if (is_lost() || crossed_fork() || !enter(site)) return;
   std::lock_guard lock(modules_mutex_);
   for (auto &[id, module] : modules_) (void)module_unload(module.handle);
   modules_.clear();
 }
 
-RhiStatus DriverGpuDevice::synchronize() {
+RhiStatus GpuDevice::synchronize() {
   KILN_RETURN_IF_ERROR(take_deferred_failure());
   KILN_RETURN_IF_ERROR(enter(names_.synchronize));
   return check(device_synchronize(), names_.synchronize);
 }
 
-RhiExpected<uint64_t> DriverGpuDevice::load_module(std::span<const std::byte> image) {
+RhiExpected<uint64_t> GpuDevice::load_module(std::span<const std::byte> image) {
   KILN_RETURN_IF_ERROR(enter(names_.module_load));
   KILN_RETURN_IF_ERROR(validate_image(image));
   Handle handle = nullptr;
@@ -57,7 +57,7 @@ RhiExpected<uint64_t> DriverGpuDevice::load_module(std::span<const std::byte> im
   return next_module_++;
 }
 
-RhiStatus DriverGpuDevice::unload_module(uint64_t module) {
+RhiStatus GpuDevice::unload_module(uint64_t module) {
   Handle handle = nullptr;
   {
     std::lock_guard lock(modules_mutex_);
@@ -73,7 +73,7 @@ RhiStatus DriverGpuDevice::unload_module(uint64_t module) {
   return check(module_unload(handle), names_.module_unload);
 }
 
-RhiExpected<DriverGpuDevice::Handle> DriverGpuDevice::function(uint64_t module, const std::string &kernel) {
+RhiExpected<GpuDevice::Handle> GpuDevice::function(uint64_t module, const std::string &kernel) {
   std::lock_guard lock(modules_mutex_);
   auto it = modules_.find(module);
   if (it == modules_.end())
@@ -91,7 +91,7 @@ RhiExpected<DriverGpuDevice::Handle> DriverGpuDevice::function(uint64_t module, 
   return handle;
 }
 
-RhiStatus DriverGpuDevice::launch_kernel(uint64_t module, const std::string &kernel, unsigned grid_x,
+RhiStatus GpuDevice::launch_kernel(uint64_t module, const std::string &kernel, unsigned grid_x,
                                          unsigned block_x, std::span<void *> params) {
   KILN_RETURN_IF_ERROR(enter(names_.launch));
   KILN_ASSIGN_OR_RETURN(const Handle handle, function(module, kernel));

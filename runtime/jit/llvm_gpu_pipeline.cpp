@@ -1,4 +1,4 @@
-#include "gpu_pipeline.h"
+#include "llvm_gpu_pipeline.h"
 
 #include <llvm/IR/DiagnosticPrinter.h>
 #include <llvm/IR/LegacyPassManager.h>

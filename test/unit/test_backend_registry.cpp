@@ -1,0 +1,72 @@
+// The backend registry (rhi/include/kiln/rhi/backend_registry.h): every backend kiln lists is made
+// by its own factory with the options meant for it, and a backend without one is NotSupported.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "fake_gpu_handle.h"
+#include "kiln/rhi/backend_registry.h"
+#include "kiln/rhi/mock_device.h"
+
+using kiln::Backend;
+using kiln::DeviceOptions;
+using kiln::RhiResult;
+
+TEST_CASE("the registry makes cpu and mock devices of the asked backend", "[rhi][registry]") {
+  for (Backend backend : {Backend::cpu, Backend::mock}) {
+    auto device = kiln::create_device(backend);
+    REQUIRE(device);
+    CHECK((*device)->backend() == backend);
+    CHECK((*device)->name() == kiln::to_string(backend));
+    CHECK((*device)->host_addressable());
+  }
+}
+
+TEST_CASE("the mock factory is given the mock options", "[rhi][registry]") {
+  DeviceOptions options;
+  options.mock.capacity_bytes = 3ull << 20;
+  options.mock.other_process_bytes_script = {1ull << 20};
+  auto device = kiln::create_device(Backend::mock, options);
+  REQUIRE(device);
+  auto info = (*device)->memory_info();
+  REQUIRE(info);
+  CHECK(info->total_bytes == 3ull << 20);
+  CHECK(info->free_bytes == 2ull << 20);
+}
+
+TEST_CASE("a GPU factory is given the ordinal", "[rhi][registry]") {
+  static kiln::test::FakeGpu fake =
+      kiln::test::FakeGpu::open(KILN_FAKE_CUDA_LIBRARY, "KILN_CUDA_DRIVER", "kiln_fake_cuda_");
+  setenv("KILN_CUDA_DRIVER", KILN_FAKE_CUDA_LIBRARY, 1);  // other tests may point it elsewhere
+  fake.reset();
+  auto first = kiln::create_device(Backend::cuda);
+  REQUIRE(first);
+  CHECK((*first)->name() == "cuda:0");
+  first->reset();
+  DeviceOptions options;
+  options.ordinal = 7;  // the fake driver has one device
+  auto missing = kiln::create_device(Backend::cuda, options);
+  REQUIRE_FALSE(missing);
+  CHECK(missing.error().result == RhiResult::not_supported);
+  CHECK_THAT(missing.error().message(), Catch::Contains("no CUDA device 7"));
+}
+
+TEST_CASE("a backend without a factory is NotSupported, never a crash", "[rhi][registry]") {
+  auto device = kiln::create_device(static_cast<Backend>(200));
+  REQUIRE_FALSE(device);
+  CHECK(device.error().result == RhiResult::not_supported);
+  CHECK_THAT(device.error().message(), Catch::Contains("is not built into this kiln"));
+}
+
+TEST_CASE("backend names come from the one list", "[rhi][registry]") {
+  for (Backend backend : {Backend::cpu, Backend::mock, Backend::cuda, Backend::amdgpu}) {
+    auto parsed = kiln::parse_backend(kiln::to_string(backend));
+    REQUIRE(parsed);
+    CHECK(*parsed == backend);
+  }
+  auto unknown = kiln::parse_backend("tpu");
+  REQUIRE_FALSE(unknown);
+  CHECK_THAT(unknown.error().message(),
+             Catch::Contains("unknown backend 'tpu'; kiln knows cpu, mock, cuda, amdgpu"));
+}
