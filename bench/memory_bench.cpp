@@ -12,7 +12,7 @@
 //                                budget (out_of_memory, oom_source budget), failure detail built
 //                                and annotated as a caller gets it. Mock device, empty pool. Its
 //                                baseline is pool_hit/4KiB.
-//   live_query/<device>          one Device::memory_info() call: the device's own share of a live
+//   live_query/<device>          one LlvmDevice::memory_info() call: the device's own share of a live
 //                                check (mock: a counter and its script; cpu: a reading reused within
 //                                one kernel tick, dated by CLOCK_MONOTONIC_COARSE).
 //   grow/<device>/live_<on|off>  DeviceMemory::allocate(4 KiB) + free with caching off, so every

@@ -10,7 +10,7 @@ namespace kiln::runtime {
 
 RhiExpected<std::unique_ptr<DeviceMemory>> DeviceMemory::create(LlvmDevice &device,
                                                                BudgetConfig config) {
-  KILN_ASSIGN_OR_RETURN(const Device::MemoryInfo info, device.memory_info());
+  KILN_ASSIGN_OR_RETURN(const LlvmDevice::MemoryInfo info, device.memory_info());
   KILN_ASSIGN_OR_RETURN(const BudgetFigures figures, budget_figures(config, info.total_bytes));
   return std::unique_ptr<DeviceMemory>(new DeviceMemory(
       device, figures.limit_bytes, figures.reserve_bytes, config.live_check, config.caching));

@@ -6,7 +6,7 @@
 
 namespace kiln::runtime {
 
-void FailurePicture::fill_live_figures(MemorySnapshot &memory, bool may_reuse, Device &device) {
+void FailurePicture::fill_live_figures(MemorySnapshot &memory, bool may_reuse, LlvmDevice &device) {
   const int64_t now_ns = coarse_now_ns();
   if (may_reuse) {
     const int64_t time_ns = time_ns_.load(std::memory_order_acquire);

@@ -8,7 +8,7 @@ namespace kiln::runtime {
 RhiStatus DeviceMemory::check_live_free(uint64_t size_bytes, MemoryCategory category) {
   if (!live_check_) return {};
   count(kLiveChecks);
-  KILN_ASSIGN_OR_RETURN(const Device::MemoryInfo info, device_.memory_info());
+  KILN_ASSIGN_OR_RETURN(const LlvmDevice::MemoryInfo info, device_.memory_info());
   const uint64_t usable = info.free_bytes > reserve_bytes_ ? info.free_bytes - reserve_bytes_ : 0;
   if (size_bytes <= usable) return {};
   MemorySnapshot memory;

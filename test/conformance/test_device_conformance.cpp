@@ -111,7 +111,7 @@ LlvmRuntimeAllocParams params_of(uint64_t size_bytes,
 
 // A value no successful allocation can write: a failed call must leave it exactly as it was.
 DeviceAllocation marker() {
-  return DeviceAllocation{reinterpret_cast<kiln::Device *>(uintptr_t{0xdeadbeef}), 0x5a5a5a5a};
+  return DeviceAllocation{reinterpret_cast<kiln::LlvmDevice *>(uintptr_t{0xdeadbeef}), 0x5a5a5a5a};
 }
 
 // Resets last_failure() so a test can prove the failing call set it.

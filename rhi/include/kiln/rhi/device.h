@@ -22,8 +22,6 @@
 namespace kiln {
 
 class LlvmDevice;
-/// The name DeviceAllocation's users and runtime/memory spell LlvmDevice with.
-using Device = LlvmDevice;
 
 /// The backends kiln knows (backends.inc lists them; backend_registry.h makes their devices).
 enum class Backend : uint8_t {

@@ -247,7 +247,6 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
                                                    std::span<Record *const> hit);
 
   // Under mutex_.
-  [[nodiscard]] Cache *my_cache_locked();
   /// A cached block of `class_bytes`, or one of an exact size in [size_bytes, class_bytes].
   [[nodiscard]] Record *take_cached_locked(Cache *cache, MemoryCategory category,
                                            uint64_t size_bytes, uint64_t class_bytes);

@@ -24,7 +24,7 @@ class FailurePicture {
   /// Sets `memory`'s free_bytes, total_bytes and live_age_ms: from a reading of this tick when
   /// `may_reuse` (live_age_ms then bounds its age, in whole ms rounded up), else from `device`
   /// now (live_age_ms 0). A device that cannot answer leaves them as they are.
-  void fill_live_figures(MemorySnapshot &memory, bool may_reuse, Device &device);
+  void fill_live_figures(MemorySnapshot &memory, bool may_reuse, LlvmDevice &device);
 
  private:
   std::atomic<uint64_t> free_bytes_{0}, total_bytes_{0};
