@@ -74,13 +74,19 @@ def test_stub_driver_is_NotSupportedError_with_the_drivers_answer(backend):
     assert backend.path.rsplit("/", 1)[-1] in str(info.value)
 
 
-def test_init_recovers_after_a_lost_device_once_its_arrays_are_freed(backend):
+def lose_the_device_holding_two_arrays(backend):
+    """Inits `backend`, makes two arrays and loses the device at a launch; returns the arrays."""
     kiln.init(arch=backend.name, device_heap_bytes=MiB)
     x = kiln.from_numpy(np.ones(1000, dtype=np.float32))
     y = kiln.from_numpy(np.ones(1000, dtype=np.float32))
     assert backend.inject_fault("launch", 1, "illegal_address") == 0
     with pytest.raises(kiln.DeviceLostError):
         kiln.axpy(1.0, x, y)
+    return x, y
+
+
+def test_init_recovers_after_a_lost_device_once_its_arrays_are_freed(backend):
+    x, y = lose_the_device_holding_two_arrays(backend)
     # y still holds the lost context: the new executor is lost too, and says why.
     x.free()
     with pytest.raises(kiln.DeviceLostError) as info:
@@ -94,12 +100,7 @@ def test_init_recovers_after_a_lost_device_once_its_arrays_are_freed(backend):
 
 
 def test_init_recovers_after_a_lost_device_once_its_arrays_are_deleted(backend):
-    kiln.init(arch=backend.name, device_heap_bytes=MiB)
-    x = kiln.from_numpy(np.ones(1000, dtype=np.float32))
-    y = kiln.from_numpy(np.ones(1000, dtype=np.float32))
-    assert backend.inject_fault("launch", 1, "illegal_address") == 0
-    with pytest.raises(kiln.DeviceLostError):
-        kiln.axpy(1.0, x, y)
+    x, y = lose_the_device_holding_two_arrays(backend)
     del x
     with pytest.raises(kiln.DeviceLostError) as info:  # y holds the device: no reset yet
         kiln.init(arch=backend.name, device_heap_bytes=MiB)

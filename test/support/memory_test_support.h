@@ -18,6 +18,25 @@ namespace kiln::test::memory {
 
 using namespace kiln::test::units;
 
+// The memory tests' vocabulary: `using namespace kiln::test::memory;` brings these names too.
+using kiln::DeviceAllocation;
+using kiln::Failure;
+using kiln::FaultPlan;
+using kiln::MemoryCategory;
+using kiln::MockDevice;
+using kiln::MockDeviceOptions;
+using kiln::OomSource;
+using kiln::RhiExpected;
+using kiln::RhiResult;
+using kiln::RhiStatus;
+using kiln::runtime::AllocRequest;
+using kiln::runtime::BudgetConfig;
+using kiln::runtime::CategoryRequest;
+using kiln::runtime::DeviceMemory;
+using kiln::runtime::MemoryBudget;
+using kiln::runtime::MemoryStats;
+using kiln::runtime::Reservation;
+
 /// A mock with `capacity_bytes` and, optionally, a script of other processes' usage.
 inline MockDeviceOptions mock_options(uint64_t capacity_bytes, std::vector<uint64_t> script = {}) {
   MockDeviceOptions options;
@@ -85,6 +104,11 @@ inline constexpr int stress_rounds(int full) { return kSanitized ? full / 200 : 
 /// The bytes `memory` holds in `category` now.
 inline uint64_t charged(runtime::DeviceMemory &memory, MemoryCategory category) {
   return memory.in_use_by_category()[static_cast<std::size_t>(category)];
+}
+
+/// The bytes `budget` holds in `category` now.
+inline uint64_t in_use(const runtime::MemoryBudget &budget, MemoryCategory category) {
+  return budget.in_use_by_category()[static_cast<std::size_t>(category)];
 }
 
 /// The bytes `memory`'s caching pool holds now (charged as pool_cache).

@@ -7,25 +7,11 @@
 #include <cstdint>
 #include <string_view>
 
-#include "byte_units.h"
 #include "kiln/rhi/result.h"
 #include "kiln/runtime/memory/budget.h"
+#include "memory_test_support.h"
 
-using kiln::MemoryCategory;
-using kiln::OomSource;
-using kiln::RhiResult;
-using kiln::runtime::CategoryRequest;
-using kiln::runtime::MemoryBudget;
-using kiln::runtime::Reservation;
-using namespace kiln::test::units;
-
-namespace {
-
-uint64_t in_use(const MemoryBudget &budget, MemoryCategory category) {
-  return budget.in_use_by_category()[static_cast<std::size_t>(category)];
-}
-
-}  // namespace
+using namespace kiln::test::memory;
 
 TEST_CASE("reserve beyond the budget refuses and leaves the ledger unchanged", "[budget]") {
   MemoryBudget budget(/*limit_bytes=*/10_MiB);

@@ -18,17 +18,7 @@
 #include "kiln/runtime/memory/device_memory.h"
 #include "memory_test_support.h"
 
-using kiln::DeviceAllocation;
-using kiln::Failure;
-using kiln::MemoryCategory;
-using kiln::MockDevice;
-using kiln::MockDeviceOptions;
-using kiln::OomSource;
-using kiln::RhiResult;
-using kiln::runtime::AllocRequest;
-using kiln::runtime::BudgetConfig;
 using kiln::runtime::CachingPool;
-using kiln::runtime::DeviceMemory;
 using namespace kiln::test::memory;
 
 TEST_CASE("free keeps the block in the pool, charged as pool_cache, still held by the driver",

@@ -3,19 +3,11 @@
 // test_thread_cache_peaks.cpp).
 #include <catch2/catch.hpp>
 
-
-#include "byte_units.h"
 #include "kiln/rhi/result.h"
 #include "kiln/runtime/memory/budget.h"
+#include "memory_test_support.h"
 
-using kiln::MemoryCategory;
-using kiln::OomSource;
-using kiln::RhiResult;
-using kiln::runtime::CategoryRequest;
-using kiln::runtime::MemoryBudget;
-using kiln::runtime::Reservation;
-using namespace kiln::test::units;
-
+using namespace kiln::test::memory;
 
 TEST_CASE("release gives committed bytes back without going below zero", "[budget]") {
   MemoryBudget budget(10_MiB);

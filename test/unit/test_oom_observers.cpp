@@ -13,17 +13,7 @@
 #include "kiln/runtime/memory/device_memory.h"
 #include "memory_test_support.h"
 
-using kiln::DeviceAllocation;
-using kiln::Failure;
-using kiln::MemoryCategory;
-using kiln::MockDevice;
-using kiln::MockDeviceOptions;
-using kiln::OomSource;
-using kiln::RhiResult;
-using kiln::runtime::AllocRequest;
-using kiln::runtime::BudgetConfig;
 using kiln::runtime::CachingPool;
-using kiln::runtime::DeviceMemory;
 using namespace kiln::test::memory;
 
 TEST_CASE("an OOM observer sees the failure first, if it frees memory the allocation is retried",

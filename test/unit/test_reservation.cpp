@@ -5,25 +5,11 @@
 #include <array>
 #include <utility>
 
-#include "byte_units.h"
 #include "kiln/rhi/result.h"
 #include "kiln/runtime/memory/budget.h"
+#include "memory_test_support.h"
 
-using kiln::MemoryCategory;
-using kiln::OomSource;
-using kiln::RhiResult;
-using kiln::runtime::CategoryRequest;
-using kiln::runtime::MemoryBudget;
-using kiln::runtime::Reservation;
-using namespace kiln::test::units;
-
-namespace {
-
-uint64_t in_use(const MemoryBudget &budget, MemoryCategory category) {
-  return budget.in_use_by_category()[static_cast<std::size_t>(category)];
-}
-
-}  // namespace
+using namespace kiln::test::memory;
 
 TEST_CASE("a dropped reservation gives its bytes back, a committed one keeps them", "[budget]") {
   MemoryBudget budget(10_MiB);

@@ -14,17 +14,7 @@
 #include "kiln/runtime/memory/device_memory.h"
 #include "memory_test_support.h"
 
-using kiln::DeviceAllocation;
-using kiln::Failure;
-using kiln::MemoryCategory;
-using kiln::MockDevice;
-using kiln::MockDeviceOptions;
-using kiln::OomSource;
-using kiln::RhiResult;
-using kiln::runtime::AllocRequest;
-using kiln::runtime::BudgetConfig;
 using kiln::runtime::CachingPool;
-using kiln::runtime::DeviceMemory;
 using namespace kiln::test::memory;
 
 TEST_CASE("size_class: up to 512 B is one class, above it at most 25 % slack", "[caching_pool]") {

@@ -17,19 +17,7 @@
 #include "memory_test_support.h"
 #include "thread_cache_test_support.h"
 
-using kiln::DeviceAllocation;
-using kiln::FaultPlan;
-using kiln::MemoryCategory;
-using kiln::MockDevice;
-using kiln::MockDeviceOptions;
-using kiln::OomSource;
-using kiln::RhiExpected;
-using kiln::RhiResult;
-using kiln::RhiStatus;
-using kiln::runtime::BudgetConfig;
 using kiln::runtime::CachingPool;
-using kiln::runtime::DeviceMemory;
-using kiln::runtime::MemoryStats;
 using namespace kiln::test::memory;
 
 TEST_CASE("a block allocated on one thread and freed on another is cached, reusable, freed once",

@@ -18,19 +18,7 @@
 #include "memory_test_support.h"
 #include "thread_cache_test_support.h"
 
-using kiln::DeviceAllocation;
-using kiln::FaultPlan;
-using kiln::MemoryCategory;
-using kiln::MockDevice;
-using kiln::MockDeviceOptions;
-using kiln::OomSource;
-using kiln::RhiExpected;
-using kiln::RhiResult;
-using kiln::RhiStatus;
-using kiln::runtime::BudgetConfig;
 using kiln::runtime::CachingPool;
-using kiln::runtime::DeviceMemory;
-using kiln::runtime::MemoryStats;
 using namespace kiln::test::memory;
 
 TEST_CASE("per-category peaks are exact on one thread, through cache hits and reset_peaks",
