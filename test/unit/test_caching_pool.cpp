@@ -1,7 +1,7 @@
 // DeviceMemory with its caching pool on (the default): a freed block kept for reuse and charged as
-// pool_cache, a reuse that asks neither the driver nor the live free memory, zero-fill on a hit, a
-// second free refused, and the limit under 8 threads. Size classes: test_size_classes.cpp; cached
-// bytes evicted before a refusal: test_eviction.cpp.
+// pool_cache, a reuse that asks neither the driver nor the live free memory, zero-fill on a hit, and
+// the limit under 8 threads. A second free refused: test_device_memory_contract.cpp; size classes:
+// test_size_classes.cpp; cached bytes evicted before a refusal: test_eviction.cpp.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -110,33 +110,6 @@ TEST_CASE("zero_fill on a cache hit hands out zeros", "[caching_pool]") {
   REQUIRE(mock.memcpy_device_to_host(back.data(), *b, 0, kSize));
   CHECK(std::all_of(back.begin(), back.end(), [](unsigned char v) { return v == 0; }));
   REQUIRE(memory->free(*b));
-}
-
-TEST_CASE("freeing a cached block again is invalid_usage and changes nothing", "[caching_pool]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(100_MiB));
-  auto a = memory->allocate(MemoryCategory::ndarray, 2_MiB);
-  REQUIRE(a);
-  REQUIRE(memory->free(*a));
-  const auto ledger = memory->in_use_by_category();
-  auto again = memory->free(*a);
-  REQUIRE_FALSE(again);
-  CHECK(again.error().result == RhiResult::invalid_usage);
-  CHECK(again.error().device == "mock");
-  CHECK(memory->in_use_by_category() == ledger);
-  CHECK(memory->stats().cached_blocks == 1);  // not put twice
-  CHECK(memory->stats().frees == 1);
-  CHECK(mock.held_bytes() == 2_MiB);
-
-  // The block is still handed out once, not twice.
-  auto b = memory->allocate(MemoryCategory::ndarray, 2_MiB);
-  auto c = memory->allocate(MemoryCategory::ndarray, 2_MiB);
-  REQUIRE(b);
-  REQUIRE(c);
-  CHECK(*b != *c);
-  CHECK(memory->stats().cache_hits == 1);
-  REQUIRE(memory->free(*b));
-  REQUIRE(memory->free(*c));
 }
 
 // A race shows in some runs only, so the test runs several rounds, each with a fresh device.

@@ -1,6 +1,6 @@
 // DeviceMemory over a MockDevice with the caching pool off: every allocation is charged to its
-// category and every free released, 0 bytes and a double free are invalid_usage, charge and uncharge
-// account bytes outside device allocations. The other behaviours have their own files: limit,
+// category and every free released, charge and uncharge account bytes outside device allocations
+// (0 bytes and a double free, in every configuration: test_device_memory_contract.cpp). The other behaviours have their own files: limit,
 // live free memory, groups, refusal pictures, observers, fault plan, stats.
 #include <catch2/catch.hpp>
 
@@ -38,49 +38,6 @@ TEST_CASE("allocate charges its category and free releases it", "[device_memory]
   CHECK(mock.live_allocation_count() == 0);
   CHECK(memory->stats().frees == 2);
   CHECK(memory->stats().ledger.peak_total_bytes == 4_MiB);
-}
-
-TEST_CASE("allocating 0 bytes through DeviceMemory is invalid_usage and charges nothing",
-          "[device_memory]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_uncached_memory(mock, fixed_limit(100_MiB));
-  const uint64_t queries_before = mock.memory_info_count();
-  auto zero = memory->allocate(MemoryCategory::ndarray, 0);
-  REQUIRE_FALSE(zero);
-  CHECK(zero.error().result == RhiResult::invalid_usage);
-  CHECK(memory->in_use_bytes() == 0);
-  CHECK(mock.driver_allocation_count() == 0);
-  CHECK(mock.memory_info_count() == queries_before);  // refused before any live check
-}
-
-TEST_CASE("double free through DeviceMemory is invalid_usage and releases nothing twice",
-          "[device_memory]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_uncached_memory(mock, fixed_limit(100_MiB));
-  auto keep = memory->allocate(MemoryCategory::ndarray, 2_MiB);
-  auto a = memory->allocate(MemoryCategory::ndarray, 2_MiB);
-  REQUIRE(keep);
-  REQUIRE(a);
-  REQUIRE(memory->free(*a));
-  auto again = memory->free(*a);
-  REQUIRE_FALSE(again);
-  CHECK(again.error().result == RhiResult::invalid_usage);
-  CHECK(again.error().device == "mock");
-  CHECK(charged(*memory, MemoryCategory::ndarray) == 2_MiB);
-  CHECK(mock.held_bytes() == 2_MiB);
-
-  // An allocation made on the device directly (not through DeviceMemory) is not freed here.
-  kiln::LlvmRuntimeAllocParams params;
-  params.size_bytes = 1_MiB;
-  auto raw = mock.allocate_runtime(params);
-  REQUIRE(raw);
-  auto foreign = memory->free(*raw);
-  REQUIRE_FALSE(foreign);
-  CHECK(foreign.error().result == RhiResult::invalid_usage);
-  CHECK(mock.live_allocation_count() == 2);
-  CHECK(memory->in_use_bytes() == 2_MiB);
-  REQUIRE(mock.dealloc_memory(*raw));
-  REQUIRE(memory->free(*keep));
 }
 
 TEST_CASE("charge and uncharge account bytes outside device allocations", "[device_memory]") {
