@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "byte_units.h"
 #include "fake_gpu_handle.h"
 #include "kiln/rhi/amdgpu_device.h"
 #include "kiln/rhi/cpu_device.h"
@@ -33,8 +34,7 @@ using kiln::RhiResult;
 
 namespace {
 
-constexpr uint64_t operator""_KiB(unsigned long long n) { return n << 10; }
-constexpr uint64_t operator""_MiB(unsigned long long n) { return n << 20; }
+using namespace kiln::test::units;
 
 // The function that refuses: allocate_memory_runtime calls it, DeviceMemory calls it directly, so
 // it is on every allocation's path (allocate_memory_runtime is not on DeviceMemory's).
