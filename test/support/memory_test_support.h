@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -104,6 +105,23 @@ inline constexpr int stress_rounds(int full) { return kSanitized ? full / 200 : 
 /// The bytes `memory` holds in `category` now.
 inline uint64_t charged(runtime::DeviceMemory &memory, MemoryCategory category) {
   return memory.in_use_by_category()[static_cast<std::size_t>(category)];
+}
+
+/// Tallies one allocation of a stress loop: a block goes to `held` and counts as granted, a budget
+/// refusal counts as refused, any other failure as wrong (a stress test expects none). Thread-safe
+/// for the counters; `held` is the calling thread's.
+inline void tally(const RhiExpected<DeviceAllocation> &a, std::vector<DeviceAllocation> &held,
+                  std::atomic<uint64_t> &granted, std::atomic<uint64_t> &refused,
+                  std::atomic<uint64_t> &wrong_failures) {
+  if (a) {
+    granted.fetch_add(1);
+    held.push_back(*a);
+  } else if (a.error().result == RhiResult::out_of_memory &&
+             a.error().oom_source == OomSource::budget) {
+    refused.fetch_add(1);
+  } else {
+    wrong_failures.fetch_add(1);
+  }
 }
 
 /// The bytes `budget` holds in `category` now.

@@ -139,15 +139,7 @@ TEST_CASE("8 threads allocating and freeing never make the device hold more than
         if (held.size() < kMaxHeldPerThread && (held.empty() || rng() % 3 != 0)) {
           const auto category = static_cast<MemoryCategory>(rng() % 4);
           auto a = memory->allocate(category, size(rng), /*zero_fill=*/rng() % 8 == 0);
-          if (a) {
-            granted.fetch_add(1);
-            held.push_back(*a);
-          } else if (a.error().result == RhiResult::out_of_memory &&
-                     a.error().oom_source == OomSource::budget) {
-            refused.fetch_add(1);
-          } else {
-            wrong_failures.fetch_add(1);
-          }
+          tally(a, held, granted, refused, wrong_failures);
         } else {
           const std::size_t k = rng() % held.size();
           if (!memory->free(held[k])) bad_frees.fetch_add(1);

@@ -54,15 +54,7 @@ TEST_CASE("threads allocating and freeing each other's blocks under a small budg
       if (op < 7 && held.size() < kMaxHeld) {
         const auto category = static_cast<MemoryCategory>(rng() % 6);  // every one but pool_cache
         auto a = memory->allocate(category, sizes[rng() % sizes.size()], /*zero_fill=*/rng() % 8 == 0);
-        if (a) {
-          granted.fetch_add(1);
-          held.push_back(*a);
-        } else if (a.error().result == RhiResult::out_of_memory &&
-                   a.error().oom_source == OomSource::budget) {
-          refused.fetch_add(1);
-        } else {
-          wrong_failures.fetch_add(1);
-        }
+        tally(a, held, granted, refused, wrong_failures);
       } else if (op < 11 && !held.empty()) {
         const std::size_t k = rng() % held.size();
         free_one(held[k]);
