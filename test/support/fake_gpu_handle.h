@@ -38,6 +38,12 @@ struct FakeGpu {
     std::optional<FakeGpu> f = try_open(library, env_var, prefix, &why);
     INFO(why);
     REQUIRE(f);
+    REQUIRE(f->handle != nullptr);
+    const auto as_ptr = [](auto fn) { return reinterpret_cast<const void *>(fn); };
+    for (const void *fn : {as_ptr(f->reset), as_ptr(f->inject_fault), as_ptr(f->call_count),
+                           as_ptr(f->held_bytes), as_ptr(f->set_mode), as_ptr(f->set_arch),
+                           as_ptr(f->last_module_target_into)})
+      REQUIRE(fn != nullptr);
     return *f;
   }
 
