@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include <catch2/catch.hpp>
@@ -31,15 +32,37 @@ struct FakeGpu {
   }
 
   /// Points kiln at `library` through `env_var` (KILN_CUDA_DRIVER, KILN_HIP_RUNTIME), opens it
-  /// and resolves <prefix>reset, ... ("kiln_fake_cuda_").
+  /// and resolves <prefix>reset, ... ("kiln_fake_cuda_"); fails the test if it cannot.
   static FakeGpu open(const char *library, const char *env_var, const std::string &prefix) {
+    std::string why;
+    std::optional<FakeGpu> f = try_open(library, env_var, prefix, &why);
+    INFO(why);
+    REQUIRE(f);
+    REQUIRE(f->handle != nullptr);
+    const auto as_ptr = [](auto fn) { return reinterpret_cast<const void *>(fn); };
+    for (const void *fn : {as_ptr(f->reset), as_ptr(f->inject_fault), as_ptr(f->call_count),
+                           as_ptr(f->held_bytes), as_ptr(f->set_mode), as_ptr(f->set_arch),
+                           as_ptr(f->last_module_target_into)})
+      REQUIRE(fn != nullptr);
+    return *f;
+  }
+
+  /// As open(), but nullopt with `*why` saying what failed (dlopen's or dlsym's answer) when the
+  /// library does not load or lacks an entry point.
+  static std::optional<FakeGpu> try_open(const char *library, const char *env_var,
+                                         const std::string &prefix, std::string *why) {
     setenv(env_var, library, 1);
     FakeGpu f;
     f.handle = dlopen(library, RTLD_NOW | RTLD_LOCAL);
-    REQUIRE(f.handle != nullptr);
+    if (f.handle == nullptr) {
+      *why = std::string("dlopen: ") + dlerror();
+      return std::nullopt;
+    }
+    bool ok = true;
     const auto get = [&](auto &fn, const char *name) {
       fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(f.handle, (prefix + name).c_str()));
-      REQUIRE(fn != nullptr);
+      if (fn == nullptr && ok) *why = library + std::string(" has no ") + prefix + name;
+      ok = ok && fn != nullptr;
     };
     get(f.reset, "reset");
     get(f.inject_fault, "inject_fault");
@@ -48,6 +71,7 @@ struct FakeGpu {
     get(f.set_mode, "set_mode");
     get(f.set_arch, "set_arch");
     get(f.last_module_target_into, "last_module_target");
+    if (!ok) return std::nullopt;
     return f;
   }
 };

@@ -1,22 +1,42 @@
-// Helpers shared by the memory layer's tests (DeviceMemory over a MockDevice, caching on).
+// Helpers shared by the memory layer's tests: DeviceMemory over a MockDevice, with the caching
+// pool on (cached()) or off (no_cache(), fixed_limit()).
 #ifndef KILN_MEMORY_TEST_SUPPORT_H_
 #define KILN_MEMORY_TEST_SUPPORT_H_
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <utility>
 #include <vector>
 
+#include "byte_units.h"
 #include "kiln/rhi/mock_device.h"
 #include "kiln/runtime/memory/device_memory.h"
 
 namespace kiln::test::memory {
 
-constexpr uint64_t operator""_KiB(unsigned long long n) { return n << 10; }
-constexpr uint64_t operator""_MiB(unsigned long long n) { return n << 20; }
-constexpr uint64_t operator""_GiB(unsigned long long n) { return n << 30; }
+using namespace kiln::test::units;
+
+// The memory tests' vocabulary: `using namespace kiln::test::memory;` brings these names too.
+using kiln::DeviceAllocation;
+using kiln::Failure;
+using kiln::FaultPlan;
+using kiln::MemoryCategory;
+using kiln::MockDevice;
+using kiln::MockDeviceOptions;
+using kiln::OomSource;
+using kiln::RhiExpected;
+using kiln::RhiResult;
+using kiln::RhiStatus;
+using kiln::runtime::AllocRequest;
+using kiln::runtime::BudgetConfig;
+using kiln::runtime::CategoryRequest;
+using kiln::runtime::DeviceMemory;
+using kiln::runtime::MemoryBudget;
+using kiln::runtime::MemoryStats;
+using kiln::runtime::Reservation;
 
 /// A mock with `capacity_bytes` and, optionally, a script of other processes' usage.
 inline MockDeviceOptions mock_options(uint64_t capacity_bytes, std::vector<uint64_t> script = {}) {
@@ -36,10 +56,35 @@ inline runtime::BudgetConfig cached(uint64_t limit_bytes, uint64_t reserve_bytes
   return config;
 }
 
-/// A DeviceMemory over `mock` with caching on; fails the test if it cannot be made.
+/// The caching pool off: for tests about the budget, the ledger and the live check (the
+/// caching-pool tests use cached()).
+inline runtime::BudgetConfig no_cache() {
+  runtime::BudgetConfig config;
+  config.caching = false;
+  return config;
+}
+
+/// A fixed limit of `limit_bytes` with the caching pool off.
+inline runtime::BudgetConfig fixed_limit(uint64_t limit_bytes) {
+  runtime::BudgetConfig config = no_cache();
+  config.limit_bytes = limit_bytes;
+  return config;
+}
+
+/// A DeviceMemory over `mock` with caching on (cached()); fails the test if it cannot be made.
 inline std::unique_ptr<runtime::DeviceMemory> make_memory(MockDevice &mock,
                                                           runtime::BudgetConfig config) {
   REQUIRE(config.caching);
+  auto memory = runtime::DeviceMemory::create(mock, config);
+  REQUIRE(memory);
+  return std::move(*memory);
+}
+
+/// A DeviceMemory over `mock` with the caching pool off (no_cache(), fixed_limit()); fails the
+/// test if it cannot be made.
+inline std::unique_ptr<runtime::DeviceMemory> make_uncached_memory(MockDevice &mock,
+                                                                   runtime::BudgetConfig config = no_cache()) {
+  REQUIRE_FALSE(config.caching);
   auto memory = runtime::DeviceMemory::create(mock, config);
   REQUIRE(memory);
   return std::move(*memory);
@@ -60,6 +105,44 @@ inline constexpr int stress_rounds(int full) { return kSanitized ? full / 200 : 
 /// The bytes `memory` holds in `category` now.
 inline uint64_t charged(runtime::DeviceMemory &memory, MemoryCategory category) {
   return memory.in_use_by_category()[static_cast<std::size_t>(category)];
+}
+
+/// Tallies one allocation of a stress loop: a block goes to `held` and counts as granted, a budget
+/// refusal counts as refused, any other failure as wrong (a stress test expects none). Thread-safe
+/// for the counters; `held` is the calling thread's.
+inline void tally(const RhiExpected<DeviceAllocation> &a, std::vector<DeviceAllocation> &held,
+                  std::atomic<uint64_t> &granted, std::atomic<uint64_t> &refused,
+                  std::atomic<uint64_t> &wrong_failures) {
+  if (a) {
+    granted.fetch_add(1);
+    held.push_back(*a);
+  } else if (a.error().result == RhiResult::out_of_memory &&
+             a.error().oom_source == OomSource::budget) {
+    refused.fetch_add(1);
+  } else {
+    wrong_failures.fetch_add(1);
+  }
+}
+
+/// The bytes `budget` holds in `category` now.
+inline uint64_t in_use(const runtime::MemoryBudget &budget, MemoryCategory category) {
+  return budget.in_use_by_category()[static_cast<std::size_t>(category)];
+}
+
+/// The bytes `memory`'s caching pool holds now (charged as pool_cache).
+inline uint64_t cached_bytes(runtime::DeviceMemory &memory) {
+  return charged(memory, MemoryCategory::pool_cache);
+}
+
+/// Allocates `count` ndarray blocks of `size_bytes` and frees them all, so the pool holds them.
+inline void warm_pool(runtime::DeviceMemory &memory, uint64_t size_bytes, int count) {
+  std::vector<DeviceAllocation> blocks;
+  for (int i = 0; i < count; ++i) {
+    auto a = memory.allocate(MemoryCategory::ndarray, size_bytes);
+    REQUIRE(a);
+    blocks.push_back(*a);
+  }
+  for (DeviceAllocation a : blocks) REQUIRE(memory.free(a));
 }
 
 }  // namespace kiln::test::memory

@@ -7,13 +7,11 @@
 #include <span>
 #include <vector>
 
+#include "byte_units.h"
 #include "kiln/executor/errors.h"
 #include "kiln/executor/executor.h"
 
 namespace kiln::test {
-
-inline constexpr uint64_t operator""_KiB(unsigned long long v) { return v << 10; }
-inline constexpr uint64_t operator""_MiB(unsigned long long v) { return v << 20; }
 
 /// The process-wide host Program (compiled once), so tests do not re-JIT per executor.
 inline std::shared_ptr<Program> host_program() { return value_or_throw(Program::shared_host()); }

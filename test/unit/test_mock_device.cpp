@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "byte_units.h"
 #include "kiln/rhi/mock_device.h"
 #include "kiln/rhi/result.h"
 
@@ -24,8 +25,7 @@ using kiln::RhiResult;
 
 namespace {
 
-constexpr uint64_t operator""_KiB(unsigned long long n) { return n << 10; }
-constexpr uint64_t operator""_MiB(unsigned long long n) { return n << 20; }
+using namespace kiln::test::units;
 
 LlvmRuntimeAllocParams params_of(uint64_t size_bytes,
                                  MemoryCategory category = MemoryCategory::ndarray) {

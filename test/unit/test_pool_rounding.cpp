@@ -18,15 +18,7 @@
 #include "memory_test_support.h"
 
 using kiln::BudgetCheck;
-using kiln::DeviceAllocation;
-using kiln::Failure;
-using kiln::MemoryCategory;
-using kiln::MockDevice;
-using kiln::OomSource;
-using kiln::RhiResult;
-using kiln::runtime::AllocRequest;
 using kiln::runtime::CachingPool;
-using kiln::runtime::DeviceMemory;
 using namespace kiln::test::memory;
 
 namespace {

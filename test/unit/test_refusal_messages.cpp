@@ -16,9 +16,6 @@
 #include "memory_test_support.h"
 
 using namespace kiln;
-using kiln::runtime::AllocRequest;
-using kiln::runtime::BudgetConfig;
-using kiln::runtime::DeviceMemory;
 using namespace kiln::test::memory;
 
 namespace {

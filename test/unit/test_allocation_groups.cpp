@@ -1,0 +1,145 @@
+// DeviceMemory::allocate_group is all-or-nothing: when a member fails at the driver, and when the
+// group mixes cache hits and growth (the hits go back to the pool).
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cstdint>
+
+#include "kiln/rhi/mock_device.h"
+#include "kiln/rhi/result.h"
+#include "kiln/runtime/memory/caching_pool.h"
+#include "kiln/runtime/memory/device_memory.h"
+#include "memory_test_support.h"
+
+using kiln::runtime::CachingPool;
+using namespace kiln::test::memory;
+
+TEST_CASE("a group mixing cache hits and growth is all-or-nothing, the hits go back to the pool",
+          "[caching_pool][fault]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(100_MiB));
+  warm_pool(*memory, 1_MiB, 1);
+  warm_pool(*memory, 2_MiB, 1);
+  auto existing = memory->allocate(MemoryCategory::ndarray, 5_MiB);
+  REQUIRE(existing);
+  const auto ledger_before = memory->in_use_by_category();
+  const uint64_t held_before = mock.held_bytes();
+  const uint64_t live_before = mock.live_allocation_count();
+  REQUIRE(memory->stats().cached_blocks == 2);
+
+  const std::array<AllocRequest, 4> group{{{MemoryCategory::staging, 1_MiB},          // hit
+                                           {MemoryCategory::argument_buffer, 3_MiB},  // miss
+                                           {MemoryCategory::result_buffer, 2_MiB},    // hit
+                                           {MemoryCategory::runtime_heap, 6_MiB}}};   // miss
+
+  auto check_unchanged = [&] {
+    CHECK(memory->in_use_by_category() == ledger_before);
+    CHECK(mock.held_bytes() == held_before);
+    CHECK(mock.live_allocation_count() == live_before);
+    CHECK(memory->stats().cached_blocks == 2);
+    CHECK(memory->stats().cached_bytes == 3_MiB);
+    CHECK(memory->stats().cache_hits == 0);
+  };
+
+  SECTION("the driver refuses the second growth member") {
+    mock.fault_plan().fail_nth_allocation(2);
+    auto failed = memory->allocate_group(group);
+    REQUIRE_FALSE(failed);
+    CHECK(failed.error().result == RhiResult::out_of_memory);
+    CHECK(failed.error().oom_source == OomSource::driver);
+    CHECK(failed.error().category == MemoryCategory::runtime_heap);
+    // The driver refused one block: its figures, not the group's (only budget refusals widen).
+    CHECK(failed.error().requested_bytes == 6_MiB);
+    CHECK_THAT(failed.error().message(), !Catch::Contains("granted together"));
+    CHECK(mock.fault_plan().allocation_count() == 2);
+    check_unchanged();
+  }
+  SECTION("DeviceMemory's fault plan refuses the third member, a hit") {
+    memory->fault_plan().fail_nth_allocation(3);
+    auto failed = memory->allocate_group(group);
+    REQUIRE_FALSE(failed);
+    CHECK(failed.error().oom_source == OomSource::driver);
+    CHECK(failed.error().category == MemoryCategory::result_buffer);
+    check_unchanged();
+  }
+  SECTION("the budget refuses the growth") {
+    memory->set_limit_bytes(memory->in_use_bytes() + 8_MiB);  // growth is 9 MiB
+    auto failed = memory->allocate_group(group);
+    REQUIRE_FALSE(failed);
+    CHECK(failed.error().oom_source == OomSource::budget);
+    // The whole group: 9 MiB of growth and the 3 MiB of hits, which went back to the cache.
+    CHECK(failed.error().requested_bytes == 12_MiB);
+    CHECK_THAT(failed.error().message(), Catch::Contains("4 buffers granted together, 2 of them, 3.00 MiB"));
+    check_unchanged();
+  }
+
+  // With no fault the same group succeeds, reusing both cached blocks.
+  mock.fault_plan().clear();
+  memory->fault_plan().clear();
+  memory->set_limit_bytes(100_MiB);
+  auto ok = memory->allocate_group(group);
+  REQUIRE(ok);
+  REQUIRE(ok->size() == 4);
+  CHECK(memory->stats().cache_hits == 2);
+  CHECK(memory->stats().cached_blocks == 0);
+  CHECK(charged(*memory, MemoryCategory::staging) == 1_MiB);
+  CHECK(charged(*memory, MemoryCategory::result_buffer) == 2_MiB);
+  CHECK(charged(*memory, MemoryCategory::argument_buffer) == 3_MiB);
+  CHECK(charged(*memory, MemoryCategory::runtime_heap) == 6_MiB);
+  CHECK(memory->in_use_bytes() == mock.held_bytes());
+  for (DeviceAllocation a : *ok) REQUIRE(memory->free(a));
+  REQUIRE(memory->free(*existing));
+}
+
+TEST_CASE("allocate_group is all-or-nothing when a member fails at the driver",
+          "[device_memory]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_uncached_memory(mock, fixed_limit(100_MiB));
+  auto existing = memory->allocate(MemoryCategory::ndarray, 5_MiB);
+  REQUIRE(existing);
+  const auto ledger_before = memory->in_use_by_category();
+  const uint64_t held_before = mock.held_bytes();
+  const uint64_t live_before = mock.live_allocation_count();
+
+  const std::array<AllocRequest, 3> group{{{MemoryCategory::staging, 2_MiB},
+                                           {MemoryCategory::argument_buffer, 1_MiB},
+                                           {MemoryCategory::result_buffer, 1_MiB}}};
+  mock.fault_plan().fail_nth_allocation(2);
+  auto failed = memory->allocate_group(group);
+  REQUIRE_FALSE(failed);
+  CHECK(failed.error().result == RhiResult::out_of_memory);
+  CHECK(failed.error().oom_source == OomSource::driver);
+  CHECK(failed.error().category == MemoryCategory::argument_buffer);
+  CHECK(failed.error().device == "mock");
+  CHECK(failed.error().has_memory);
+  CHECK(mock.fault_plan().allocation_count() == 2);  // the third member was never tried
+
+  CHECK(memory->in_use_by_category() == ledger_before);
+  CHECK(mock.held_bytes() == held_before);
+  CHECK(mock.live_allocation_count() == live_before);
+  CHECK(memory->stats().driver_ooms == 1);
+
+  SECTION("the same group succeeds once the fault is gone and is freed member by member") {
+    mock.fault_plan().clear();
+    auto ok = memory->allocate_group(group);
+    REQUIRE(ok);
+    REQUIRE(ok->size() == 3);
+    CHECK(charged(*memory, MemoryCategory::staging) == 2_MiB);
+    CHECK(charged(*memory, MemoryCategory::argument_buffer) == 1_MiB);
+    CHECK(charged(*memory, MemoryCategory::result_buffer) == 1_MiB);
+    for (DeviceAllocation a : *ok) REQUIRE(memory->free(a));
+    CHECK(memory->in_use_by_category() == ledger_before);
+  }
+  SECTION("a group over the budget is refused before any member is allocated") {
+    const uint64_t calls = mock.driver_allocation_count();
+    const std::array<AllocRequest, 2> big{{{MemoryCategory::staging, 50_MiB},
+                                           {MemoryCategory::ndarray, 50_MiB}}};
+    auto refused = memory->allocate_group(big);
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().oom_source == OomSource::budget);
+    CHECK(refused.error().requested_bytes == 100_MiB);
+    CHECK(mock.driver_allocation_count() == calls);
+    CHECK(memory->in_use_by_category() == ledger_before);
+  }
+  REQUIRE(memory->free(*existing));
+}
