@@ -52,7 +52,6 @@ constexpr auto kRelaxed = std::memory_order_relaxed;
 
 Failure MemoryBudget::refusal(uint64_t requested_bytes, MemoryCategory category, const char *site,
                               const CategoryBytes *in_use, std::source_location where) {
-  refusals_.fetch_add(1, kRelaxed);
   MemorySnapshot memory;
   memory.limit_bytes = limit_bytes_.load(kRelaxed);
   memory.in_use_bytes = in_use != nullptr ? *in_use : in_use_by_category();
@@ -107,11 +106,16 @@ RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> 
   const MemoryCategory first = requests.empty() ? MemoryCategory::ndarray : requests[0].category;
   // A refusal is decided without the lock: the total only changes under it, and a request that
   // does not fit now did not fit at the moment of that load.
-  if (overflow || !fits(total))
+  if (overflow || !fits(total)) {
+    refusals_.fetch_add(1, kRelaxed);
     return std::unexpected(refusal(overflow ? UINT64_MAX : total, first, kSite));
+  }
   if (before_lock_hook_ != nullptr) before_lock_hook_(before_lock_context_);
   std::lock_guard lock(mutex_);
-  if (!fits(total)) return std::unexpected(refusal(total, first, kSite));
+  if (!fits(total)) {
+    refusals_.fetch_add(1, kRelaxed);
+    return std::unexpected(refusal(total, first, kSite));
+  }
   if (under_lock_hook_ != nullptr) under_lock_hook_(under_lock_context_);
   const uint64_t in_use = in_use_total_.load(kRelaxed) + total;
   in_use_total_.store(in_use, kRelaxed);

@@ -4,11 +4,6 @@
 
 namespace kiln::runtime {
 
-namespace {
-// The list whose observers this thread is running (innermost), or null.
-constinit thread_local const OomObservers *t_observing = nullptr;
-}  // namespace
-
 uint64_t OomObservers::add(OomObserver observer) {
   std::lock_guard lock(mutex_);
   observers_.emplace_back(next_id_, std::move(observer));
@@ -24,8 +19,6 @@ bool OomObservers::remove(uint64_t id) {
   return removed;
 }
 
-bool OomObservers::observing_here() const { return t_observing == this; }
-
 bool OomObservers::notify(const Failure &failure, const std::function<uint64_t()> &held_bytes) {
   if (empty()) return false;
   std::vector<OomObserver> observers;
@@ -37,10 +30,10 @@ bool OomObservers::notify(const Failure &failure, const std::function<uint64_t()
   const uint64_t before = held_bytes();
   {
     // Marked for the calls only; an observer of another device's memory nests and restores.
-    const OomObservers *outer = std::exchange(t_observing, this);
+    const OomObservers *outer = std::exchange(t_observing_, this);
     struct Restore {
       const OomObservers *outer;
-      ~Restore() { t_observing = outer; }
+      ~Restore() { t_observing_ = outer; }
     } restore{outer};
     for (const OomObserver &observer : observers) observer(failure);
   }

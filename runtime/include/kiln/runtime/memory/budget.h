@@ -99,8 +99,9 @@ class MemoryBudget {
   /// reclaim can give back). No lock; a reservation decides for good.
   [[nodiscard]] bool fits_after_reclaim(uint64_t size_bytes, uint64_t unreclaimable_bytes) const;
   /// The limit refusal of `requested_bytes` of `category`, with the limit and in-use bytes per
-  /// category now (`in_use`, or the ledger's own when null), counted as a refusal. The only
-  /// producer of limit refusals: reserve() and callers that decided with fits() alike.
+  /// category now (`in_use`, or the ledger's own when null). The only producer of limit
+  /// refusals: reserve() (which counts its refusals in stats()) and callers that decided with
+  /// fits() alike.
   [[nodiscard]] Failure refusal(uint64_t requested_bytes, MemoryCategory category, const char *site,
                                 const CategoryBytes *in_use = nullptr,
                                 std::source_location where = std::source_location::current());
