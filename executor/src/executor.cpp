@@ -91,11 +91,11 @@ RhiStatus LlvmRuntimeExecutor::init_runtime() {
       {MemoryCategory::runtime_heap, sizeof(KilnRuntime), /*zero_fill=*/true}};
   if (config_.device_heap_bytes != 0)
     requests.push_back({MemoryCategory::runtime_heap, config_.device_heap_bytes, false});
-  auto allocs = memory.allocate_group(requests);
-  if (!allocs)
-    return std::unexpected(std::move(allocs).error().add_context("allocating the device runtime heap"));
-  runtime_state_alloc_ = (*allocs)[0];
-  if (allocs->size() > 1) heap_alloc_ = (*allocs)[1];
+  KILN_ASSIGN_OR_RETURN_CONTEXT(const std::vector<DeviceAllocation> allocs,
+                                memory.allocate_group(requests),
+                                "allocating the device runtime heap");
+  runtime_state_alloc_ = allocs[0];
+  if (allocs.size() > 1) heap_alloc_ = allocs[1];
   if (context_->device->host_addressable()) {
     launcher_ = std::make_unique<CpuKernelLauncher>(memory, *program_, *runtime_state_alloc_, heap_alloc_,
                                                     config_.device_heap_bytes, config_.num_threads);

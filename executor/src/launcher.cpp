@@ -88,11 +88,10 @@ RhiExpected<LaunchResult> KernelLauncher::launch_unguarded(const LaunchSpec &spe
                       static_cast<uint64_t>(num_tasks) * sizeof(KilnTaskResult), true});
   for (const HostOperand &op : spec.host_operands)
     if (!op.bytes.empty()) requests.push_back({MemoryCategory::staging, op.bytes.size(), false});
-  auto allocs = memory_.allocate_group(requests);
-  if (!allocs)
-    return std::unexpected(
-        std::move(allocs).error().add_context(fmt::format("preparing launch of {}", spec.kernel)));
-  ScopedGroup group(memory_, std::move(*allocs));
+  KILN_ASSIGN_OR_RETURN_CONTEXT(std::vector<DeviceAllocation> allocs,
+                                memory_.allocate_group(requests), "preparing launch of {}",
+                                spec.kernel);
+  ScopedGroup group(memory_, std::move(allocs));
 
   LlvmDevice &device = memory_.device();
   KilnKernelArgs args = spec.args;
@@ -193,9 +192,8 @@ RhiStatus GpuKernelLauncher::execute(const std::string &kernel, uint64_t runtime
   void *params[2] = {&runtime_address, &args_address};
   const unsigned block = static_cast<unsigned>(std::min<int64_t>(num_tasks, kBlockThreads));
   const unsigned grid = static_cast<unsigned>((num_tasks + block - 1) / block);
-  auto launched = device_.launch_kernel(module_, kernel + "_gpu", grid, block, params);
-  if (!launched)
-    return std::unexpected(std::move(launched).error().add_context(fmt::format("running {}", kernel)));
+  KILN_RETURN_IF_ERROR_CONTEXT(device_.launch_kernel(module_, kernel + "_gpu", grid, block, params),
+                               "running {}", kernel);
   return {};
 }
 

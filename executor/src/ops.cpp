@@ -160,12 +160,10 @@ RhiExpected<Ndarray> LlvmRuntimeExecutor::compact_positive(const Ndarray &x) {
   // The heap blocks live until the next launch: the launcher's lock is not enough, so hold the
   // launch and the copy-out together.
   std::lock_guard lock(compact_mutex_);
-  auto launched = launcher_->launch(spec);
-  if (!launched)
-    return std::unexpected(std::move(launched).error().add_context(
-        fmt::format("compacting {}", x.describe())));
+  KILN_ASSIGN_OR_RETURN_CONTEXT(const LaunchResult launched, launcher_->launch(spec),
+                                "compacting {}", x.describe());
   uint64_t count = 0;
-  for (const KilnTaskResult &r : launched->task_results) count += r.count;
+  for (const KilnTaskResult &r : launched.task_results) count += r.count;
   const int64_t out_shape[1] = {static_cast<int64_t>(count)};
   KILN_ASSIGN_OR_RETURN(Ndarray out, ndarray(x.dtype(), out_shape));
   uint64_t heap_base = 0;
@@ -173,7 +171,7 @@ RhiExpected<Ndarray> LlvmRuntimeExecutor::compact_positive(const Ndarray &x) {
     KILN_ASSIGN_OR_RETURN(heap_base, device().device_address(*heap_alloc_));
   }
   uint64_t offset = 0;
-  for (const KilnTaskResult &r : launched->task_results) {
+  for (const KilnTaskResult &r : launched.task_results) {
     if (r.count == 0) continue;
     const uint64_t bytes = r.count * itemsize(x.dtype());
     KILN_RETURN_IF_ERROR(device().memcpy_device_to_device(*out.state_->alloc, offset, *heap_alloc_,
