@@ -24,27 +24,17 @@ LlvmDevice::MemoryInfo apply_cgroup_limit(LlvmDevice::MemoryInfo info) {
 }  // namespace
 
 namespace {
-constexpr auto kRelaxed = std::memory_order_relaxed;
 constexpr int64_t kReuseNs = std::chrono::nanoseconds(CpuDevice::kReadingReuse).count();
 }  // namespace
 
 [[gnu::always_inline]] inline bool CpuDevice::reuse_reading(int64_t now_ns,
                                                         MemoryInfo *info) const {
-  // A sequence lock (the Linux kernel's seqlock_t, as in Boehm, "Can seqlocks get along with
-  // programming language memory models?", MSPC 2012): read, then check nobody wrote meanwhile.
-  const uint32_t seq = reading_seq_.load(std::memory_order_acquire);
-  if (seq % 2 != 0) return false;
-  const int64_t time_ns = reading_time_ns_.load(kRelaxed);
-  const uint64_t free_bytes = reading_free_bytes_.load(kRelaxed);
-  const uint64_t total_bytes = reading_total_bytes_.load(kRelaxed);
-  const uint64_t live_at_reading = live_bytes_at_reading_.load(kRelaxed);
-  std::atomic_thread_fence(std::memory_order_acquire);
-  if (reading_seq_.load(kRelaxed) != seq || time_ns < 0 || now_ns - time_ns >= kReuseNs)
-    return false;
+  MemoryReadingCache::Reading r;
+  if (!reading_.get(now_ns, kReuseNs, &r)) return false;
   // Less what kiln itself allocated since the reading.
   const uint64_t live = live_allocation_bytes();
-  const uint64_t grown = live > live_at_reading ? live - live_at_reading : 0;
-  *info = MemoryInfo{free_bytes > grown ? free_bytes - grown : 0, total_bytes};
+  const uint64_t grown = live > r.tag ? live - r.tag : 0;
+  *info = MemoryInfo{r.free_bytes > grown ? r.free_bytes - grown : 0, r.total_bytes};
   return true;
 }
 
@@ -54,14 +44,7 @@ RhiExpected<LlvmDevice::MemoryInfo> CpuDevice::refresh_reading(int64_t now_ns) {
   if (reuse_reading(now_ns, &info)) return info;  // another thread just refreshed it
   const uint64_t live = live_allocation_bytes();
   KILN_ASSIGN_OR_RETURN(info, read_memory_info());
-  const uint32_t seq = reading_seq_.load(kRelaxed);
-  reading_seq_.store(seq + 1, kRelaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  reading_time_ns_.store(now_ns, kRelaxed);
-  reading_free_bytes_.store(info.free_bytes, kRelaxed);
-  reading_total_bytes_.store(info.total_bytes, kRelaxed);
-  live_bytes_at_reading_.store(live, kRelaxed);
-  reading_seq_.store(seq + 2, std::memory_order_release);
+  reading_.put({info.free_bytes, info.total_bytes, live, now_ns});
   return info;
 }
 

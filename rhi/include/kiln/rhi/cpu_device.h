@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "kiln/rhi/host_device.h"
+#include "kiln/rhi/memory_reading.h"
 
 namespace kiln {
 
@@ -18,7 +19,7 @@ namespace kiln {
 /// steady_clock costs ~20 ns on a VM), which advances once per kernel tick: a reading is reused
 /// until that clock has moved kReadingReuse past it, i.e. for at most one tick (1 to 10 ms,
 /// depending on the kernel's HZ). A reused reading is
-/// read without a lock (a sequence lock around it); one thread at a time refreshes it.
+/// read without a lock (MemoryReadingCache); one thread at a time refreshes it.
 /// Thread-safe.
 class CpuDevice final : public HostMemoryDevice {
  public:
@@ -31,10 +32,8 @@ class CpuDevice final : public HostMemoryDevice {
   [[nodiscard]] RhiExpected<MemoryInfo> read_memory_info();
   [[nodiscard]] bool reuse_reading(int64_t now_ns, MemoryInfo *info) const;
   [[nodiscard]] RhiExpected<MemoryInfo> refresh_reading(int64_t now_ns);
-  std::mutex refresh_mutex_;            // one refresher at a time
-  std::atomic<uint32_t> reading_seq_{0};  // odd while the fields below are being written
-  std::atomic<int64_t> reading_time_ns_{-1};  // CLOCK_MONOTONIC_COARSE; -1: no reading yet
-  std::atomic<uint64_t> reading_free_bytes_{0}, reading_total_bytes_{0}, live_bytes_at_reading_{0};
+  std::mutex refresh_mutex_;  // one refresher at a time
+  MemoryReadingCache reading_;  // tag: live_allocation_bytes() when it was read
 };
 
 }  // namespace kiln

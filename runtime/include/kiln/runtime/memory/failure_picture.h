@@ -8,12 +8,12 @@
 #include <cstdint>
 
 #include "kiln/rhi/device.h"
+#include "kiln/rhi/memory_reading.h"
 
 namespace kiln::runtime {
 
-/// One device's last free/total reading for failure pictures. Thread-safe, lock-free: written by
-/// whoever reads the device (free, total, then the time, released), read without a lock; a
-/// reader may mix two readings of the same tick, either of which it would have accepted.
+/// One device's last free/total reading for failure pictures (a MemoryReadingCache, as the cpu
+/// device's own). Thread-safe, lock-free: stored by whoever reads the device, read whole.
 class FailurePicture {
  public:
   /// How long a reading may be reused for a budget refusal (whose verdict does not depend on it):
@@ -27,8 +27,7 @@ class FailurePicture {
   void fill_live_figures(MemorySnapshot &memory, bool may_reuse, LlvmDevice &device);
 
  private:
-  std::atomic<uint64_t> free_bytes_{0}, total_bytes_{0};
-  std::atomic<int64_t> time_ns_{-1};  // coarse clock; -1: never read
+  MemoryReadingCache reading_;
 };
 
 }  // namespace kiln::runtime
