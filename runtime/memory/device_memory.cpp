@@ -168,6 +168,7 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_admitted(
   return with_observer_retry([&] { return try_allocate_group(requests); });
 }
 
+// Stops another thread's fast path on `cache` for a scope (mutex_ held throughout), then trims
 // the cache's headroom to what it still owns and lets it go on. Null: nothing to stop.
 class DeviceMemory::QuiescedCache {
  public:
@@ -188,7 +189,9 @@ class DeviceMemory::QuiescedCache {
 };
 
 RhiStatus DeviceMemory::free_locked_path(DeviceAllocation alloc) {
-  Cache *cache = caching_ ? bind_cache() : nullptr;
+  // Inside an OOM observer this thread's cache is not bound (its allocations are refused), but a
+  // free still goes to it: no quiescing of its own cache, and the block stays this thread's.
+  Cache *cache = !caching_ ? nullptr : observers_.observing_here() ? owned_cache() : bind_cache();
   Record *record = nullptr;
   MemoryCategory category{};
   {

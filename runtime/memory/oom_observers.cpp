@@ -29,12 +29,14 @@ bool OomObservers::notify(const Failure &failure, const std::function<uint64_t()
   if (observers.empty()) return false;
   const uint64_t before = held_bytes();
   {
-    // Marked for the calls only; an observer of another device's memory nests and restores.
-    const OomObservers *outer = std::exchange(t_observing_, this);
+    // Marked for the calls only; observers of other memories nest (A's observer allocating on B,
+    // whose observer allocates on A, is refused on A as surely as A's own allocation).
+    const Frame frame{this, t_frames_};
+    t_frames_ = &frame;
     struct Restore {
-      const OomObservers *outer;
-      ~Restore() { t_observing_ = outer; }
-    } restore{outer};
+      const Frame *outer;
+      ~Restore() { t_frames_ = outer; }
+    } restore{frame.outer};
     for (const OomObserver &observer : observers) observer(failure);
   }
   return held_bytes() < before;

@@ -43,6 +43,4 @@ void DeviceMemory::count_refusal(const Failure &failure) {
     count(kBudgetRefusals);
 }
 
-// Stops another thread's fast path on `cache` for a scope (mutex_ held throughout), then trims
-
 }  // namespace kiln::runtime

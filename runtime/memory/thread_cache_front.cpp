@@ -206,6 +206,13 @@ DeviceMemory::Cache *DeviceMemory::bind_cache() {
   return cache;
 }
 
+DeviceMemory::Cache *DeviceMemory::owned_cache() const {
+  if (t_exiting) return nullptr;
+  for (const auto &[memory_id, cache] : t_binding.caches)
+    if (memory_id == id_) return cache;
+  return nullptr;
+}
+
 void DeviceMemory::forget_fast_binding() {
   for (FastBinding &binding : t_fast)
     if (binding.memory_id == id_) binding = {0, nullptr};

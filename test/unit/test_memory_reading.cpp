@@ -21,4 +21,7 @@ TEST_CASE("a reading is reused only while younger than the age asked for", "[mem
   cache.put({200, 400, 8, 7'000});  // a newer reading replaces it
   REQUIRE(cache.get(7'500, 1'000, &r));
   CHECK((r.free_bytes == 200 && r.tag == 8));
+  cache.put({300, 400, 9, 6'500});  // an older one never does (a writer that read the device first)
+  REQUIRE(cache.get(7'500, 1'000, &r));
+  CHECK((r.free_bytes == 200 && r.tag == 8 && r.time_ns == 7'000));
 }

@@ -73,3 +73,44 @@ TEST_CASE("an OOM observer may allocate on another device's memory", "[observer]
   REQUIRE(after);
   REQUIRE(memory->free(*after));
 }
+
+TEST_CASE("nested observers: A's observer refused on B, whose observer allocates on A",
+          "[observer][oom]") {
+  MockDevice mock_a(mock_options(1_GiB));
+  MockDevice mock_b(mock_options(1_GiB));
+  auto a = make_memory(mock_a, cached(8_MiB));
+  auto b = make_memory(mock_b, cached(8_MiB));
+  std::optional<RhiExpected<DeviceAllocation>> on_a_from_b;
+  int a_calls = 0;
+  const uint64_t id_a = a->add_oom_observer([&](const Failure &) {
+    ++a_calls;
+    CHECK_FALSE(b->allocate(MemoryCategory::ndarray, 16_MiB));  // refused on B: B's observer runs
+  });
+  const uint64_t id_b = b->add_oom_observer(
+      [&](const Failure &) { on_a_from_b = a->allocate(MemoryCategory::ndarray, 1_MiB); });
+  CHECK_FALSE(a->allocate(MemoryCategory::ndarray, 16_MiB));
+  CHECK(a_calls == 1);  // never re-entered
+  REQUIRE(on_a_from_b.has_value());
+  REQUIRE_FALSE(*on_a_from_b);
+  CHECK(on_a_from_b->error().result == RhiResult::invalid_usage);
+  CHECK(std::string_view(on_a_from_b->error().site) == "DeviceMemory::check_not_observing");
+  CHECK(a->remove_oom_observer(id_a));
+  CHECK(b->remove_oom_observer(id_b));
+}
+
+TEST_CASE("a free inside an observer keeps the block in its thread's cache", "[observer][oom]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(8_MiB));
+  auto small = memory->allocate(MemoryCategory::ndarray, 1_KiB);
+  REQUIRE(small);
+  const uint64_t id = memory->add_oom_observer([&](const Failure &) { REQUIRE(memory->free(*small)); });
+  CHECK_FALSE(memory->allocate(MemoryCategory::ndarray, 16_MiB));
+  CHECK(memory->remove_oom_observer(id));
+  // The freed block went to this thread's cache (not the shared pool): the retry after the
+  // observer bound the fast path again, so the next allocation of its size is a lock-free hit.
+  const uint64_t lock_free_before = memory->stats().lock_free_hits;
+  auto again = memory->allocate(MemoryCategory::ndarray, 1_KiB);
+  REQUIRE(again);
+  CHECK(memory->stats().lock_free_hits == lock_free_before + 1);
+  REQUIRE(memory->free(*again));
+}

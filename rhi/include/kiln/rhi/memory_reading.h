@@ -11,8 +11,9 @@ namespace kiln {
 /// The last reading of a device's memory and when it was taken (CLOCK_MONOTONIC_COARSE, see
 /// coarse_clock.h). A sequence lock (the Linux kernel's seqlock_t; Boehm, "Can seqlocks get along
 /// with programming language memory models?", MSPC 2012): readers take no lock and see a reading
-/// whole or not at all; a writer that finds another writer inside skips its store (its reading
-/// is no newer, and a reader just reads the device again). Thread-safe.
+/// whole or not at all; a writer that finds another writer inside skips its store (a reader that
+/// finds no young reading just reads the device again), and a reading never replaces a newer
+/// one. Thread-safe.
 class MemoryReadingCache {
  public:
   struct Reading {
@@ -41,11 +42,15 @@ class MemoryReadingCache {
     return true;
   }
 
-  /// Stores `reading` unless another thread is storing one now.
+  /// Stores `reading` unless another thread is storing one now or the stored one is newer.
   void put(const Reading &reading) {
     uint32_t seq = seq_.load(std::memory_order_relaxed);
     if (seq % 2 != 0 || !seq_.compare_exchange_strong(seq, seq + 1, std::memory_order_relaxed))
       return;
+    if (reading.time_ns < time_ns_.load(std::memory_order_relaxed)) {
+      seq_.store(seq, std::memory_order_release);  // nothing written: the same even number
+      return;
+    }
     std::atomic_thread_fence(std::memory_order_release);
     time_ns_.store(reading.time_ns, std::memory_order_relaxed);
     free_bytes_.store(reading.free_bytes, std::memory_order_relaxed);

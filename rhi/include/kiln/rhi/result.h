@@ -145,7 +145,7 @@ class [[nodiscard]] RhiExpected : public std::expected<T, Failure> {
   /// `return {};` value-initializes, which zero-fills the whole object (the Failure's ~300 bytes
   /// of storage) before constructing it, on every successful return (measured: ~10 ns a call on
   /// the memory layer's locked path).
-  constexpr RhiExpected()
+  constexpr RhiExpected() noexcept(std::is_nothrow_default_constructible_v<base>)
     requires std::is_default_constructible_v<base>
       : base() {}
   /// From the plain std::expected (what std::expected's own members return).

@@ -161,6 +161,9 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
   [[nodiscard]] Cache *my_cache() const;    // this thread's cache here, or null (rebinds t_fast)
   [[nodiscard]] Cache *bind_cache();  // my_cache(), made on first use (takes the mutex)
   void forget_fast_binding();  // this thread's fast path forgets this memory until my_cache()
+  /// This thread's cache here, or null, found without binding the fast path to it (frees made
+  /// inside an OOM observer, while my_cache() answers null).
+  [[nodiscard]] Cache *owned_cache() const;
   [[nodiscard]] bool fast_path_open(MemoryCategory category, uint64_t size_bytes) const;
   void update_fast_path();  // after the fault plan changed
   // RequestFaultPlan::Owner

@@ -35,8 +35,13 @@ class OomObservers {
   /// observing (observing_here()) while they run. Returns whether they freed memory: whether
   /// `held_bytes()` is lower afterwards than before. False without a call when none is registered.
   bool notify(const Failure &failure, const std::function<uint64_t()> &held_bytes);
-  /// Whether the calling thread is inside one of this list's observers now (one TLS load).
-  [[nodiscard]] bool observing_here() const { return t_observing_ == this; }
+  /// Whether the calling thread is inside one of this list's observers now, however deeply
+  /// nested in other lists' observers (one TLS load when it is in none).
+  [[nodiscard]] bool observing_here() const {
+    for (const Frame *frame = t_frames_; frame != nullptr; frame = frame->outer)
+      if (frame->list == this) return true;
+    return false;
+  }
 
  private:
   // Reset in a forked child, not held across fork(): dropping an observer under it may wait for
@@ -45,8 +50,12 @@ class OomObservers {
   std::vector<std::pair<uint64_t, OomObserver>> observers_;
   std::atomic<std::size_t> count_{0};
   uint64_t next_id_ = 1;
-  // The list whose observers this thread is running (innermost), or null.
-  static constinit inline thread_local const OomObservers *t_observing_
+  // The lists whose observers this thread is running, innermost first (frames on its stack).
+  struct Frame {
+    const OomObservers *list;
+    const Frame *outer;
+  };
+  static constinit inline thread_local const Frame *t_frames_
       __attribute__((tls_model("initial-exec"))) = nullptr;
 };
 

@@ -15,7 +15,7 @@ namespace kiln::runtime {
 
 /// FaultPlan's interface over allocation requests. A faulted request fails as if the driver had
 /// refused it (out_of_memory, oom_source driver, injected). While armed, every request is
-/// decided by check() (DeviceMemory then keeps its lock-free path closed); disarmed, requests
+/// decided by first_refused() (DeviceMemory then keeps its lock-free path closed); disarmed, requests
 /// are counted by the owner's thread caches, which the plan adds in (Owner). Thread-safe.
 class RequestFaultPlan {
  public:
