@@ -1,5 +1,6 @@
-// DeviceMemory's facade: create, the failure picture, the locked allocation path (validate, the
-// fault plan, observers, a pool hit or growth), free's locked path, and charges outside blocks.
+// DeviceMemory's facade: create, the failure picture, admission to the locked allocation path
+// (validate, the fault plan, observers; the path itself is allocation_path.cpp), free's locked
+// path, and charges outside blocks.
 #include "kiln/runtime/memory/device_memory.h"
 
 #include <fmt/format.h>
@@ -41,12 +42,6 @@ void DeviceMemory::fill_picture(Failure &failure, const CategoryBytes &in_use) {
 }
 
 // --- the locked path -------------------------------------------------------------------------
-
-RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_group(
-    std::span<const AllocRequest> requests) {
-  KILN_RETURN_IF_ERROR(admit(requests));
-  return allocate_admitted(requests);
-}
 
 RhiStatus DeviceMemory::validate(MemoryCategory category, uint64_t size_bytes) const {
   if (device_.is_lost())  // cached blocks too
@@ -93,56 +88,6 @@ RhiStatus DeviceMemory::check_not_observing() const {
       "there is being refused; free memory instead)"));
 }
 
-template <class Attempt>
-auto DeviceMemory::with_observer_retry(Attempt attempt) -> decltype(attempt()) {
-  auto result = attempt();
-  if (!result) {
-    annotate(result.error());
-    if (result.error().result == RhiResult::out_of_memory && notify_observers(result.error())) {
-      retries_.fetch_add(1, std::memory_order_relaxed);
-      result = attempt();
-      if (!result) annotate(result.error());
-    }
-  }
-  if (!result) count_refusal(result.error());
-  return result;
-}
-
-RhiExpected<DeviceAllocation> DeviceMemory::allocate_locked_path(MemoryCategory category,
-                                                                 uint64_t size_bytes,
-                                                                 bool zero_fill) {
-  const AllocRequest request{category, size_bytes, zero_fill};
-  const std::span<const AllocRequest> one(&request, 1);
-  KILN_RETURN_IF_ERROR(admit(one));
-  if (caching_) {
-    // A single request served from a cache: no group bookkeeping.
-    Cache *cache = bind_cache();
-    Record *record = nullptr;
-    const uint64_t class_bytes = class_of(request.size_bytes);
-    if (request.size_bytes <= budget_.in_use_bytes()) {  // else no cached block is that large
-      std::lock_guard lock(mutex_);
-      record = take_cached_locked(cache, request.category, request.size_bytes, class_bytes);
-    }
-    if (record != nullptr) {
-      const DeviceAllocation block{&device_, record->alloc_id.load(std::memory_order_relaxed)};
-      if (request.zero_fill) {
-        if (auto cleared = device_.fill_zero(block); !cleared) {
-          std::lock_guard lock(mutex_);  // handed back, as the group path does (not a free)
-          cache_freed_locked(cache, record, request.category);
-          return std::unexpected(std::move(cleared).error());
-        }
-      }
-      count(kAllocations);
-      count(kCacheHits);
-      return block;
-    }
-  }
-  // Outright only when even the exact size does not fit: rounding never refuses.
-  if (CategoryBytes in_use{}; refuses_outright(request.size_bytes, in_use))
-    return refused_outright(request, in_use);
-  return with_observer_retry([&] { return grow_one(request); });
-}
-
 bool DeviceMemory::notify_observers(const Failure &failure) {
   if (observers_.empty()) return false;
   // While they run, this thread's allocations here take the locked path, which refuses them
@@ -161,11 +106,6 @@ RhiStatus DeviceMemory::admit(std::span<const AllocRequest> requests) {
   if (!notify_observers(fault.error())) return fault;
   retries_.fetch_add(1, std::memory_order_relaxed);
   return {};
-}
-
-RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_admitted(
-    std::span<const AllocRequest> requests) {
-  return with_observer_retry([&] { return try_allocate_group(requests); });
 }
 
 // Stops another thread's fast path on `cache` for a scope (mutex_ held throughout), then trims

@@ -38,11 +38,4 @@ std::unique_lock<std::mutex> DeviceMemory::serialize_growth() {
   return live_check_ ? std::unique_lock<std::mutex>(growth_mutex_) : std::unique_lock<std::mutex>();
 }
 
-RhiExpected<DeviceAllocation> DeviceMemory::checked_allocate_block(const AllocRequest &request,
-                                                                   uint64_t class_bytes) {
-  const auto growing = serialize_growth();
-  KILN_RETURN_IF_ERROR(check_live_with_eviction(class_bytes, request.category, request.size_bytes));
-  return allocate_block(request, class_bytes);
-}
-
 }  // namespace kiln::runtime

@@ -20,19 +20,14 @@ bool DeviceMemory::refuses_outright(uint64_t size_bytes, CategoryBytes &in_use) 
   return !budget_.fits_after_reclaim(size_bytes, unreclaimable_bytes(in_use));
 }
 
-RhiExpected<DeviceAllocation> DeviceMemory::refused_outright(const AllocRequest &request,
-                                                           const CategoryBytes &in_use) {
+Failure DeviceMemory::refused_outright(const Misses &misses, const CategoryBytes &in_use) {
   // Decided by refuses_outright, without MemoryBudget::reserve; built by the budget all the same.
-  RhiExpected<DeviceAllocation> refused(std::unexpect, budget_.refusal(request.size_bytes,
-                                                                      request.category,
-                                                                      "DeviceMemory::refused_outright",
-                                                                      &in_use));
-  Failure &f = refused.error();
-  if (const uint64_t class_bytes = class_of(request.size_bytes); class_bytes > request.size_bytes)
-    f.class_bytes = class_bytes;
+  Failure f = budget_.refusal(misses.size_bytes, misses.category, "DeviceMemory::refused_outright",
+                              &in_use);
+  if (misses.class_bytes > misses.size_bytes) f.class_bytes = misses.class_bytes;
   fill_picture(f, in_use);  // the view refuses_outright took: not read twice
   count(kBudgetRefusals);
-  return refused;
+  return f;
 }
 
 void DeviceMemory::count_refusal(const Failure &failure) {

@@ -143,3 +143,31 @@ TEST_CASE("allocate_group is all-or-nothing when a member fails at the driver",
   }
   REQUIRE(memory->free(*existing));
 }
+
+TEST_CASE("a group no eviction could fit is refused outright, named as a whole, nothing asked",
+          "[caching_pool][group][refusal]") {
+  // The group takes the single allocation's path: no hit, and even the exact sizes exceed what
+  // the limit leaves beside what eviction cannot give back.
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(64_MiB));
+  warm_pool(*memory, 1_MiB, 1);  // 1 MiB cached: evictable, so not part of the refusal
+  auto held = memory->allocate(MemoryCategory::ndarray, 40_MiB);
+  REQUIRE(held);
+  const uint64_t calls = mock.driver_allocation_count();
+  const std::array<AllocRequest, 2> group{{{MemoryCategory::staging, 10_MiB + 1},
+                                           {MemoryCategory::ndarray, 15_MiB}}};
+  auto refused = memory->allocate_group(group);
+  REQUIRE_FALSE(refused);
+  const Failure &f = refused.error();
+  INFO(f.message());
+  CHECK(std::string_view(f.site) == "DeviceMemory::refused_outright");
+  CHECK(f.budget_check == kiln::BudgetCheck::limit);
+  CHECK(f.category == MemoryCategory::staging);  // the first miss names the refusal
+  CHECK(f.requested_bytes == 25_MiB + 1);
+  CHECK(f.class_bytes == CachingPool::size_class(10_MiB + 1) + CachingPool::size_class(15_MiB));
+  CHECK(f.memory.in_use_bytes[static_cast<size_t>(MemoryCategory::ndarray)] == 40_MiB);
+  CHECK(mock.driver_allocation_count() == calls);
+  CHECK(memory->stats().cached_blocks == 1);  // nothing was evicted for it
+  CHECK(memory->stats().ledger.refusals == 1);
+  REQUIRE(memory->free(*held));
+}

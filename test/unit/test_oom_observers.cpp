@@ -142,3 +142,27 @@ TEST_CASE("a refusal an OOM observer cures is retried, served and counted as one
     CHECK(memory->free(*held));
   }
 }
+
+TEST_CASE("the retry after an OOM observer freed memory reuses the cache first",
+          "[caching_pool][observer]") {
+  // The single allocation and a group take one path: after the observers, the whole request is
+  // tried again, cache first, so a block the observer freed serves it without a driver call.
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(10_MiB));
+  auto first = memory->allocate(MemoryCategory::ndarray, 8_MiB);
+  REQUIRE(first);
+  std::optional<DeviceAllocation> spare = *first;
+  (void)memory->add_oom_observer([&](const kiln::Failure &) {
+    if (spare) REQUIRE(memory->free(*spare));  // into the cache: 8 MiB of the 10 MiB limit
+    spare.reset();
+  });
+  const uint64_t calls = mock.driver_allocation_count();
+  const uint64_t hits = memory->stats().cache_hits;
+  auto a = memory->allocate(MemoryCategory::staging, 8_MiB);  // 8 + 8 > 10, then a hit
+  REQUIRE(a);
+  CHECK(memory->stats().cache_hits == hits + 1);
+  CHECK(mock.driver_allocation_count() == calls);
+  CHECK(memory->stats().retries == 1);
+  CHECK(charged(*memory, MemoryCategory::staging) == 8_MiB);
+  REQUIRE(memory->free(*a));
+}

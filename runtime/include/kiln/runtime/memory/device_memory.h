@@ -188,32 +188,64 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
       MemoryCategory category, uint64_t size_bytes, bool zero_fill);
   [[nodiscard, gnu::noinline]] RhiStatus free_locked_path(DeviceAllocation alloc);
   [[nodiscard]] RhiStatus admit(std::span<const AllocRequest> requests);
-  [[nodiscard]] RhiExpected<std::vector<DeviceAllocation>> allocate_admitted(
-      std::span<const AllocRequest> requests);
-  [[nodiscard]] RhiExpected<std::vector<DeviceAllocation>> try_allocate_group(
-      std::span<const AllocRequest> requests);
+  /// One request's bookkeeping on the allocation path.
+  struct Slot {
+    uint64_t class_bytes = 0;  ///< its size class: the block size growth asks for first
+    uint64_t block_bytes = 0;  ///< the block size grown for it (its class, or its exact size)
+    Record *hit = nullptr;     ///< the cached block that serves it, or null (a miss)
+    DeviceAllocation block;    ///< what it is given
+  };
+  /// The misses of an allocation: their exact and size-class bytes (saturating) and the category
+  /// of the first, as a refusal of them names it.
+  struct Misses {
+    uint64_t size_bytes = 0;
+    uint64_t class_bytes = 0;
+    MemoryCategory category = MemoryCategory::ndarray;
+  };
+  /// The one locked allocation path, for a single request and a group alike (admitted
+  /// requests): cache hits first, then the misses grow together or are refused; an
+  /// out-of-memory failure is annotated, told to the observers (and tried once more if they
+  /// freed memory) and counted (count_refusal). `slots` and
+  /// `growth` have one element per request (the caller's storage: the single allocate keeps it
+  /// on the stack). On failure nothing is held: hits go back to the cache, grown blocks to the
+  /// device.
+  /// `Result` is the caller's result type (RhiExpected<DeviceAllocation> or RhiStatus), so that a
+  /// refusal is built where it is returned.
+  template <class Result>
+  [[nodiscard]] Result allocate_requests(std::span<const AllocRequest> requests,
+                                         std::span<Slot> slots, std::span<CategoryRequest> growth);
+  /// Takes cached blocks for the requests it can (one lock for all); returns how many.
+  [[nodiscard]] std::size_t take_cached(Cache *cache, std::span<const AllocRequest> requests,
+                                        std::span<Slot> slots);
+  /// Hands the hits back to the cache (a failure path: not a free).
+  void give_back_hits(Cache *cache, std::span<const AllocRequest> requests,
+                      std::span<Slot> slots);
+  [[nodiscard]] static Misses misses(std::span<const AllocRequest> requests,
+                                     std::span<const Slot> slots);
+  /// One try of allocate_requests (it calls this once more when OOM observers freed memory):
+  /// sets `outright` when the misses were refused outright (annotated and counted already).
+  template <class Result>
+  [[nodiscard]] Result try_requests(Cache *cache, std::span<const AllocRequest> requests,
+                                    std::span<Slot> slots, std::span<CategoryRequest> growth,
+                                    bool &outright);
   /// Whether `failure`, refusing `class_bytes`, was for want of what rounding added: the budget
   /// (limit or live check) refused, or the driver did while the device's free memory lies
   /// between `size_bytes` and `class_bytes`. Then the exact size is tried.
   [[nodiscard]] bool rounding_refused(const Failure &failure, uint64_t size_bytes,
                                       uint64_t class_bytes);
-  /// Grows by one block of the request's size class; if rounding_refused, by one of its exact
-  /// size (a failure then names the class too).
-  [[nodiscard]] RhiExpected<DeviceAllocation> grow_one(const AllocRequest &request);
-  [[nodiscard]] RhiExpected<DeviceAllocation> grow_one_at(const AllocRequest &request,
-                                                          uint64_t block_bytes);
-  /// Reserves, live-checks and allocates blocks of `block_bytes[i]` for every request without a
-  /// hit, writing them to `out`; on failure holds nothing (the blocks it got go back).
+  /// Grows the misses at their size classes; if rounding_refused, at their exact sizes (a
+  /// failure then names the classes too).
+  [[nodiscard]] RhiStatus grow(std::span<const AllocRequest> requests, std::span<Slot> slots,
+                               std::span<CategoryRequest> growth, const Misses &misses);
+  /// Reserves, live-checks and allocates a block of `block_bytes` for every miss; on failure
+  /// holds nothing (the blocks it got go back).
   [[nodiscard]] RhiStatus grow_misses(std::span<const AllocRequest> requests,
-                                      std::span<Record *const> hit,
-                                      std::span<const uint64_t> block_bytes,
-                                      std::span<DeviceAllocation> out);
+                                      std::span<Slot> slots, std::span<CategoryRequest> growth);
+  /// Gives the misses' grown blocks back to the device (a failure path).
+  void free_grown(std::span<const Slot> slots);
   /// With the live check on, one growing thread at a time from the device's answer to the
   /// driver's (else two could both fit in the same free memory); an empty lock otherwise.
   [[nodiscard]] std::unique_lock<std::mutex> serialize_growth();
-  /// The live check, then the driver allocation, under serialize_growth.
-  [[nodiscard]] RhiExpected<DeviceAllocation> checked_allocate_block(const AllocRequest &request,
-                                                                     uint64_t class_bytes);
   [[nodiscard]] RhiStatus check_live_with_eviction(uint64_t growth_bytes, MemoryCategory category,
                                                    uint64_t requested_bytes);
   [[nodiscard]] RhiStatus check_fault_plan(std::span<const AllocRequest> requests);
@@ -225,9 +257,9 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
   /// refused and the exact size not) and no eviction could make room: true, with the bytes held
   /// per category in `in_use`. (No observer registered: they take the general path.)
   [[nodiscard]] bool refuses_outright(uint64_t size_bytes, CategoryBytes &in_use) const;
-  /// That refusal, built once where the caller returns it (no lock, no device call).
-  [[nodiscard]] RhiExpected<DeviceAllocation> refused_outright(const AllocRequest &request,
-                                                             const CategoryBytes &in_use);
+  /// That refusal of the misses, built once where the caller returns it (no lock, no device
+  /// call), counted.
+  [[nodiscard]] Failure refused_outright(const Misses &misses, const CategoryBytes &in_use);
   [[nodiscard]] RhiStatus check_live_free(uint64_t size_bytes, MemoryCategory category);
   /// Evicts every cache so that a refused request may be retried: true when this call released
   /// bytes, or when another thread's eviction was under way (this call waited for it to finish).
@@ -237,17 +269,13 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
                                                              uint64_t class_bytes);
   /// Tells the observers (this thread may not allocate here meanwhile); true if they freed memory.
   bool notify_observers(const Failure &failure);
-  /// Runs `attempt`; an out-of-memory failure goes to the observers and, if they freed memory,
-  /// `attempt` runs once more. The failure returned is annotated and counted (count_refusal).
-  template <class Attempt>
-  auto with_observer_retry(Attempt attempt) -> decltype(attempt());
   /// Counts a refusal by the budget or by live free memory that is returned to the caller (one
   /// a retry cured is not a refusal).
   void count_refusal(const Failure &failure);
   /// A budget refusal of a group, widened to the whole group (its cache hits included).
   [[nodiscard]] static Failure whole_group_refusal(Failure f,
                                                    std::span<const AllocRequest> requests,
-                                                   std::span<Record *const> hit);
+                                                   std::span<const Slot> slots);
 
   // Under mutex_.
   /// A cached block of `class_bytes`, or one of an exact size in [size_bytes, class_bytes].

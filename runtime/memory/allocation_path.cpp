@@ -1,0 +1,175 @@
+// DeviceMemory's one locked allocation path, for a single request and a group alike: admitted
+// requests are served from the caches where they can be; the misses grow together, all or
+// nothing (growth.cpp), or are refused outright when no eviction or observer could help; an
+// out-of-memory failure goes to the OOM observers, and is tried once more if they freed memory.
+#include "kiln/runtime/memory/device_memory.h"
+
+#include <fmt/format.h>
+
+#include "thread_cache.h"
+
+namespace kiln::runtime {
+
+namespace {
+
+uint64_t saturating_add(uint64_t a, uint64_t b) { return b > UINT64_MAX - a ? UINT64_MAX : a + b; }
+
+}  // namespace
+
+template <class Result>
+Result DeviceMemory::allocate_requests(std::span<const AllocRequest> requests,
+                                       std::span<Slot> slots, std::span<CategoryRequest> growth) {
+  Cache *cache = bind_cache();
+  bool outright = false;
+  Result result = try_requests<Result>(cache, requests, slots, growth, outright);
+  if (result || outright) return result;  // an outright refusal is annotated and counted
+  annotate(result.error());
+  // An out-of-memory failure goes to the observers; if they freed memory, once more.
+  if (result.error().result == RhiResult::out_of_memory && notify_observers(result.error())) {
+    retries_.fetch_add(1, std::memory_order_relaxed);
+    result = try_requests<Result>(cache, requests, slots, growth, outright);
+    if (result) return result;
+    annotate(result.error());
+  }
+  count_refusal(result.error());
+  return result;
+}
+
+template <class Result>
+Result DeviceMemory::try_requests(Cache *cache, std::span<const AllocRequest> requests,
+                                  std::span<Slot> slots, std::span<CategoryRequest> growth,
+                                  bool &outright) {
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    slots[i] = Slot{};
+    slots[i].class_bytes = class_of(requests[i].size_bytes);
+  }
+  // 1. Reuse: cached blocks need no budget growth and no driver call.
+  const std::size_t hits = take_cached(cache, requests, slots);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (slots[i].hit == nullptr || !requests[i].zero_fill) continue;
+    if (auto cleared = device_.fill_zero(slots[i].block); !cleared) {
+      give_back_hits(cache, requests, slots);  // handed back to the cache, not freed
+      return Result(std::unexpect, std::move(cleared).error());
+    }
+  }
+  // 2. Growth for the misses, or their refusal. A failure holds nothing: the hits go back to the
+  // cache before anyone (observers, the caller) sees its picture.
+  if (hits < requests.size()) {
+    const Misses m = misses(requests, slots);
+    // Outright only when even the exact sizes do not fit (rounding never refuses) and nothing
+    // was reused (nothing to hand back, and the misses are the whole request).
+    if (CategoryBytes in_use{}; hits == 0 && refuses_outright(m.size_bytes, in_use)) {
+      outright = true;
+      return Result(std::unexpect, refused_outright(m, in_use));
+    }
+    if (auto grown = grow(requests, slots, growth, m); !grown) {
+      Failure f = whole_group_refusal(std::move(grown).error(), requests, slots);
+      give_back_hits(cache, requests, slots);
+      return Result(std::unexpect, std::move(f));
+    }
+    std::lock_guard lock(mutex_);
+    for (std::size_t i = 0; i < requests.size(); ++i)
+      if (slots[i].hit == nullptr)
+        register_block_locked(cache, slots[i].block, requests[i].category, slots[i].block_bytes);
+  }
+  count(kAllocations, requests.size());
+  if (hits != 0) count(kCacheHits, hits);
+  return Result();
+}
+
+RhiExpected<DeviceAllocation> DeviceMemory::allocate_locked_path(MemoryCategory category,
+                                                                 uint64_t size_bytes,
+                                                                 bool zero_fill) {
+  const AllocRequest request{category, size_bytes, zero_fill};
+  const std::span<const AllocRequest> one(&request, 1);
+  KILN_RETURN_IF_ERROR(admit(one));
+  Slot slot;  // one request's bookkeeping on the stack: no heap allocation on this path
+  CategoryRequest growth;
+  // The result is built where it is returned: a refusal's Failure is never moved on the way.
+  auto result = allocate_requests<RhiExpected<DeviceAllocation>>(one, std::span(&slot, 1),
+                                                                 std::span(&growth, 1));
+  if (result) *result = slot.block;
+  return result;
+}
+
+RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_group(
+    std::span<const AllocRequest> requests) {
+  KILN_RETURN_IF_ERROR(admit(requests));
+  std::vector<Slot> slots(requests.size());
+  std::vector<CategoryRequest> growth(requests.size());
+  KILN_RETURN_IF_ERROR(allocate_requests<RhiStatus>(requests, slots, growth));
+  std::vector<DeviceAllocation> out(requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) out[i] = slots[i].block;
+  return out;
+}
+
+std::size_t DeviceMemory::take_cached(Cache *cache, std::span<const AllocRequest> requests,
+                                      std::span<Slot> slots) {
+  if (!caching_) return 0;
+  const uint64_t held_bytes = budget_.in_use_bytes();  // no cached block is larger
+  bool any = false;
+  for (const AllocRequest &r : requests) any |= r.size_bytes <= held_bytes;
+  if (!any) return 0;
+  std::size_t hits = 0;
+  std::lock_guard lock(mutex_);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    Slot &slot = slots[i];
+    slot.hit = take_cached_locked(cache, requests[i].category, requests[i].size_bytes,
+                                  slot.class_bytes);
+    if (slot.hit == nullptr) continue;
+    slot.block = DeviceAllocation{&device_, slot.hit->alloc_id.load(std::memory_order_relaxed)};
+    ++hits;
+  }
+  return hits;
+}
+
+void DeviceMemory::give_back_hits(Cache *cache, std::span<const AllocRequest> requests,
+                                  std::span<Slot> slots) {
+  std::lock_guard lock(mutex_);  // charged as cache again
+  for (std::size_t i = 0; i < requests.size(); ++i)
+    if (slots[i].hit != nullptr) cache_freed_locked(cache, slots[i].hit, requests[i].category);
+}
+
+DeviceMemory::Misses DeviceMemory::misses(std::span<const AllocRequest> requests,
+                                          std::span<const Slot> slots) {
+  Misses m;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (slots[i].hit != nullptr) continue;
+    if (m.size_bytes == 0) m.category = requests[i].category;
+    m.size_bytes = saturating_add(m.size_bytes, requests[i].size_bytes);
+    m.class_bytes = saturating_add(m.class_bytes, slots[i].class_bytes);
+  }
+  return m;
+}
+
+// A group is granted whole or not at all, so its refusal reports the whole group: the blocks it
+// reused from the cache count too (they go back there, and the snapshot shows them as cache).
+// Reporting only the misses would refuse less than the room the message shows. Only the budget's
+// refusals are about the group; a driver's refusal (or an injected fault) is about the one block
+// it refused, and keeps that block's figures.
+Failure DeviceMemory::whole_group_refusal(Failure f, std::span<const AllocRequest> requests,
+                                          std::span<const Slot> slots) {
+  if (f.result != RhiResult::out_of_memory || !f.allocating || f.oom_source != OomSource::budget)
+    return f;
+  uint64_t reused_bytes = 0, reused_class_bytes = 0;
+  std::size_t reused = 0;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (slots[i].hit == nullptr) continue;
+    ++reused;
+    reused_bytes = saturating_add(reused_bytes, requests[i].size_bytes);
+    reused_class_bytes = saturating_add(
+        reused_class_bytes, slots[i].hit->class_bytes.load(std::memory_order_relaxed));
+  }
+  if (reused == 0) return f;
+  f.requested_bytes = saturating_add(f.requested_bytes, reused_bytes);
+  if (f.class_bytes != 0) {  // the misses' rounding was refused too: the class of the group
+    const uint64_t class_total = saturating_add(f.class_bytes, reused_class_bytes);
+    f.class_bytes = class_total > f.requested_bytes ? class_total : 0;
+  }
+  const std::string what = f.detail.empty() ? std::string(to_string(f.category)) : f.detail;
+  f.detail = fmt::format("{} ({} buffers granted together, {} of them, {}, reusable from the "
+                         "pool's cache)", what, requests.size(), reused, format_bytes(reused_bytes));
+  return f;
+}
+
+}  // namespace kiln::runtime
