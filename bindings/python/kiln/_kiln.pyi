@@ -163,6 +163,16 @@ class ndarray:
         protocol: np.asarray(a) shares a's memory. Errors: NotSupportedError when the device is
         not host-addressable (cuda, amdgpu: use to_numpy()), InvalidUsageError for a freed array.
         A view counts as a use: free() refuses while one exists."""
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The CUDA Array Interface, version 3 (CuPy, Numba, PyTorch, JAX), on arrays of a CUDA
+        executor only: {"shape": tuple, "typestr": "<f4" (numpy's), "data": (device pointer,
+        False), "version": 3, "strides": None (C-contiguous), "stream": None (kiln's launches
+        have finished when they return: no synchronization needed)}. Zero-copy: the consumer
+        keeps a reference to the array, but the interface has no release hook, so a.free()
+        while a consumer uses the pointer is not detected (DLPack counts its exports).
+        Errors: AttributeError on cpu, mock and amdgpu arrays (hasattr() is False; HIP arrays
+        use DLPack), InvalidUsageError for a freed array."""
     def free(self) -> None:
         """Frees the array's memory now (into the caching pool when caching is on).
 
