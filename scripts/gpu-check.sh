@@ -4,6 +4,7 @@
 #
 #   scripts/gpu-check.sh build            # here: builds gpu-bundle/ (static LLVM, stripped)
 #   scripts/gpu-check.sh run [OUT_DIR]    # there: runs the bundle, writes OUT_DIR/gpu-check.txt
+#   scripts/gpu-check.sh interop [OUT_DIR]  # there: CuPy/PyTorch interop, OUT_DIR/gpu-interop.txt
 #
 # `build` makes gpu-bundle/kiln-gpu-check with LLVM 19 linked statically (x86 + NVPTX; its zstd
 # too), fmt, RE2 and libstdc++ compiled in, and checks it is under 64 MiB and needs only libc,
@@ -15,6 +16,10 @@
 # freeing; a pool-hit alloc+free timed against cuMemAlloc_v2; axpy bandwidth). Everything goes
 # to one results file. KILN_CUDA_DRIVER can point `run` at another driver (e.g. the fake one).
 # The bundle is built on Debian 12 and needs glibc 2.36 or newer on the GPU machine.
+# `interop` runs scripts/gpu_interop.py with the python3 that has CuPy/PyTorch and the kiln package
+# on KILN_PYTHONPATH (default build/python): zero-copy exchange both ways (DLPack, the CUDA Array
+# Interface) and a kiln OOM naming the free/total CuPy/PyTorch see. Each check says PASS, FAIL or
+# SKIP with its reason (no kiln for this Python, no CUDA, no CuPy/PyTorch).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bundle="$root/gpu-bundle"
@@ -50,8 +55,21 @@ run() {
   return "$status"
 }
 
+interop() {
+  local out="${1:-${OUT:-$root/gpu-results}}"
+  mkdir -p "$out"
+  local results="$out/gpu-interop.txt"
+  : > "$results"
+  PYTHONPATH="${KILN_PYTHONPATH:-$root/build/python}${PYTHONPATH:+:$PYTHONPATH}" \
+    timeout 300 "${PYTHON:-python3}" "$root/scripts/gpu_interop.py" "$results"
+  local status=$?
+  echo "gpu_interop.py exit status: $status" >> "$results"
+  return "$status"
+}
+
 case "${1:-}" in
   build) build ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,17p' "$0"; exit 2 ;;
+  interop) shift; interop "$@" ;;
+  *) sed -n '2,22p' "$0"; exit 2 ;;
 esac

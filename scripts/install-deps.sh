@@ -14,6 +14,7 @@ packages=(
   libre2-dev  # kiln-ops --filter: linear-time regex matching (std::regex recursed and crashed)
   libamdhip64-dev  # the real HIP runtime (no GPU here): tests show --backend amdgpu is NotSupported
   pybind11-dev python3-dev python3-pytest python3-numpy python3-hypothesis
+  libdlpack-dev  # <dlpack/dlpack.h>: ndarray.__dlpack__ and kiln.from_dlpack
   # the Python package built and installed as a user would (pyproject.toml, setup.py)
   python3-setuptools python3-wheel python3-pip python3-venv python3-build
   python3-mypy  # ctest python_mypy: mypy --strict over the stubs, examples and typed usage

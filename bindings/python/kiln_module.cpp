@@ -18,6 +18,8 @@ PYBIND11_MODULE(_kiln, m) {
   register_dtype(m);
   register_executor_state(m);
   register_ndarray(m);
+  register_dlpack(m);
+  register_cuda_array_interface(m);
   register_ops(m);
   register_memory(m);
   register_testing(m);

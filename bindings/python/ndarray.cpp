@@ -73,8 +73,9 @@ void free_array(py::handle self) {
                         fmt::format("ndarray {} is in use by an operation running now", a.description));
   if (a.exports > 0)
     raise_invalid_usage(a.device, "free",
-                        fmt::format("ndarray {} still has {} buffer view(s) (memoryview, "
-                                    "np.asarray); delete them first",
+                        fmt::format("ndarray {} still has {} export(s) (memoryview, "
+                                    "np.asarray, a DLPack capsule or the array a consumer made "
+                                    "from it); delete them first",
                                     a.description, a.exports));
   const Ndarray &array = a.get("free");
   if (auto owner = a.owner.lock()) {

@@ -36,7 +36,7 @@ struct PyArray {
   uint64_t nbytes = 0;
   uint64_t size = 0;
   int busy = 0;          // launches using it with the GIL released
-  int exports = 0;       // live buffer views (memoryview, np.asarray)
+  int exports = 0;       // live exports: buffer views (memoryview, np.asarray) and DLPack capsules
   bool dropped = false;  // freed after its executor was replaced (handle released)
   std::vector<Py_ssize_t> view_shape, view_strides;  // in bytes, for the buffer protocol
 

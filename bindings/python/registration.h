@@ -21,6 +21,11 @@ void register_dtype(py::module_ &m);
 void register_executor_state(py::module_ &m);
 /// kiln.ndarray (buffer protocol included) and kiln.from_numpy (ndarray.cpp).
 void register_ndarray(py::module_ &m);
+/// ndarray.__dlpack__, ndarray.__dlpack_device__ and kiln.from_dlpack (dlpack.cpp); after
+/// register_ndarray.
+void register_dlpack(py::module_ &m);
+/// ndarray.__cuda_array_interface__ (cuda_array_interface.cpp); after register_ndarray.
+void register_cuda_array_interface(py::module_ &m);
 /// kiln.fill, copy, axpy, reduce_sum, matmul, compact_positive (ops.cpp).
 void register_ops(py::module_ &m);
 /// kiln.memory_stats, memory_summary, empty_cache, reset_peak_memory_stats, add_oom_observer,

@@ -1,6 +1,7 @@
 #include "kiln/executor/executor.h"
 
 #include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -154,9 +155,43 @@ RhiExpected<Ndarray> LlvmRuntimeExecutor::ndarray(DataType dtype, std::span<cons
   return Ndarray(std::move(state));
 }
 
+RhiExpected<Ndarray> LlvmRuntimeExecutor::wrap_external(DataType dtype, std::span<const int64_t> shape,
+                                                        uint64_t address, std::function<void()> release) {
+  constexpr const char *kSite = "wrap_external";
+  auto info = compute_shape_info(dtype, shape);
+  if (!info) {
+    info.error().device = device().name();
+    return std::unexpected(std::move(info).error());
+  }
+  auto state = std::make_shared<Ndarray::State>();
+  state->context = context_;
+  state->dtype = dtype;
+  state->shape.assign(shape.begin(), shape.end());
+  state->info = std::move(*info);
+  if (state->info.size_bytes != 0) {
+    if (address == 0 || address % itemsize(dtype) != 0)
+      return std::unexpected(invalid_usage(
+          device().name(), kSite,
+          fmt::format("external memory for ndarray {} at address {:#x} is not aligned to its "
+                      "{}-byte elements",
+                      describe_array(dtype, shape), address, itemsize(dtype))));
+    KILN_ASSIGN_OR_RETURN(state->alloc, device().register_external(address, state->info.size_bytes));
+  }
+  state->release_external = std::move(release);  // from here on the array owns the memory
+  return Ndarray(std::move(state));
+}
+
 RhiStatus LlvmRuntimeExecutor::free(Ndarray &array) {
   KILN_RETURN_IF_ERROR(check_usable("free", array));
   KILN_ASSIGN_OR_RETURN(const std::optional<DeviceAllocation> alloc, array.allocation("free"));
+  if (array.state_->release_external) {
+    array.state_->freed = true;
+    array.state_->freed_device_name = device().name();
+    array.state_->context.reset();
+    RhiStatus unregistered = alloc ? device().unregister_external(*alloc) : RhiStatus{};
+    std::exchange(array.state_->release_external, nullptr)();
+    return unregistered;
+  }
   array.state_->freed = true;
   // A freed array no longer keeps the device open: once the executor and the live arrays are
   // gone, the device (and a lost device's driver context) is released, so a new executor on it

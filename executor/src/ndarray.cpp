@@ -1,6 +1,7 @@
 #include "kiln/executor/ndarray.h"
 
 #include <algorithm>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -81,6 +82,11 @@ RhiExpected<uint64_t> Ndarray::device_address(const char *site) const {
 }
 
 Ndarray::State::~State() {
+  if (release_external) {  // another library's memory: leave the table, give it back
+    if (!freed && alloc) ignore_result(context->device->unregister_external(*alloc), "destructor");
+    std::exchange(release_external, nullptr)();
+    return;
+  }
   if (!freed && alloc)
     ignore_result(context->memory->free(*alloc),
                   "destructor; the device defers a refused free to synchronize()");

@@ -117,6 +117,12 @@ RhiStatus LlvmDevice::dealloc_memory(DeviceAllocation alloc) {
           fmt::format("allocation {} is not live (freed twice, or never allocated)",
                       alloc.alloc_id)));
     entry = it->second;
+    if (entry.external)
+      return std::unexpected(failure(
+          RhiResult::invalid_usage, kSite,
+          fmt::format("allocation {} is memory another library owns (register_external); "
+                      "unregister it instead",
+                      alloc.alloc_id)));
     live_.erase(it);
     live_bytes_.store(live_bytes_.load(std::memory_order_relaxed) - entry.size_bytes,
                       std::memory_order_relaxed);
@@ -125,6 +131,36 @@ RhiStatus LlvmDevice::dealloc_memory(DeviceAllocation alloc) {
   auto freed = driver_free(entry.address, entry.size_bytes);
   defer_if_failed(freed);
   return freed;
+}
+
+RhiExpected<DeviceAllocation> LlvmDevice::register_external(uint64_t address, uint64_t size_bytes) {
+  constexpr const char *kSite = "LlvmDevice::register_external";
+  KILN_RETURN_IF_ERROR(check_alive(kSite));
+  if (size_bytes == 0 || address == 0)
+    return std::unexpected(failure(RhiResult::invalid_usage, kSite,
+                                   fmt::format("external memory of {} bytes at address {:#x}: "
+                                               "needs a non-zero size and address",
+                                               size_bytes, address)));
+  std::lock_guard lock(mutex_);
+  const uint64_t id = next_alloc_id_++;
+  live_.emplace(id, Entry{address, size_bytes, /*external=*/true});
+  ++external_count_;
+  return DeviceAllocation{this, id};
+}
+
+RhiStatus LlvmDevice::unregister_external(DeviceAllocation alloc) {
+  constexpr const char *kSite = "LlvmDevice::unregister_external";
+  if (alloc.device != this)
+    return std::unexpected(failure(RhiResult::invalid_usage, kSite, "allocation belongs to another device"));
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(alloc.alloc_id);
+  if (it == live_.end() || !it->second.external)
+    return std::unexpected(failure(
+        RhiResult::invalid_usage, kSite,
+        fmt::format("allocation {} is not live external memory", alloc.alloc_id)));
+  live_.erase(it);
+  --external_count_;
+  return {};
 }
 
 void LlvmDevice::defer_if_failed(const RhiStatus &freed) {
@@ -183,7 +219,7 @@ RhiStatus LlvmDevice::take_deferred_failure() {
 
 uint64_t LlvmDevice::live_allocation_count() const {
   std::lock_guard lock(mutex_);
-  return live_.size();
+  return live_.size() - external_count_;
 }
 
 uint64_t LlvmDevice::live_allocation_bytes() const {

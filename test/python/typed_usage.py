@@ -139,8 +139,24 @@ def memory_figures() -> None:
     assert_type(kiln.__version__, str)
 
 
+def dlpack_interop() -> None:
+    """DLPack both ways with numpy, zero-copy, and the DLPack device."""
+    kiln.init("cpu", num_threads=2)
+    host = np.arange(4, dtype=np.float64)
+    k = kiln.from_dlpack(host)             # numpy -> kiln: same memory
+    assert_type(k, kiln.ndarray)
+    kiln.fill(k, 2.0)
+    assert (host == 2.0).all()
+    view = np.from_dlpack(k)               # kiln -> numpy: same memory (read-only in numpy 1.24)
+    assert view.shape == (4,)
+    assert_type(k.__dlpack_device__(), tuple[int, int])
+    del view
+    k.free()
+
+
 def main() -> None:
     arrays_and_ops()
+    dlpack_interop()
     budget_refusal()
     oom_observer()
     usage_errors_and_faults()

@@ -18,6 +18,10 @@ InvalidUsageError. Arrays are freed by del / garbage collection or explicitly by
 Memory: kiln.memory_stats() (a dict of bytes and counters), kiln.memory_summary() (a table),
 kiln.empty_cache() (gives the caching pool's blocks back; freed arrays are kept there as
 "pool_cache" for reuse), kiln.add_oom_observer(fn) / remove_oom_observer(id).
+
+Interoperability without copies: np.from_dlpack(a), torch.from_dlpack(a) and kiln.from_dlpack(x)
+(DLPack, both ways; a.__dlpack_device__() says where the memory is), np.asarray(a) on cpu and mock,
+and a.__cuda_array_interface__ (version 3) on CUDA arrays for CuPy, Numba, PyTorch and JAX.
 """
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any
@@ -28,7 +32,7 @@ from ._errors import (  # noqa: F401  (the exceptions come first: the native mod
     NotSupportedError, DeviceLostError, RuntimeFaultError,
 )
 from ._kiln import (  # noqa: F401
-    init, device, dtype, f32, f64, i32, i64, ndarray, from_numpy,
+    init, device, dtype, f32, f64, i32, i64, ndarray, from_numpy, from_dlpack,
     fill, copy, axpy, reduce_sum, matmul, compact_positive,
     memory_stats, memory_summary, empty_cache, reset_peak_memory_stats,
     add_oom_observer, remove_oom_observer,
@@ -40,7 +44,7 @@ __all__ = [
     "Error", "OutOfMemoryError", "DeviceOutOfMemoryError", "BudgetExceededError",
     "DeviceHeapExhaustedError", "HostOutOfMemoryError", "InvalidUsageError", "InvalidTypeError",
     "NotSupportedError", "DeviceLostError", "RuntimeFaultError",
-    "init", "device", "dtype", "f32", "f64", "i32", "i64", "ndarray", "from_numpy",
+    "init", "device", "dtype", "f32", "f64", "i32", "i64", "ndarray", "from_numpy", "from_dlpack",
     "fill", "copy", "axpy", "reduce_sum", "matmul", "compact_positive",
     "memory_stats", "memory_summary", "empty_cache", "reset_peak_memory_stats",
     "add_oom_observer", "remove_oom_observer", "testing", "empty", "zeros",

@@ -38,6 +38,8 @@ _ShapeLike: TypeAlias = SupportsIndex | Sequence[SupportsIndex] | npt.NDArray[nu
 _Scalar: TypeAlias = float | int | numpy.floating[Any] | numpy.integer[Any]
 # A flag: True or False (numpy bools too); None and ints are refused.
 _Flag: TypeAlias = bool | numpy.bool_
+# A DLPack capsule (a PyCapsule named "dltensor"; types.CapsuleType is Python 3.13's).
+_Capsule: TypeAlias = object
 
 
 class dtype:
@@ -163,12 +165,41 @@ class ndarray:
         protocol: np.asarray(a) shares a's memory. Errors: NotSupportedError when the device is
         not host-addressable (cuda, amdgpu: use to_numpy()), InvalidUsageError for a freed array.
         A view counts as a use: free() refuses while one exists."""
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The CUDA Array Interface, version 3 (CuPy, Numba, PyTorch, JAX), on arrays of a CUDA
+        executor only: {"shape": tuple, "typestr": "<f4" (numpy's), "data": (device pointer,
+        False), "version": 3, "strides": None (C-contiguous), "stream": None (kiln's launches
+        have finished when they return: no synchronization needed)}. Zero-copy: the consumer
+        keeps a reference to the array, but the interface has no release hook, so a.free()
+        while a consumer uses the pointer is not detected (DLPack counts its exports).
+        Errors: AttributeError on cpu, mock and amdgpu arrays (hasattr() is False; HIP arrays
+        use DLPack), InvalidUsageError for a freed array."""
+    def __dlpack__(self, *, stream: int | None = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> _Capsule:
+        """DLPack export: a "dltensor" capsule over this array's memory, no copy (np.from_dlpack,
+        torch.from_dlpack, cupy.from_dlpack, kiln.from_dlpack take it).
+
+        stream: None for cpu and mock arrays; for CUDA/ROCm arrays None or any int (the
+        consumer's stream): kiln's launches have finished when they return, so the memory is
+        ready on every stream and nothing is synchronized. max_version: accepted; the capsule
+        is DLPack 0.6's unversioned one (Debian's libdlpack-dev). dl_device: None or the array's
+        own __dlpack_device__(). copy: None or False share the memory; True exports a new copy.
+        The capsule, and the array a consumer makes from it, hold this array (and its device
+        memory) alive and count as exports: free() refuses until they are gone.
+        Errors: InvalidUsageError (freed array, a stream other than None on cpu and mock),
+        InvalidTypeError (argument types, positional arguments), BufferError (dl_device another
+        device)."""
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(device_type, device_id) in DLPack's numbering: (1, 0) kDLCPU for cpu and mock (their
+        memory is host memory), (2, N) kDLCUDA for cuda:N, (10, N) kDLROCM for amdgpu:N."""
     def free(self) -> None:
         """Frees the array's memory now (into the caching pool when caching is on).
 
         Errors: InvalidUsageError when it is already freed, when a running operation uses it
-        (another thread), or while buffer views of it exist (memoryview, np.asarray: delete
-        them first)."""
+        (another thread), or while exports of it exist (memoryview, np.asarray, a DLPack capsule
+        or the array a consumer made from one: delete them first). An array made by
+        kiln.from_dlpack gives the memory back to its producer (the tensor's deleter)."""
     def to_numpy(self) -> npt.NDArray[Any]:
         """A new numpy array (same shape, the numpy dtype of dtype) with a copy of the contents.
 
@@ -247,6 +278,23 @@ def from_numpy(a: npt.ArrayLike) -> ndarray:
     Errors: InvalidUsageError (another numpy dtype: float16, bool, object, structured, ...;
     inside an OOM observer), InvalidTypeError (masked arrays, values that are not numbers), an
     OutOfMemoryError subclass (device memory; HostOutOfMemoryError for the host copy)."""
+
+
+def from_dlpack(x: object) -> ndarray:
+    """A kiln.ndarray over the memory of ``x``, no copy: any object with ``__dlpack__`` (numpy
+    arrays, torch and cupy tensors, kiln arrays) or a DLPack "dltensor" capsule.
+
+    The tensor must be on the current executor's device (cpu and mock take host memory, kDLCPU;
+    cuda:N takes kDLCUDA N; amdgpu:N takes kDLROCM N), of float32, float64, int32 or int64 with
+    one lane, row-major contiguous and aligned to its element size (a byte offset is honoured).
+    The memory is not charged to kiln's budget; the producer's object stays alive until the new
+    array is freed or garbage-collected, and its deleter runs exactly once then. numpy 1.24
+    refuses to export read-only arrays (BufferError): DLPack 0.6 cannot say read-only.
+    Errors, all before the capsule is consumed (a refused tensor stays its producer's):
+    InvalidTypeError (no __dlpack__, a capsule of another kind), InvalidUsageError (another
+    dtype, lanes, strides, misaligned, another kiln device: kiln.init(arch=...) first, a
+    capsule already consumed, inside an OOM observer), NotSupportedError (a device type kiln has
+    no executor for: OpenCL, Vulkan, ...), and what the producer's __dlpack__ raises."""
 
 
 def fill(out: ndarray, value: _Scalar) -> None:

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -63,7 +64,17 @@ class LlvmRuntimeExecutor {
   /// A new array of `shape` (row-major). Contents are unspecified until written.
   /// Errors: invalid_usage (negative dimension, size overflow), out_of_memory.
   [[nodiscard]] RhiExpected<Ndarray> ndarray(DataType dtype, std::span<const int64_t> shape);
-  /// Frees the array's memory now. Errors: invalid_usage if already freed.
+  /// An array over memory another library owns (DLPack import): `shape` (row-major, contiguous)
+  /// of `dtype` at device address `address` of this executor's device (a host address on cpu
+  /// and mock), aligned to the dtype's size. Nothing is allocated or charged to the budget.
+  /// `release` (which must not throw) is called exactly once, when the array is freed or its
+  /// last handle goes; on failure it is not called and the caller still owns the memory.
+  /// Errors: invalid_usage (shape as for ndarray(), address 0 or misaligned for a non-empty
+  /// array), device_lost.
+  [[nodiscard]] RhiExpected<Ndarray> wrap_external(DataType dtype, std::span<const int64_t> shape,
+                                                   uint64_t address, std::function<void()> release);
+  /// Frees the array's memory now (for wrap_external's arrays: gives it back to its owner).
+  /// Errors: invalid_usage if already freed.
   [[nodiscard]] RhiStatus free(Ndarray &array);
   /// Copies host bytes in / out; `bytes.size()` must equal array.nbytes(). Errors: invalid_usage.
   [[nodiscard]] RhiStatus write(const Ndarray &array, std::span<const std::byte> bytes);

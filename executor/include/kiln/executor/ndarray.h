@@ -3,6 +3,7 @@
 #define KILN_EXECUTOR_NDARRAY_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -75,6 +76,9 @@ struct Ndarray::State {
   ShapeInfo info;
   std::optional<DeviceAllocation> alloc;
   bool freed = false;
+  /// Set for memory another library owns (LlvmRuntimeExecutor::wrap_external): alloc is then a
+  /// register_external entry, and this gives the memory back to its owner (called once).
+  std::function<void()> release_external;
   ~State();
 };
 

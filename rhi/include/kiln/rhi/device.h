@@ -81,8 +81,19 @@ class LlvmDevice {
   [[nodiscard]] RhiExpected<DeviceAllocation> allocate(const AllocParams &params);
 
   /// Frees an allocation this device made. Errors: invalid_usage (not live: double free, foreign
-  /// or never allocated), device_lost. Thread-safe.
+  /// or never allocated, or memory registered by register_external), device_lost. Thread-safe.
   [[nodiscard]] RhiStatus dealloc_memory(DeviceAllocation alloc);
+
+  /// Enters `size_bytes` of memory another library owns, at device address `address` (a host
+  /// address on cpu and mock), in the allocation table, so kernels and copies can use it like
+  /// an allocation of this device (DLPack import). Nothing is allocated, charged or counted in
+  /// live_allocation_count/bytes; the owner keeps the memory valid until unregister_external.
+  /// Errors: invalid_usage (size_bytes == 0, address 0), device_lost. Thread-safe.
+  [[nodiscard]] RhiExpected<DeviceAllocation> register_external(uint64_t address, uint64_t size_bytes);
+  /// Removes an entry register_external made; the memory is not freed (its owner frees it).
+  /// Errors: invalid_usage (not live, or an allocation this device made). Works on a lost
+  /// device. Thread-safe.
+  [[nodiscard]] RhiStatus unregister_external(DeviceAllocation alloc);
 
   /// Copies between host memory and a live allocation. `offset_bytes + size_bytes` must lie
   /// inside the allocation (else invalid_usage). Blocking. Thread-safe.
@@ -151,6 +162,7 @@ class LlvmDevice {
   struct Entry {
     uint64_t address;
     uint64_t size_bytes;
+    bool external = false;  ///< entered by register_external: another library owns the memory
   };
   [[nodiscard]] RhiExpected<Entry> find_live(DeviceAllocation alloc, const char *site) const;
   /// Keeps a failed driver free as the deferred failure (the first one wins) for synchronize().
@@ -167,6 +179,7 @@ class LlvmDevice {
   mutable ForkSafeMutex mutex_{ForkSafeMutex::Policy::hold_across_fork};
   std::unordered_map<uint64_t, Entry> live_;
   uint64_t next_alloc_id_ = 1;
+  uint64_t external_count_ = 0;  // entries of live_ made by register_external (guarded by mutex_)
   std::atomic<uint64_t> live_bytes_{0};  // written under mutex_, read without it
 };
 
