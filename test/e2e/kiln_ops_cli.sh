@@ -172,5 +172,21 @@ else
   echo "ok - SKIP real HIP runtime: libamdhip64 is not installed (scripts/install-deps.sh installs it)"
 fi
 
+# On a terminal (test/e2e/tty_screen.py runs kiln-ops on a pseudo-terminal), the progress line is
+# blanked before each verdict and the summary: the screen shows the verdict lines and the summary
+# alone, nothing left over from "[i/M] case".
+here=$(cd "$(dirname "$0")" && pwd)
+py=/usr/bin/python3
+$py "$here/tty_screen.py" 120 "$ops" --filter '^(axpy_staged/f32/medium|fill/f32/tiny|copy/f32/tiny|fill/i64/tiny)$' \
+  > "$tmp/tty.txt" 2>&1; rc=$?
+check "kiln-ops on a terminal exits 0 (got $rc)" test "$rc" -eq 0
+$py "$here/tty_screen.py" --raw 120 "$ops" --filter '^fill/f32/tiny$' > "$tmp/tty_raw.txt" 2>&1
+check "on a terminal, the progress line is drawn (else the next checks prove nothing)" \
+  grep -qF '[1/1] fill/f32/tiny\r' "$tmp/tty_raw.txt"
+check "on a terminal, the verdict lines show nothing of the progress line" \
+  test "$(grep -cE '^(axpy_staged/f32/medium|fill/f32/tiny|copy/f32/tiny|fill/i64/tiny): OK$' "$tmp/tty.txt")" -eq 4
+check "on a terminal, nothing but verdicts, the summary and figures remain" \
+  bash -c "! grep -vE '^([a-z_]+/[a-z0-9]+/[a-z]+: OK|4/4 cases OK, 0 refused, 0 failed|peak memory per category: .*|allocations: [0-9]+)$' '$tmp/tty.txt'"
+
 if [ "$failures" -ne 0 ]; then echo "kiln_ops_cli: $failures check(s) failed"; exit 1; fi
 echo "kiln_ops_cli: all checks passed"

@@ -43,6 +43,30 @@ CaseResult run_case(const Case &c, LlvmRuntimeExecutor &ex) {
   return r;
 }
 
+/// The "[i/M] case" line on stderr (a TTY) while a case runs. Blanked with spaces, not an
+/// escape sequence, so that a dumb terminal is cleared too. Not thread-safe (one run, one line).
+class ProgressLine {
+ public:
+  explicit ProgressLine(bool enabled) : enabled_(enabled) {}
+  void show(std::size_t index, std::size_t total, const std::string &name) {
+    if (!enabled_) return;
+    clear();
+    const std::string line = fmt::format("[{}/{}] {}", index, total, name);
+    fmt::print(stderr, "{}\r", line);
+    width_ = line.size();
+  }
+  /// Blanks the line, so that the next line printed (verdict, summary) starts on a clean one.
+  void clear() {
+    if (!enabled_ || width_ == 0) return;
+    fmt::print(stderr, "{:{}}\r", "", width_);
+    width_ = 0;
+  }
+
+ private:
+  bool enabled_;
+  std::size_t width_ = 0;  ///< characters now on the line; 0 when blank
+};
+
 void print_result(std::FILE *out, const CaseResult &r) {
   if (out == nullptr) return;
   switch (r.verdict) {
@@ -87,6 +111,7 @@ std::vector<Case> selected_cases(const SuiteOptions &options) {
 
 SuiteReport run_suite(const SuiteOptions &options) {
   SuiteReport report;
+  ProgressLine progress(options.progress);
   const std::vector<Case> cases = selected_cases(options);
   const std::size_t total = cases.size() * static_cast<std::size_t>(options.repeat);
   for (int rep = 0; rep < options.repeat; ++rep) {
@@ -103,9 +128,9 @@ SuiteReport run_suite(const SuiteOptions &options) {
     else
       faults.fail_nth_allocation(FaultPlan::kNever);
     for (const Case &c : cases) {
-      if (options.progress)
-        fmt::print(stderr, "[{}/{}] {}\r", report.results.size() + 1, total, c.name);
+      progress.show(report.results.size() + 1, total, c.name);
       CaseResult r = run_case(c, **ex);
+      progress.clear();
       print_result(options.out, r);
       report.ok += r.verdict == Verdict::ok;
       report.refused += r.verdict == Verdict::refused;
