@@ -12,6 +12,7 @@ packages=(
   llvm-19-dev clang-19 lld-19 zlib1g-dev libzstd-dev libxml2-dev libz3-dev libffi-dev libedit-dev
   libfmt-dev catch2 libbenchmark-dev
   libre2-dev  # kiln-ops --filter: linear-time regex matching (std::regex recursed and crashed)
+  libcli11-dev nlohmann-json3-dev  # kiln-ops: its command line (CLI11), its JSON report
   libamdhip64-dev  # the real HIP runtime (no GPU here): tests show --backend amdgpu is NotSupported
   pybind11-dev python3-dev python3-pytest python3-numpy python3-hypothesis
   libdlpack-dev  # <dlpack/dlpack.h>: ndarray.__dlpack__ and kiln.from_dlpack

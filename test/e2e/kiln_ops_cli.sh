@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# End-to-end checks of the kiln-ops binary: verdict lines, exit codes, budget refusals, JSON.
+# End-to-end checks of the kiln-ops binary: verdict lines, exit codes, budget refusals, JSON,
+# JUnit XML, the progress line on a terminal (test/e2e/tty_screen.py).
 # usage: kiln_ops_cli.sh <path to kiln-ops> <path to libkiln_fake_cuda.so> <path to libkiln_fake_hip.so>
 set -u
 ops="$1"
@@ -72,11 +73,17 @@ check "heap exhaustion advises --heap-mb" \
 "$ops" --filter 'no-such-case' > /dev/null 2>&1; check "a filter matching no case exits 2" test $? -eq 2
 "$ops" --bogus 1 2> "$tmp/bogus.txt"; check "an unknown option is named" grep -q 'unknown option --bogus' "$tmp/bogus.txt"
 "$ops" --bogus 2> "$tmp/bogus2.txt"; check "an unknown option without a value is named" grep -q 'unknown option --bogus' "$tmp/bogus2.txt"
-"$ops" --json /nonexistent/dir/x.json > /dev/null 2>&1; check "an unwritable --json path exits 2 before the run" test $? -eq 2
+"$ops" --json /nonexistent/dir/x.json > "$tmp/nojson.txt" 2>&1; rc=$?
+check "an unwritable --json path exits 2 before the run" test "$rc" -eq 2
+check "an unwritable --json path is named with the reason" \
+  grep -q -- '--json /nonexistent/dir/x.json: cannot write there (No such file or directory)' "$tmp/nojson.txt"
+check "an unwritable --json path: no case ran" bash -c "! grep -q ': OK' '$tmp/nojson.txt'"
 check "--list honours --filter" test "$("$ops" --list --filter '^fill/f32/' | wc -l)" -eq 4
 check "--list prints case names" bash -c "'$ops' --list | grep -q '^matmul/f64/odd$'"
 "$ops" --filter 'reduce_sum/i32/tiny' --json "$tmp/out.json" > /dev/null 2>&1
-check "--json writes the verdicts" grep -q '"name": "reduce_sum/i32/tiny", "verdict": "OK"' "$tmp/out.json"
+check "--json writes the verdicts" /usr/bin/python3 -c \
+  'import json, sys; c = json.load(open(sys.argv[1]))["cases"]; assert [(x["name"], x["status"]) for x in c] == [("reduce_sum/i32/tiny", "ok")], c' \
+  "$tmp/out.json"
 
 # Hostile command lines (issue 11, section 5): every bad value is a usage error (exit 2) with a
 # message, never a crash; RE2 matches --filter in linear time without recursion.
@@ -135,21 +142,25 @@ for flag in --backend --filter --json; do
 done
 "$ops" --backend "" --list > /dev/null 2>&1; check "an empty --backend exits 2" test $? -eq 2
 
-# CUDA against the fake driver: every case OK; without a driver: NotSupportedError, exit 1.
+# CUDA against the fake driver: every case OK; without a driver: NotSupportedError, exit 77
+# (the backend is not available here: "skipped", not "broken").
 KILN_CUDA_DRIVER="$fake_cuda" "$ops" --backend cuda --max-array-mb 4 > "$tmp/cuda.txt" 2>&1; rc=$?
 check "cuda on the fake driver exits 0" test "$rc" -eq 0
 check "cuda on the fake driver: all cases OK" grep -Eq '^[0-9]+/[0-9]+ cases OK, 0 refused, 0 failed$' "$tmp/cuda.txt"
 KILN_CUDA_DRIVER=/nonexistent/libcuda.so.1 "$ops" --backend cuda > "$tmp/nocuda.txt" 2>&1; rc=$?
-check "cuda without a driver exits 1" test "$rc" -eq 1
+check "cuda without a driver exits 77 (backend unavailable)" test "$rc" -eq 77
+check "cuda without a driver says the backend is not available here" \
+  grep -q 'kiln-ops: the cuda backend is not available here: NotSupportedError' "$tmp/nocuda.txt"
 check "cuda without a driver is NotSupportedError naming the library" \
   grep -q 'NotSupportedError: .*/nonexistent/libcuda.so.1' "$tmp/nocuda.txt"
-KILN_CUDA_DRIVER="$fake_cuda" KILN_FAKE_CUDA_MODE=stub "$ops" --backend cuda > "$tmp/stub.txt" 2>&1
+KILN_CUDA_DRIVER="$fake_cuda" KILN_FAKE_CUDA_MODE=stub "$ops" --backend cuda > "$tmp/stub.txt" 2>&1; rc=$?
+check "cuda with a stub driver exits 77 (backend unavailable)" test "$rc" -eq 77
 check "cuda with a stub driver is NotSupportedError naming CUDA_ERROR_STUB_LIBRARY" \
   grep -q 'NotSupportedError: .*CUDA_ERROR_STUB_LIBRARY' "$tmp/stub.txt"
 
 # AMDGPU against the fake HIP runtime: every case OK; an injected hipErrorOutOfMemory is refused
 # by name; without a runtime, and on this machine's real HIP runtime (Debian's libamdhip64, which
-# finds no GPU): NotSupportedError carrying the runtime's own answer, exit 1, no crash.
+# finds no GPU): NotSupportedError carrying the runtime's own answer, exit 77, no crash.
 KILN_HIP_RUNTIME="$fake_hip" "$ops" --backend amdgpu --max-array-mb 4 > "$tmp/amdgpu.txt" 2>&1; rc=$?
 check "amdgpu on the fake HIP runtime exits 0" test "$rc" -eq 0
 check "amdgpu on the fake HIP runtime: all cases OK" grep -Eq '^[0-9]+/[0-9]+ cases OK, 0 refused, 0 failed$' "$tmp/amdgpu.txt"
@@ -160,17 +171,171 @@ check "amdgpu with an injected hipErrorOutOfMemory exits 0" test "$rc" -eq 0
 check "amdgpu with an injected hipErrorOutOfMemory refuses one case by name" \
   grep -q 'REFUSED DeviceOutOfMemoryError: .*hipErrorOutOfMemory' "$tmp/amdgpu_oom.txt"
 KILN_HIP_RUNTIME=/nonexistent/libamdhip64.so "$ops" --backend amdgpu > "$tmp/nohip.txt" 2>&1; rc=$?
-check "amdgpu without a HIP runtime exits 1" test "$rc" -eq 1
+check "amdgpu without a HIP runtime exits 77 (backend unavailable)" test "$rc" -eq 77
 check "amdgpu without a HIP runtime is NotSupportedError naming the library" \
   grep -q 'NotSupportedError: .*/nonexistent/libamdhip64.so' "$tmp/nohip.txt"
 if ldconfig -p 2>/dev/null | grep -q 'libamdhip64\.so'; then
   env -u KILN_HIP_RUNTIME "$ops" --backend amdgpu > "$tmp/realhip.txt" 2>&1; rc=$?
-  check "amdgpu on the real HIP runtime without a GPU exits 1 (not a crash)" test "$rc" -eq 1
+  check "amdgpu on the real HIP runtime without a GPU exits 77 (backend unavailable, not a crash)" test "$rc" -eq 77
   check "amdgpu on the real HIP runtime is NotSupportedError with the runtime's hipError answer" \
     grep -Eq 'NotSupportedError: .*hipError(NoDevice|InvalidDevice|InsufficientDriver|NotInitialized)' "$tmp/realhip.txt"
 else
   echo "ok - SKIP real HIP runtime: libamdhip64 is not installed (scripts/install-deps.sh installs it)"
 fi
+
+# On a terminal (test/e2e/tty_screen.py runs kiln-ops on a pseudo-terminal), the progress line is
+# blanked before each verdict and the summary: the screen shows the verdict lines and the summary
+# alone, nothing left over from "[i/M] case".
+here=$(cd "$(dirname "$0")" && pwd)
+py=/usr/bin/python3
+$py "$here/tty_screen.py" 120 "$ops" --filter '^(axpy_staged/f32/medium|fill/f32/tiny|copy/f32/tiny|fill/i64/tiny)$' \
+  > "$tmp/tty.txt" 2>&1; rc=$?
+check "kiln-ops on a terminal exits 0 (got $rc)" test "$rc" -eq 0
+$py "$here/tty_screen.py" --raw 120 "$ops" --filter '^fill/f32/tiny$' > "$tmp/tty_raw.txt" 2>&1
+check "on a terminal, the progress line is drawn (else the next checks prove nothing)" \
+  grep -qF '[1/1] fill/f32/tiny\r' "$tmp/tty_raw.txt"
+check "on a terminal, the verdict lines show nothing of the progress line" \
+  test "$(grep -cE '^(axpy_staged/f32/medium|fill/f32/tiny|copy/f32/tiny|fill/i64/tiny): OK$' "$tmp/tty.txt")" -eq 4
+check "on a terminal, nothing but verdicts, the summary and figures remain" \
+  bash -c "! grep -vE '^([a-z_]+/[a-z0-9]+/[a-z]+: OK|4/4 cases OK, 0 refused, 0 failed|peak memory per category: .*|allocations: [0-9]+)$' '$tmp/tty.txt'"
+
+# For CI systems (issue 15, item 7): --version, exit statuses, the JSON schema, JUnit XML.
+project_version=$(sed -n 's/^project(kiln VERSION \([0-9.]*\).*/\1/p' "$here/../../CMakeLists.txt")
+"$ops" --version > "$tmp/version.txt" 2>&1; rc=$?
+check "--version exits 0" test "$rc" -eq 0
+check "--version prints CMake's project(VERSION) ($project_version)" \
+  test "$(cat "$tmp/version.txt")" = "kiln-ops $project_version"
+"$ops" --help > "$tmp/help.txt" 2>&1
+for word in '--junit PATH' '--version' '^  77 ' '^  2 ' 'KILN_POOL_LIMIT_MB'; do
+  check "--help documents '$word'" grep -q -- "$word" "$tmp/help.txt"
+done
+"$ops" --budget-mb 1 --filter fill/f32/tiny > "$tmp/broken.txt" 2>&1; rc=$?
+check "a budget too small for the executor itself exits 1 (broken, not skipped; got $rc)" test "$rc" -eq 1
+
+# A run with OK and REFUSED cases: the JSON's schema fields and the JUnit report agree with it.
+"$ops" --budget-mb 64 --filter '/(f32|i32)/(tiny|large)' --json "$tmp/ci.json" --junit "$tmp/ci.xml" \
+  > "$tmp/ci.txt" 2>&1; rc=$?
+check "a run with --json and --junit exits 0" test "$rc" -eq 0
+check "JSON: schema_version, backend, budget, status and per-case structured errors" $py - "$tmp/ci.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["schema_version"] == 1 and d["tool"] == "kiln-ops", d
+assert d["backend"] == "cpu" and d["status"] == "passed" and d["exit_status"] == 0, d
+assert d["budget"] == {"source": "--budget-mb", "limit_bytes": 64 << 20, "reserve_bytes": d["budget"]["reserve_bytes"]}, d["budget"]
+assert d["setup_failure"] is None
+s = d["summary"]
+assert s["cases"] == len(d["cases"]) == s["ok"] + s["refused"] and s["failed"] == 0 and s["refused"] > 0, s
+for c in d["cases"]:
+    assert c["status"] in ("ok", "refused") and c["repetition"] == 1, c
+    if c["status"] == "ok":
+        assert c["error"] is None and c["reason"] is None, c
+        continue
+    e = c["error"]
+    assert e["name"] == "BudgetExceededError" and e["oom_source"] == "budget", e
+    assert e["requested_bytes"] >= 256 << 20 and e["category"] in ("ndarray", "staging"), e
+    assert e["site"] and e["message"] and e["memory"]["limit_bytes"] == 64 << 20, e
+    assert "--budget-mb" in e["advice"], e
+PY
+check "JUnit: parses, one testcase per case, REFUSED as skipped" $py - "$tmp/ci.xml" "$tmp/ci.json" <<'PY'
+import json, sys, xml.etree.ElementTree as ET
+root, d = ET.parse(sys.argv[1]).getroot(), json.load(open(sys.argv[2]))
+suite = root.find("testsuite")
+cases = suite.findall("testcase")
+assert [c.get("name") for c in cases] == [c["name"] for c in d["cases"]], cases
+assert int(suite.get("tests")) == len(cases) and int(root.get("tests")) == len(cases)
+skipped = [c for c in cases if c.find("skipped") is not None]
+assert len(skipped) == d["summary"]["refused"] == int(suite.get("skipped")) > 0
+assert all("BudgetExceededError" in c.find("skipped").get("message") for c in skipped)
+assert suite.get("failures") == "0" and not suite.findall(".//failure")
+props = {p.get("name"): p.get("value") for p in suite.find("properties")}
+assert props["backend"] == "cpu" and props["budget_limit_bytes"] == str(64 << 20), props
+PY
+KILN_POOL_LIMIT_MB=32 "$ops" --filter fill/f32/tiny --json - 2> /dev/null > "$tmp/envsrc.json"
+check "JSON: a budget from KILN_POOL_LIMIT_MB says so" $py -c \
+  'import json, sys; b = json.load(open(sys.argv[1]))["budget"]; assert b["source"] == "KILN_POOL_LIMIT_MB" and b["limit_bytes"] == 32 << 20, b' \
+  "$tmp/envsrc.json"
+
+# A FAIL by a driver error (the fake driver's 1st cuMemcpyDtoH_v2 answers CUDA_ERROR_INVALID_VALUE):
+# exit 1; JSON and JUnit name the error, its site and driver status.
+KILN_CUDA_DRIVER="$fake_cuda" KILN_FAKE_CUDA_FAULTS=cuMemcpyDtoH_v2@1=1 "$ops" --backend cuda \
+  --filter 'fill/f32/(tiny|small)' --json "$tmp/fail.json" --junit "$tmp/fail.xml" > /dev/null 2>&1; rc=$?
+check "a FAILed case exits 1 (got $rc)" test "$rc" -eq 1
+check "JSON: a FAIL has the error's structured fields" $py - "$tmp/fail.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["status"] == "failed" and d["exit_status"] == 1 and d["summary"]["failed"] == 1, d["summary"]
+c = d["cases"][0]
+assert c["name"] == "fill/f32/tiny" and c["status"] == "failed", c
+e = c["error"]
+assert e["name"] == "RuntimeFaultError" and e["site"] == "cuMemcpyDtoH_v2", e
+assert e["driver_status"] == "CUDA_ERROR_INVALID_VALUE" and e["requested_bytes"] is None, e
+PY
+check "JUnit: a FAIL is a <failure> typed with the kiln error name" $py - "$tmp/fail.xml" <<'PY'
+import sys, xml.etree.ElementTree as ET
+suite = ET.parse(sys.argv[1]).getroot().find("testsuite")
+failures = suite.findall("testcase/failure")
+assert suite.get("failures") == "1" and len(failures) == 1, ET.tostring(suite)
+assert failures[0].get("type") == "RuntimeFaultError", failures[0].attrib
+assert failures[0].get("message").startswith("RuntimeFaultError: "), failures[0].attrib
+PY
+
+# Backend unavailable: exit 77, the JSON says backend_unavailable with the NotSupportedError, the
+# JUnit skips every case. The driver path carries XML markup and a byte that is no UTF-8: both
+# reports still parse (escaped; U+FFFD).
+hostile=$'/nonexistent/\xff<&"\'>]]>.so'
+ncuda=$("$ops" --backend cuda --list | wc -l)
+KILN_CUDA_DRIVER="$hostile" "$ops" --backend cuda --json "$tmp/na.json" --junit "$tmp/na.xml" \
+  > /dev/null 2>&1; rc=$?
+check "no CUDA driver with --json/--junit exits 77 (got $rc)" test "$rc" -eq 77
+check "JSON: backend unavailable, the set-up failure structured" $py - "$tmp/na.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["status"] == "backend_unavailable" and d["exit_status"] == 77 and d["backend"] == "cuda", d
+f = d["setup_failure"]
+assert f["name"] == "NotSupportedError" and f["site"] == "dlopen" and f["requested_bytes"] is None, f
+assert "/nonexistent/\ufffd<&\"'>]]>.so" in f["message"], f["message"]
+assert d["cases"] == [] and d["budget"]["limit_bytes"] is None, d
+PY
+check "JUnit: backend unavailable, every selected case skipped, markup escaped" \
+  $py - "$tmp/na.xml" "$ncuda" <<'PY'
+import sys, xml.etree.ElementTree as ET
+suite = ET.parse(sys.argv[1]).getroot().find("testsuite")
+cases = suite.findall("testcase")
+assert len(cases) == int(sys.argv[2]) == int(suite.get("skipped")) > 0, (len(cases), sys.argv[2])
+message = cases[0].find("skipped").get("message")
+assert message.startswith("backend unavailable: NotSupportedError") and "\ufffd<&\"'>]]>.so" in message, message
+PY
+KILN_CUDA_DRIVER="$fake_cuda" KILN_FAKE_CUDA_FAULTS='cuInit@*=100' "$ops" --backend cuda \
+  --filter fill/f32/tiny > "$tmp/nodev.txt" 2>&1; rc=$?
+check "a CUDA driver with no device (CUDA_ERROR_NO_DEVICE) exits 77 (got $rc)" test "$rc" -eq 77
+
+# --junit PATH: checked before any case runs; "-" is stdout; a report that cannot be written
+# in the end is status 1 said on stderr.
+"$ops" --junit /nonexistent/dir/x.xml --filter fill/f32/tiny > "$tmp/nojunit.txt" 2>&1; rc=$?
+check "an unwritable --junit path exits 2 before the run" test "$rc" -eq 2
+check "an unwritable --junit path is named with the reason" \
+  grep -q -- '--junit /nonexistent/dir/x.xml: cannot write there (No such file or directory)' "$tmp/nojunit.txt"
+check "an unwritable --junit path: no case ran" bash -c "! grep -q ': OK' '$tmp/nojunit.txt'"
+"$ops" --junit "$tmp" --filter fill/f32/tiny > "$tmp/dirjunit.txt" 2>&1; rc=$?
+check "--junit naming a directory exits 2 (got $rc)" test "$rc" -eq 2
+check "--junit naming a directory says why" grep -q 'cannot write there (Is a directory)' "$tmp/dirjunit.txt"
+"$ops" --junit "" --filter fill/f32/tiny > /dev/null 2> "$tmp/junit_empty.txt"; rc=$?
+check "--junit with an empty path exits 2" test "$rc" -eq 2
+check "--junit with an empty path says so" grep -q -- '--junit needs a file name' "$tmp/junit_empty.txt"
+"$ops" --junit > /dev/null 2>&1; check "--junit without a value exits 2" test $? -eq 2
+"$ops" --junit "$tmp/same" --json "$tmp/same" --filter fill/f32/tiny > /dev/null 2>&1; rc=$?
+check "--json and --junit to one file exits 2" test "$rc" -eq 2
+"$ops" --junit "$tmp/a.xml" --junit "$tmp/b.xml" --filter fill/f32/tiny > /dev/null 2>&1; rc=$?
+check "a repeated --junit exits 2" test "$rc" -eq 2
+"$ops" --junit - --filter fill/f32/tiny > "$tmp/junit_stdout.xml" 2> "$tmp/junit_stderr.txt"; rc=$?
+check "--junit - exits 0" test "$rc" -eq 0
+check "--junit - writes the XML alone to stdout" $py -c \
+  'import sys, xml.etree.ElementTree as ET; c = ET.parse(sys.argv[1]).getroot().findall(".//testcase"); assert [x.get("name") for x in c] == ["fill/f32/tiny"]' \
+  "$tmp/junit_stdout.xml"
+check "--junit - sends the verdict lines to stderr" grep -q 'fill/f32/tiny: OK' "$tmp/junit_stderr.txt"
+"$ops" --junit /dev/full --filter fill/f32/tiny > /dev/null 2> "$tmp/junit_full.txt"; rc=$?
+check "--junit into a full device exits 1 (got $rc)" test "$rc" -eq 1
+check "--junit into a full device says so" grep -q 'cannot write /dev/full' "$tmp/junit_full.txt"
 
 if [ "$failures" -ne 0 ]; then echo "kiln_ops_cli: $failures check(s) failed"; exit 1; fi
 echo "kiln_ops_cli: all checks passed"

@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <re2/re2.h>
 
+#include "kiln/executor/advice.h"
+
 namespace kiln::ops {
 namespace {
 
@@ -24,7 +26,8 @@ CaseResult run_case(const Case &c, LlvmRuntimeExecutor &ex) {
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!outcome) {
-    const Failure &f = outcome.error();
+    Failure &f = r.failure.emplace(std::move(outcome).error());
+    if (f.advice.empty()) advise(f, kKilnOpsKnobs);
     const ErrorKind kind = classify(f);
     r.error_name = std::string(error_name(kind));
     r.detail = describe(f, kKilnOpsKnobs);
@@ -41,6 +44,38 @@ CaseResult run_case(const Case &c, LlvmRuntimeExecutor &ex) {
   r.ledger_cached_bytes = in_use[static_cast<std::size_t>(MemoryCategory::pool_cache)];
   r.device_live_bytes = ex.device().live_allocation_bytes();
   return r;
+}
+
+/// The "[i/M] case" line on stderr (a TTY) while a case runs. Blanked with spaces, not an
+/// escape sequence, so that a dumb terminal is cleared too. Not thread-safe (one run, one line).
+class ProgressLine {
+ public:
+  explicit ProgressLine(bool enabled) : enabled_(enabled) {}
+  void show(std::size_t index, std::size_t total, const std::string &name) {
+    if (!enabled_) return;
+    clear();
+    const std::string line = fmt::format("[{}/{}] {}", index, total, name);
+    fmt::print(stderr, "{}\r", line);
+    width_ = line.size();
+  }
+  /// Blanks the line, so that the next line printed (verdict, summary) starts on a clean one.
+  void clear() {
+    if (!enabled_ || width_ == 0) return;
+    fmt::print(stderr, "{:{}}\r", "", width_);
+    width_ = 0;
+  }
+
+ private:
+  bool enabled_;
+  std::size_t width_ = 0;  ///< characters now on the line; 0 when blank
+};
+
+/// The budget the executor was given: its limit and reserve (no device call: a fake driver's
+/// scripted readings and fault counts stay those of the cases).
+BudgetReport budget_of(const LlvmRuntimeExecutor &ex) {
+  const runtime::MemoryStats stats = ex.memory().stats();
+  return BudgetReport{.known = true, .limit_bytes = stats.ledger.limit_bytes,
+                      .reserve_bytes = stats.reserve_bytes};
 }
 
 void print_result(std::FILE *out, const CaseResult &r) {
@@ -87,6 +122,7 @@ std::vector<Case> selected_cases(const SuiteOptions &options) {
 
 SuiteReport run_suite(const SuiteOptions &options) {
   SuiteReport report;
+  ProgressLine progress(options.progress);
   const std::vector<Case> cases = selected_cases(options);
   const std::size_t total = cases.size() * static_cast<std::size_t>(options.repeat);
   for (int rep = 0; rep < options.repeat; ++rep) {
@@ -96,6 +132,7 @@ SuiteReport run_suite(const SuiteOptions &options) {
       report.setup_failure = std::move(ex).error();
       return report;
     }
+    if (rep == 0) report.budget = budget_of(**ex);
     runtime::RequestFaultPlan &faults = (*ex)->memory().fault_plan();
     report.ledger_baseline_bytes = (*ex)->memory().in_use_bytes();
     if (options.fault_at != 0 && options.fault_at > report.allocations)
@@ -103,9 +140,10 @@ SuiteReport run_suite(const SuiteOptions &options) {
     else
       faults.fail_nth_allocation(FaultPlan::kNever);
     for (const Case &c : cases) {
-      if (options.progress)
-        fmt::print(stderr, "[{}/{}] {}\r", report.results.size() + 1, total, c.name);
+      progress.show(report.results.size() + 1, total, c.name);
       CaseResult r = run_case(c, **ex);
+      r.repetition = rep + 1;
+      progress.clear();
       print_result(options.out, r);
       report.ok += r.verdict == Verdict::ok;
       report.refused += r.verdict == Verdict::refused;
@@ -126,54 +164,6 @@ SuiteReport run_suite(const SuiteOptions &options) {
   }
   print_summary(options.out, report);
   return report;
-}
-
-namespace {
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20) out += fmt::format("\\u{:04x}", ch);
-        else out += ch;
-    }
-  }
-  return out + "\"";
-}
-constexpr const char *kVerdictNames[] = {"OK", "FAIL", "REFUSED"};
-}  // namespace
-
-RhiStatus write_json(const SuiteReport &report, const std::string &path) {
-  const bool to_stdout = path == "-";
-  std::FILE *file = to_stdout ? stdout : std::fopen(path.c_str(), "w");
-  if (file == nullptr)
-    return std::unexpected(make_failure(RhiResult::error, "kiln-ops", "write_json",
-                                        fmt::format("cannot write {}", path)));
-  fmt::print(file, "{{\n  \"cases\": [\n");
-  for (std::size_t i = 0; i < report.results.size(); ++i) {
-    const CaseResult &r = report.results[i];
-    fmt::print(file, "    {{\"name\": {}, \"verdict\": \"{}\", \"error\": {}, \"detail\": {}, \"seconds\": {:.6f}}}{}\n",
-               json_string(r.name), kVerdictNames[static_cast<int>(r.verdict)],
-               json_string(r.error_name), json_string(r.detail), r.seconds,
-               i + 1 < report.results.size() ? "," : "");
-  }
-  fmt::print(file, "  ],\n  \"setup_failure\": {},\n",
-             json_string(report.setup_failure ? describe(*report.setup_failure, kKilnOpsKnobs) : ""));
-  fmt::print(file, "  \"ok\": {}, \"refused\": {}, \"failed\": {}, \"allocations\": {},\n",
-             report.ok, report.refused, report.failed, report.allocations);
-  fmt::print(file, "  \"peak_bytes\": {{");
-  for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
-    fmt::print(file, "\"{}\": {}{}", to_string(static_cast<MemoryCategory>(i)), report.peak_bytes[i],
-               i + 1 < kNumMemoryCategories ? ", " : "");
-  fmt::print(file, "}}\n}}\n");
-  const bool ok = to_stdout ? std::fflush(file) == 0 && std::ferror(file) == 0 : std::fclose(file) == 0;
-  if (!ok)
-    return std::unexpected(make_failure(RhiResult::error, "kiln-ops", "write_json",
-                                        fmt::format("cannot write {}", to_stdout ? "stdout" : path)));
-  return {};
 }
 
 }  // namespace kiln::ops

@@ -34,9 +34,11 @@ enum class Verdict : uint8_t { ok, fail, refused };
 
 struct CaseResult {
   std::string name;
+  int repetition = 1;      ///< which run of the suite (1 .. SuiteOptions::repeat)
   Verdict verdict = Verdict::ok;
   std::string detail;      ///< FAIL: why; REFUSED: "<ErrorName>: <message>"
   std::string error_name;  ///< REFUSED / FAIL-by-error: the named error
+  std::optional<Failure> failure;  ///< REFUSED / FAIL-by-error: the failure, advice filled
   double seconds = 0.0;
   uint64_t ledger_after_bytes = 0;  ///< ledger total after the case (runtime state and code only)
   uint64_t ledger_code_bytes = 0;   ///< of which code_object (held by the JIT, not the device)
@@ -52,13 +54,22 @@ struct SuiteOptions {
   uint64_t max_array_bytes = 256ull << 20;
   std::shared_ptr<Program> program;  ///< reuse a compiled Program (tests); null = shared host one
   std::FILE *out = stdout;           ///< verdict lines and summary; null = silent
-  bool progress = false;             ///< "[i/M]" progress on stderr
+  /// "[i/M] case" on stderr while a case runs (a TTY), blanked before any other line is printed.
+  bool progress = false;
+};
+
+/// The budget a run had, read from the first executor (bytes). Unknown when set-up failed.
+struct BudgetReport {
+  bool known = false;
+  uint64_t limit_bytes = 0;    ///< the budget's limit
+  uint64_t reserve_bytes = 0;  ///< headroom kept free on the device
 };
 
 struct SuiteReport {
   std::vector<CaseResult> results;  ///< every case of every repetition, in order
   int ok = 0, refused = 0, failed = 0;
   CategoryBytes peak_bytes{};        ///< highest ledger bytes per category over the run
+  BudgetReport budget;
   uint64_t allocations = 0;          ///< driver allocation attempts counted from the first case
   uint64_t ledger_baseline_bytes = 0;  ///< ledger total after set-up (runtime state + code)
   uint64_t ledger_after_teardown_bytes = 0;  ///< ledger total once the executor is gone (0)
@@ -73,9 +84,8 @@ struct SuiteReport {
 /// The cases the options select (size limit and filter), in order; none for an invalid filter.
 [[nodiscard]] std::vector<Case> selected_cases(const SuiteOptions &options);
 /// Runs the suite. Never throws for device answers; a refused case does not stop the sweep.
+/// The JSON and JUnit reports of a run are written by report_json.h / report_junit.h.
 [[nodiscard]] SuiteReport run_suite(const SuiteOptions &options);
-/// Writes the report as JSON to `path` ("-": stdout). Errors: error when it cannot be written.
-[[nodiscard]] RhiStatus write_json(const SuiteReport &report, const std::string &path);
 
 }  // namespace kiln::ops
 

@@ -1,0 +1,106 @@
+// The JSON report of a kiln-ops run (nlohmann-json). The field names of a failure are those of
+// kiln's Python exceptions (requested_bytes, site, free_bytes, ...): one vocabulary.
+#include <nlohmann/json.hpp>
+
+#include "kiln/executor/errors.h"
+#include "reports.h"
+
+namespace kiln::ops {
+namespace {
+
+using json = nlohmann::ordered_json;  // fields in the order written here
+
+json category_bytes(const CategoryBytes &bytes) {
+  json out = json::object();
+  for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
+    out[std::string(to_string(static_cast<MemoryCategory>(i)))] = bytes[i];
+  return out;
+}
+
+/// A failure as structured fields. requested_bytes and category are null unless it is an
+/// out-of-memory refusal of an allocation (not a launch, a copy, a missing driver); memory is
+/// null when no picture was taken.
+json failure_json(const Failure &f) {
+  const bool allocation = f.result == RhiResult::out_of_memory && f.allocating;
+  json memory = nullptr;
+  if (f.has_memory)
+    memory = {{"free_bytes", f.memory.free_bytes},
+              {"total_bytes", f.memory.total_bytes},
+              {"limit_bytes", f.memory.limit_bytes},
+              {"reserve_bytes", f.memory.reserve_bytes},
+              {"live_age_ms", f.memory.live_age_ms},
+              {"in_use_bytes", category_bytes(f.memory.in_use_bytes)}};
+  return {{"name", error_name(classify(f))},
+          {"message", f.message()},
+          {"requested_bytes", allocation ? json(f.requested_bytes) : json(nullptr)},
+          {"category", allocation ? json(to_string(f.category)) : json(nullptr)},
+          {"site", f.site},
+          {"device", f.device},
+          {"driver_status", f.driver_status},
+          {"result", to_string(f.result)},
+          {"oom_source", to_string(f.oom_source)},
+          {"budget_check", to_string(f.budget_check)},
+          {"injected", f.injected},
+          {"detail", f.detail},
+          {"advice", f.advice},
+          {"context", f.context},
+          {"memory", memory}};
+}
+
+constexpr const char *kStatusNames[] = {"ok", "failed", "refused"};  // by Verdict
+
+json case_json(const CaseResult &r) {
+  const bool wrong_result = r.verdict == Verdict::fail && !r.failure;
+  return {{"name", r.name},
+          {"repetition", r.repetition},
+          {"status", kStatusNames[static_cast<int>(r.verdict)]},
+          {"seconds", r.seconds},
+          {"reason", wrong_result ? json(r.detail) : json(nullptr)},
+          {"error", r.failure ? failure_json(*r.failure) : json(nullptr)},
+          {"ledger_after_bytes", r.ledger_after_bytes},
+          {"device_live_bytes", r.device_live_bytes}};
+}
+
+json budget_json(const SuiteReport &report, const RunInfo &info) {
+  const BudgetReport &b = report.budget;
+  return {{"source", info.budget_source},
+          {"limit_bytes", b.known ? json(b.limit_bytes) : json(nullptr)},
+          {"reserve_bytes", b.known ? json(b.reserve_bytes) : json(nullptr)}};
+}
+
+}  // namespace
+
+std::string json_report(const SuiteReport &report, const RunInfo &info) {
+  const SuiteOptions &options = *info.options;
+  json cases = json::array();
+  for (const CaseResult &r : report.results) cases.push_back(case_json(r));
+  const json doc = {
+      {"schema_version", kJsonSchemaVersion},
+      {"tool", "kiln-ops"},
+      {"kiln_version", info.kiln_version},
+      {"backend", to_string(options.config.backend)},
+      {"status", to_string(info.exit_status)},
+      {"exit_status", static_cast<int>(info.exit_status)},
+      {"budget", budget_json(report, info)},
+      {"options",
+       {{"filter", options.filter},
+        {"repeat", options.repeat},
+        {"fault_at", options.fault_at},
+        {"max_array_bytes", options.max_array_bytes},
+        {"device_heap_bytes", options.config.device_heap_bytes}}},
+      {"summary",
+       {{"cases", report.results.size()},
+        {"ok", report.ok},
+        {"refused", report.refused},
+        {"failed", report.failed},
+        {"allocations", report.allocations}}},
+      {"peak_bytes", category_bytes(report.peak_bytes)},
+      {"teardown",
+       {{"ledger_bytes", report.ledger_after_teardown_bytes},
+        {"device_bytes", report.device_after_teardown_bytes}}},
+      {"setup_failure", report.setup_failure ? failure_json(*report.setup_failure) : json(nullptr)},
+      {"cases", std::move(cases)}};
+  return doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+}  // namespace kiln::ops
