@@ -1,0 +1,59 @@
+// What kiln's DLPack export (dlpack.cpp) and import (dlpack_import.cpp) share: the capsule
+// names, DLPack devices and dtypes as kiln names them, and calling into Python from a deleter.
+// DLPack 0.6 (Debian's <dlpack/dlpack.h>); see dlpack.cpp for the lifetimes and errors.
+#ifndef KILN_BINDINGS_PYTHON_DLPACK_COMMON_H_
+#define KILN_BINDINGS_PYTHON_DLPACK_COMMON_H_
+
+#include <dlpack/dlpack.h>
+#include <pybind11/pybind11.h>
+
+#include <optional>
+#include <string>
+
+#include "ndarray.h"
+
+namespace kiln::python::dlpack {
+
+namespace py = pybind11;
+
+inline constexpr const char *kCapsuleName = "dltensor";
+inline constexpr const char *kUsedCapsuleName = "used_dltensor";
+
+/// The DLPack device of a kiln device name: "cpu" and "mock" are host memory (kDLCPU, 0);
+/// "cuda:N" is (kDLCUDA, N); "amdgpu:N" is (kDLROCM, N).
+[[nodiscard]] DLDevice dl_device_of(const std::string &device_name);
+/// "cpu", "cuda:0", "rocm:1", "DLPack device type 4:0": a DLPack device as messages name it.
+[[nodiscard]] std::string describe_device(DLDevice device);
+/// The one-lane DLPack dtype of a kiln dtype.
+[[nodiscard]] DLDataType dl_dtype_of(DataType dtype);
+/// The kiln dtype of a one-lane DLPack dtype, or nullopt when kiln has none.
+[[nodiscard]] std::optional<DataType> kiln_dtype_of(DLDataType t);
+/// "float16", "uint8", "bool8", "complex64x4": a DLPack dtype as messages name it.
+[[nodiscard]] std::string describe_dtype(DLDataType t);
+
+/// Runs `fn` with the GIL held, whichever thread calls it, keeping any pending Python error.
+/// Once the interpreter is gone or finalizing (and this thread does not hold the GIL), `fn` is
+/// skipped: what it would release is leaked, never touched without a GIL. Never throws.
+template <class Fn>
+void with_gil(Fn &&fn) noexcept {
+  if (!Py_IsInitialized()) return;
+  if (!PyGILState_Check() && _Py_IsFinalizing()) return;
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  fn();
+  PyErr_Restore(type, value, traceback);
+  PyGILState_Release(gil);
+}
+
+/// The destructor of a "dltensor" capsule (exported by kiln, or handed to from_dlpack): the
+/// tensor's deleter runs only if no consumer took it (renamed "used_dltensor").
+void delete_unconsumed_capsule(PyObject *capsule);
+
+/// kiln.from_dlpack(x): a kiln.ndarray over `x`'s memory on the current executor (no copy).
+/// Errors: see dlpack.cpp.
+[[nodiscard]] PyArray from_dlpack(py::handle x);
+
+}  // namespace kiln::python::dlpack
+
+#endif  // KILN_BINDINGS_PYTHON_DLPACK_COMMON_H_
