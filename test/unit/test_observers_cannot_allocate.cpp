@@ -114,3 +114,24 @@ TEST_CASE("a free inside an observer keeps the block in its thread's cache", "[o
   CHECK(memory->stats().lock_free_hits == lock_free_before + 1);
   REQUIRE(memory->free(*again));
 }
+
+TEST_CASE("an OOM observer may not charge the memory it observes either", "[observer][oom]") {
+  // A charge (JIT code objects) takes budget as an allocation does: refused inside an observer,
+  // with nothing charged; uncharge and a charge after the observers are fine.
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(16_MiB));
+  std::optional<RhiStatus> inside;
+  const uint64_t id = memory->add_oom_observer([&](const Failure &) {
+    inside = memory->charge(MemoryCategory::code_object, 1_KiB);
+  });
+  CHECK_FALSE(memory->allocate(MemoryCategory::ndarray, 32_MiB));
+  REQUIRE(inside.has_value());
+  REQUIRE_FALSE(*inside);
+  CHECK(inside->error().result == RhiResult::invalid_usage);
+  CHECK(std::string_view(inside->error().site) == "DeviceMemory::check_not_observing");
+  CHECK(charged(*memory, MemoryCategory::code_object) == 0);
+  CHECK(memory->remove_oom_observer(id));
+  REQUIRE(memory->charge(MemoryCategory::code_object, 1_KiB));
+  CHECK(charged(*memory, MemoryCategory::code_object) == 1_KiB);
+  memory->uncharge(MemoryCategory::code_object, 1_KiB);
+}

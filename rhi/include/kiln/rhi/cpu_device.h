@@ -23,7 +23,7 @@ namespace kiln {
 /// Thread-safe.
 class CpuDevice final : public HostMemoryDevice {
  public:
-  static constexpr std::chrono::microseconds kReadingReuse{1000};
+  static constexpr std::chrono::microseconds kReadingReuse = MemoryReadingCache::kTickReuse;
   CpuDevice() : HostMemoryDevice("cpu") {}
   [[nodiscard]] Backend backend() const override { return Backend::cpu; }
   RhiExpected<MemoryInfo> memory_info() override;

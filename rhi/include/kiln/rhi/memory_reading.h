@@ -4,6 +4,7 @@
 #define KILN_RHI_MEMORY_READING_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 
 namespace kiln {
@@ -16,6 +17,11 @@ namespace kiln {
 /// one. Thread-safe.
 class MemoryReadingCache {
  public:
+  /// How long its owners reuse a reading: while CLOCK_MONOTONIC_COARSE has moved less than this,
+  /// i.e. within one kernel tick (1 to 10 ms). The one value behind CpuDevice::kReadingReuse,
+  /// FailurePicture::kReuse and DeviceMemory::kLiveReadingReuse.
+  static constexpr std::chrono::microseconds kTickReuse{1000};
+
   struct Reading {
     uint64_t free_bytes = 0;
     uint64_t total_bytes = 0;

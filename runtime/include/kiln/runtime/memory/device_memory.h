@@ -104,7 +104,7 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
 
   /// Charges bytes that live outside device allocations (e.g. JIT code objects) to `category`.
   /// Errors: out_of_memory (oom_source budget) as allocate; invalid_usage for pool_cache or a
-  /// value that is no category. Release with uncharge() (which ignores such categories).
+  /// value that is no category, or when called from an OOM observer of this memory. Release with uncharge() (which ignores such categories).
   [[nodiscard]] RhiStatus charge(MemoryCategory category, uint64_t size_bytes);
   void uncharge(MemoryCategory category, uint64_t size_bytes);
 

@@ -19,7 +19,7 @@ class FailurePicture {
   /// How long a reading may be reused for a budget refusal (whose verdict does not depend on it):
   /// while CLOCK_MONOTONIC_COARSE has moved less than this, i.e. within one kernel tick (1 to
   /// 10 ms), so that refusing stays cheap even in a loop.
-  static constexpr std::chrono::microseconds kReuse{1000};
+  static constexpr std::chrono::microseconds kReuse = MemoryReadingCache::kTickReuse;
 
   /// Sets `memory`'s free_bytes, total_bytes and live_age_ms: from a reading of this tick when
   /// `may_reuse` (live_age_ms then bounds its age, in whole ms rounded up), else from `device`
