@@ -17,11 +17,12 @@ DeviceContext::~DeviceContext() {
 }
 
 CodegenArch codegen_arch(const LlvmDevice &device) {
-  switch (device.backend()) {
-    case Backend::cpu:
-    case Backend::mock: return CodegenArch::host;
-    case Backend::cuda: return CodegenArch::nvptx64;
-    case Backend::amdgpu: return CodegenArch::amdgcn;
+  switch (device.backend()) {  // from rhi/backends.inc: each backend names its code arch
+#define KILN_BACKEND(name, code_arch) \
+  case Backend::name:                  \
+    return CodegenArch::code_arch;
+#include "kiln/rhi/backends.inc"
+#undef KILN_BACKEND
   }
   return CodegenArch::host;
 }

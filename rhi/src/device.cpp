@@ -7,7 +7,7 @@ namespace kiln {
 namespace {
 
 constexpr Backend kBackends[] = {
-#define KILN_BACKEND(name) Backend::name,
+#define KILN_BACKEND(name, code_arch) Backend::name,
 #include "kiln/rhi/backends.inc"
 #undef KILN_BACKEND
 };
@@ -16,7 +16,7 @@ constexpr Backend kBackends[] = {
 
 std::string_view to_string(Backend backend) {
   switch (backend) {
-#define KILN_BACKEND(name) \
+#define KILN_BACKEND(name, code_arch) \
   case Backend::name: return #name;
 #include "kiln/rhi/backends.inc"
 #undef KILN_BACKEND

@@ -25,7 +25,7 @@ class LlvmDevice;
 
 /// The backends kiln knows (backends.inc lists them; backend_registry.h makes their devices).
 enum class Backend : uint8_t {
-#define KILN_BACKEND(name) name,
+#define KILN_BACKEND(name, code_arch) name,
 #include "kiln/rhi/backends.inc"
 #undef KILN_BACKEND
 };
