@@ -133,7 +133,8 @@ RhiStatus recreate_executor(std::unique_ptr<LlvmRuntimeExecutor> &executor, Exec
 
 unsigned LlvmRuntimeExecutor::worker_threads() const { return launcher_->num_threads(); }
 
-RhiExpected<Ndarray> LlvmRuntimeExecutor::ndarray(DataType dtype, std::span<const int64_t> shape) {
+RhiExpected<std::shared_ptr<Ndarray::State>> LlvmRuntimeExecutor::new_array_state(
+    DataType dtype, std::span<const int64_t> shape) {
   auto info = compute_shape_info(dtype, shape);
   if (!info) {
     info.error().device = device().name();
@@ -144,6 +145,11 @@ RhiExpected<Ndarray> LlvmRuntimeExecutor::ndarray(DataType dtype, std::span<cons
   state->dtype = dtype;
   state->shape.assign(shape.begin(), shape.end());
   state->info = std::move(*info);
+  return state;
+}
+
+RhiExpected<Ndarray> LlvmRuntimeExecutor::ndarray(DataType dtype, std::span<const int64_t> shape) {
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<Ndarray::State> state, new_array_state(dtype, shape));
   if (state->info.size_bytes != 0) {
     auto alloc = context_->memory->allocate(MemoryCategory::ndarray, state->info.size_bytes);
     if (!alloc) {
@@ -159,16 +165,7 @@ RhiExpected<Ndarray> LlvmRuntimeExecutor::ndarray(DataType dtype, std::span<cons
 RhiExpected<Ndarray> LlvmRuntimeExecutor::wrap_external(DataType dtype, std::span<const int64_t> shape,
                                                         uint64_t address, std::function<void()> release) {
   constexpr const char *kSite = "wrap_external";
-  auto info = compute_shape_info(dtype, shape);
-  if (!info) {
-    info.error().device = device().name();
-    return std::unexpected(std::move(info).error());
-  }
-  auto state = std::make_shared<Ndarray::State>();
-  state->context = context_;
-  state->dtype = dtype;
-  state->shape.assign(shape.begin(), shape.end());
-  state->info = std::move(*info);
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<Ndarray::State> state, new_array_state(dtype, shape));
   if (state->info.size_bytes != 0) {
     if (address == 0 || address % itemsize(dtype) != 0)
       return std::unexpected(invalid_usage(

@@ -122,6 +122,10 @@ class LlvmRuntimeExecutor {
   [[nodiscard]] static RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> create_unguarded(
       ExecutorConfig config, std::shared_ptr<Program> program);
   [[nodiscard]] RhiStatus init_runtime();
+  /// A new array's state on this executor, its shape checked (no memory yet). Errors:
+  /// invalid_usage for a bad shape.
+  [[nodiscard]] RhiExpected<std::shared_ptr<Ndarray::State>> new_array_state(
+      DataType dtype, std::span<const int64_t> shape);
   [[nodiscard]] RhiStatus check_same(const char *op, const Ndarray &a, const Ndarray &b) const;
 
   ExecutorConfig config_;
