@@ -28,7 +28,8 @@ Result DeviceMemory::allocate_requests(std::span<const AllocRequest> requests,
   if (result.error().result == RhiResult::out_of_memory && notify_observers(result.error())) {
     retries_.fetch_add(1, std::memory_order_relaxed);
     result = try_requests<Result>(cache, requests, slots, growth, outright);
-    if (result) return result;
+    // Outright this time too when the observers are gone by now (one removed itself).
+    if (result || outright) return result;
     annotate(result.error());
   }
   count_refusal(result.error());

@@ -166,3 +166,23 @@ TEST_CASE("the retry after an OOM observer freed memory reuses the cache first",
   CHECK(charged(*memory, MemoryCategory::staging) == 8_MiB);
   REQUIRE(memory->free(*a));
 }
+
+TEST_CASE("a refusal is counted once when the retry after the observers is refused outright",
+          "[caching_pool][observer]") {
+  // The observer frees a little and removes itself: the retry finds no observer and is refused
+  // outright (counted there), and the refusal is not counted again on the way out.
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_uncached_memory(mock, fixed_limit(64_MiB));
+  auto keep = memory->allocate(MemoryCategory::ndarray, 1_MiB);
+  REQUIRE(keep);
+  uint64_t id = 0;
+  id = memory->add_oom_observer([&](const kiln::Failure &) {
+    REQUIRE(memory->free(*keep));
+    CHECK(memory->remove_oom_observer(id));
+  });
+  auto refused = memory->allocate(MemoryCategory::ndarray, 100_MiB);
+  REQUIRE_FALSE(refused);
+  CHECK(std::string_view(refused.error().site) == "DeviceMemory::refused_outright");
+  CHECK(memory->stats().retries == 1);
+  CHECK(memory->stats().ledger.refusals == 1);
+}
