@@ -11,8 +11,10 @@
 // "stream" is None: kiln's launches wait for the device before they return, so the memory is
 // ready on every stream and the consumer need not synchronize. Lifetime: as with numpy's
 // __array_interface__, the consumer holds a reference to the kiln.ndarray (keeping its memory
-// alive); the interface has no release hook, so an explicit a.free() while a consumer still uses
-// the pointer is not detected (use DLPack for a counted export).
+// alive); the interface has no release hook, so once the dictionary was read, a.free() is
+// refused for good (InvalidUsageError): a consumer may still use the pointer, and kiln cannot
+// know when it stops. The memory goes back when the array is garbage-collected (use DLPack for
+// an export that ends).
 //
 // Threading: called with the GIL held. Errors: AttributeError (not a CUDA array),
 // InvalidUsageError (a freed array).
@@ -37,13 +39,14 @@ bool is_cuda_device(const std::string &device) { return device.starts_with("cuda
 /// The version-3 dictionary for a CUDA array: shape, typestr, data (pointer, read-only flag),
 /// version, strides (None: C-contiguous) and stream (None: no synchronization needed).
 py::dict cuda_array_interface(py::handle self) {
-  const PyArray &a = as_array(self, "__cuda_array_interface__", "self");
+  PyArray &a = as_array(self, "__cuda_array_interface__", "self");
   if (!is_cuda_device(a.device))
     throw py::attribute_error(fmt::format("kiln.ndarray on {} has no __cuda_array_interface__ (only "
                                           "arrays of a CUDA executor do; use DLPack, or "
                                           "np.asarray on cpu and mock)",
                                           a.device));
   const uint64_t address = check(a.get("__cuda_array_interface__").device_address("__cuda_array_interface__"));
+  a.pointer_shared = true;  // no release hook: free() refuses from now on
   py::dict d;
   d["shape"] = py::tuple(py::cast(a.shape));
   d["typestr"] = numpy_dtype(a.dtype).attr("str");

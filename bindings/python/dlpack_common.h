@@ -37,7 +37,11 @@ inline constexpr const char *kUsedCapsuleName = "used_dltensor";
 template <class Fn>
 void with_gil(Fn &&fn) noexcept {
   if (!Py_IsInitialized()) return;
+#if PY_VERSION_HEX >= 0x030D0000  // Python 3.13 made it public (and removed the private name)
+  if (!PyGILState_Check() && Py_IsFinalizing()) return;
+#else
   if (!PyGILState_Check() && _Py_IsFinalizing()) return;
+#endif
   const PyGILState_STATE gil = PyGILState_Ensure();
   PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
   PyErr_Fetch(&type, &value, &traceback);

@@ -88,14 +88,16 @@ struct ImportSpec {
 
 /// Whether `t`'s strides (in elements; null means compact) are row-major and contiguous. The
 /// stride of a dimension of size 1 is irrelevant, and an empty tensor addresses nothing.
+/// A negative dimension, or one whose element count overflows, is left to the shape check
+/// (wrap_external names it): true.
 bool is_row_major(const DLTensor &t) {
   if (t.strides == nullptr) return true;
   for (int i = 0; i < t.ndim; ++i)
-    if (t.shape[i] == 0) return true;
+    if (t.shape[i] <= 0) return true;
   int64_t expected = 1;
   for (int i = t.ndim; i-- > 0;) {
     if (t.shape[i] != 1 && t.strides[i] != expected) return false;
-    expected *= t.shape[i];
+    if (__builtin_mul_overflow(expected, t.shape[i], &expected)) return true;
   }
   return true;
 }

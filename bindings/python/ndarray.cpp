@@ -77,6 +77,13 @@ void free_array(py::handle self) {
                                     "np.asarray, a DLPack capsule or the array a consumer made "
                                     "from it); delete them first",
                                     a.description, a.exports));
+  if (a.pointer_shared)
+    raise_invalid_usage(a.device, "free",
+                        fmt::format("ndarray {} handed its pointer out through "
+                                    "__cuda_array_interface__, which has no release: drop the "
+                                    "consumers (cupy/torch/numba arrays) and the array, and "
+                                    "garbage collection frees it",
+                                    a.description));
   const Ndarray &array = a.get("free");
   if (auto owner = a.owner.lock()) {
     check(owner->free(a.array));

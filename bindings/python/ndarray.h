@@ -38,6 +38,10 @@ struct PyArray {
   int busy = 0;          // launches using it with the GIL released
   int exports = 0;       // live exports: buffer views (memoryview, np.asarray) and DLPack capsules
   bool dropped = false;  // freed after its executor was replaced (handle released)
+  // Its raw pointer went out through __cuda_array_interface__ (no release hook): free() refuses
+  // for good, and the memory goes back only when the array is garbage-collected (the consumers
+  // hold a reference to it, as the interface's specification requires).
+  bool pointer_shared = false;
   std::vector<Py_ssize_t> view_shape, view_strides;  // in bytes, for the buffer protocol
 
   PyArray(Ndarray a, const std::shared_ptr<LlvmRuntimeExecutor> &ex);

@@ -56,3 +56,23 @@ def test_a_freed_cuda_array_gives_no_pointer(backend):
     a.free()
     with pytest.raises(kiln.InvalidUsageError, match="freed"):
         a.__cuda_array_interface__
+
+
+def test_free_is_refused_once_the_pointer_went_out(backend):
+    # The interface has no release: once its pointer is out, free() would let the memory be
+    # reused under a consumer. It is refused; garbage collection gives the memory back.
+    if backend.name != "cuda":
+        pytest.skip("__cuda_array_interface__ is for CUDA arrays only")
+    import gc
+    kiln.init(arch="cuda", device_heap_bytes=1 << 20)
+    before = kiln.memory_stats()["current_bytes"]["ndarray"]
+    a = kiln.ndarray(kiln.f32, 1024)
+    b = kiln.ndarray(kiln.f32, 1024)
+    assert a.__cuda_array_interface__["data"][0] != 0
+    with pytest.raises(kiln.InvalidUsageError, match="__cuda_array_interface__"):
+        a.free()
+    b.free()  # an array whose pointer never went out frees as before
+    assert kiln.memory_stats()["current_bytes"]["ndarray"] == before + 4096
+    del a
+    gc.collect()
+    assert kiln.memory_stats()["current_bytes"]["ndarray"] == before

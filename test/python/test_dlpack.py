@@ -459,3 +459,16 @@ def test_a_gpu_tensor_is_refused_by_a_cpu_executor(backend):
     with pytest.raises(kiln.InvalidUsageError, match="kiln.init"):
         kiln.from_dlpack(a)
     a.free()  # refused before anything was exported
+
+
+@pytest.mark.parametrize("shape, strides, words", [
+    ((1 << 40, 1 << 40, 1 << 20), (1 << 60, 1 << 20, 1), "overflow|too large|elements"),
+    ((-2, 3), (3, 1), "negative"),
+])
+def test_hostile_shapes_with_strides_are_named_by_the_shape_check(shape, strides, words):
+    # With strides given, the stride check multiplies the dimensions: a count that overflows or a
+    # negative dimension is left to the shape check, which names it (no overflow, no "strides").
+    t = CountingTensor(np.zeros(8, dtype=np.float32), shape, strides=strides)
+    with pytest.raises(kiln.InvalidUsageError, match=words):
+        kiln.from_dlpack(t.capsule)
+    assert t.calls == 0
