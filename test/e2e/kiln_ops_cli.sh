@@ -254,6 +254,10 @@ KILN_POOL_LIMIT_MB=32 "$ops" --filter fill/f32/tiny --json - 2> /dev/null > "$tm
 check "JSON: a budget from KILN_POOL_LIMIT_MB says so" $py -c \
   'import json, sys; b = json.load(open(sys.argv[1]))["budget"]; assert b["source"] == "KILN_POOL_LIMIT_MB" and b["limit_bytes"] == 32 << 20, b' \
   "$tmp/envsrc.json"
+KILN_POOL_LIMIT_MB= "$ops" --filter fill/f32/tiny --json - 2> /dev/null > "$tmp/envempty.json"
+check "JSON: an empty KILN_POOL_LIMIT_MB is unset, as the runtime reads it" $py -c \
+  'import json, sys; b = json.load(open(sys.argv[1]))["budget"]; assert b["source"] == "device", b' \
+  "$tmp/envempty.json"
 
 # A FAIL by a driver error (the fake driver's 1st cuMemcpyDtoH_v2 answers CUDA_ERROR_INVALID_VALUE):
 # exit 1; JSON and JUnit name the error, its site and driver status.

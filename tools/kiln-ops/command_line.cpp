@@ -151,9 +151,12 @@ std::string finish(CommandLine &cl, const CLI::App &app) {
       if (auto writable = check_writable(flag, *path); !writable) return writable.error().detail;
   if (app.count("--max-array-mb") == 0 && cl.suite.config.backend == Backend::mock)
     cl.suite.max_array_bytes = 16ull << 20;
-  cl.budget_source = app.count("--budget-mb") != 0                  ? "--budget-mb"
-                     : std::getenv("KILN_POOL_LIMIT_MB") != nullptr ? "KILN_POOL_LIMIT_MB"
-                                                                    : "device";
+  // As the runtime reads it (budget_config.cpp): set and not empty.
+  const char *env_limit = std::getenv("KILN_POOL_LIMIT_MB");
+  const bool env_limit_set = env_limit != nullptr && *env_limit != '\0';
+  cl.budget_source = app.count("--budget-mb") != 0 ? "--budget-mb"
+                     : env_limit_set                ? "KILN_POOL_LIMIT_MB"
+                                                    : "device";
   return {};
 }
 

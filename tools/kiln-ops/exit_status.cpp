@@ -5,6 +5,8 @@
 namespace kiln::ops {
 
 ExitStatus exit_status_of(const SuiteReport &report) {
+  // A failed case is never hidden behind "skipped" (a later repetition's set-up may fail).
+  if (report.failed != 0) return ExitStatus::failed;
   if (report.setup_failure)
     return classify(*report.setup_failure) == ErrorKind::not_supported
                ? ExitStatus::backend_unavailable
