@@ -89,6 +89,10 @@ def test_a_malformed_spec_raises_invalid_usage_and_arms_nothing():
     with pytest.raises(kiln.InvalidUsageError, match="not supported yet"):
         with kiln.testing.inject("kind=launch"):
             pass
+    with pytest.raises(kiln.InvalidTypeError):
+        with kiln.testing.inject(3):
+            pass
+    assert refused(1) == []
 
 
 SCRIPT = """
