@@ -63,11 +63,14 @@ void check_not_in_observer(const char *site);
 void remember_observer(uint64_t id);
 void forget_observer(uint64_t id);
 
-/// An open kiln.testing.fail_allocation block: the FaultPlan count at which it began and the
-/// count whose allocation fails.
+/// An open kiln.testing.fail_allocation or kiln.testing.inject block: the FaultPlan count at
+/// which it began, the count whose allocation fails (fail_allocation), and the setting it
+/// replaced (restored when an inject block, or a block inside one, exits).
 struct FaultBlock {
   uint64_t start_count;  // the plan's count when the block began
-  uint64_t fail_at;      // the count whose allocation fails
+  uint64_t fail_at;      // the count whose allocation fails (kNever for an inject block)
+  runtime::RequestFaultPlan::Setting previous;  // the plan's setting before the block armed
+  bool inject = false;   // an inject block (armed a FaultSpec)
 };
 /// The open blocks, innermost last. Guarded by the GIL; cleared when the executor is replaced.
 std::vector<FaultBlock> &fault_blocks();

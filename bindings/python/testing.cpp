@@ -1,5 +1,5 @@
-// The native part of kiln.testing (kiln/testing.py wraps it): fail_allocation blocks over the
-// executor's request fault plan, synthetic failures made into their exceptions, and C++
+// The native part of kiln.testing (kiln/testing.py wraps it): fail_allocation and inject blocks
+// over the executor's request fault plan, synthetic failures made into their exceptions, and C++
 // exceptions thrown through the module to test their translation.
 //
 // Threading: called with the GIL held; the fault blocks are guarded by the GIL
@@ -16,6 +16,7 @@
 #include <system_error>
 
 #include "conversions.h"
+#include "kiln/runtime/memory/fault_spec.h"
 #include "error_mapping.h"
 #include "executor_state.h"
 #include "registration.h"
@@ -34,23 +35,43 @@ void push_fault(py::handle at) {
                         fmt::format("fail_allocation(at={}): at must be an int >= 1", n));
   runtime::RequestFaultPlan &plan = executor()->memory().fault_plan();
   std::vector<FaultBlock> &blocks = fault_blocks();
+  runtime::RequestFaultPlan::Setting previous = plan.setting();
   if (blocks.empty()) plan.fail_nth_allocation(FaultPlan::kNever);  // the count starts at 0
   const uint64_t start = plan.allocation_count();
-  blocks.push_back({start, start + n});
+  blocks.push_back({start, start + n, std::move(previous), /*inject=*/false});
   plan.fail_at_count(start + n);
 }
 
-/// Leaves the innermost block: the outer block's plan is armed again (counting on from its own
-/// start), or the plan is cleared when it was the outermost.
+/// Enters an inject block: `spec` (FaultSpec grammar) decides every request from now on,
+/// replacing the plan's setting until the block exits. Errors: InvalidTypeError (not a str),
+/// InvalidUsageError (the spec does not parse: nothing is armed).
+void push_inject(py::handle spec_obj) {
+  const std::string text = to_text(spec_obj, "spec", "inject");
+  RhiExpected<runtime::FaultSpec> spec = runtime::FaultSpec::parse(text);
+  if (!spec) raise_invalid_usage("kiln", "inject", spec.error().detail);
+  runtime::RequestFaultPlan &plan = executor()->memory().fault_plan();
+  fault_blocks().push_back({plan.allocation_count(), FaultPlan::kNever, plan.setting(),
+                            /*inject=*/true});
+  plan.arm(*spec);
+}
+
+/// Leaves the innermost block (of either kind). An inject block, or any block inside another,
+/// restores the setting it replaced: an outer fail_allocation plan counts on from its own start,
+/// an outer spec goes on from what it had seen before the inner block. The outermost
+/// fail_allocation block clears the plan and restarts the count.
 void pop_fault() {
   runtime::RequestFaultPlan &plan = executor()->memory().fault_plan();
   std::vector<FaultBlock> &blocks = fault_blocks();
-  if (!blocks.empty()) blocks.pop_back();
   if (blocks.empty()) {
     plan.fail_nth_allocation(FaultPlan::kNever);
-  } else {
-    plan.fail_at_count(blocks.back().fail_at);
+    return;
   }
+  FaultBlock done = std::move(blocks.back());
+  blocks.pop_back();
+  if (blocks.empty() && !done.inject)
+    plan.fail_nth_allocation(FaultPlan::kNever);
+  else
+    plan.restore(done.previous);
 }
 
 /// Allocations since the innermost open block began (or, outside blocks, since the last one
@@ -116,6 +137,7 @@ void throw_cpp_exception(const std::string &kind) {
 
 void register_testing(py::module_ &m) {
   m.def("_push_fault", &push_fault, py::arg("at"), guarded());
+  m.def("_push_inject", &push_inject, py::arg("spec"), guarded());
   m.def("_pop_fault", &pop_fault, guarded());
   m.def("_fault_allocation_count", &fault_allocation_count, guarded());
   m.def("_throw_cpp_exception", &throw_cpp_exception, py::arg("kind"));

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "kiln/executor/launcher.h"
+#include "kiln/runtime/memory/fault_spec.h"
 #include "kiln/runtime/host_memory_guard.h"
 #include "kiln/runtime/thread_pool.h"
 
@@ -59,6 +60,10 @@ RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create(
 
 RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create_unguarded(
     ExecutorConfig config, std::shared_ptr<Program> program) {
+  // KILN_FAULT is checked before anything is opened, and armed once the executor is made, so
+  // that its counts start at the program's first request.
+  KILN_ASSIGN_OR_RETURN(const std::optional<runtime::FaultSpec> env_fault,
+                        runtime::fault_spec_from_env());
   auto context = std::make_shared<DeviceContext>();
   KILN_ASSIGN_OR_RETURN(context->device,
                         create_device(config.backend, DeviceOptions{.mock = config.mock}));
@@ -82,6 +87,7 @@ RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create_un
   std::unique_ptr<LlvmRuntimeExecutor> executor(
       new LlvmRuntimeExecutor(std::move(config), std::move(context), std::move(program)));
   KILN_RETURN_IF_ERROR(executor->init_runtime());
+  if (env_fault) executor->memory().fault_plan().arm(*env_fault);
   return executor;
 }
 

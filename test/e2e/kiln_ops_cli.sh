@@ -59,6 +59,32 @@ for k in 1 2 3 $((allocs / 3)) $((allocs / 2)) $((allocs - 1)) "$allocs"; do
     test "$(grep -c 'REFUSED DeviceOutOfMemoryError' "$tmp/fault.txt")" -eq 1
 done
 
+# --fault SPEC (issue 14): the first ndarray request fails, refusing exactly one case as
+# --fault-at does; KILN_FAULT does the same for an unmodified command line; bad specs exit 2.
+"$ops" --backend mock --max-array-mb 1 --fault nth=1,category=ndarray > "$tmp/spec.txt" 2>&1; rc=$?
+check "--fault nth=1,category=ndarray exits 0 (no crash)" test "$rc" -eq 0
+check "--fault nth=1,category=ndarray refuses exactly one case with DeviceOutOfMemoryError" \
+  test "$(grep -c 'REFUSED DeviceOutOfMemoryError' "$tmp/spec.txt")" -eq 1
+check "--fault nth=1,category=ndarray: no case FAILs" bash -c "! grep -q ': FAIL' '$tmp/spec.txt'"
+KILN_FAULT=nth=1,category=ndarray "$ops" --backend mock --max-array-mb 1 > "$tmp/spec_env.txt" 2>&1
+check "KILN_FAULT gives the verdicts --fault gives" cmp -s "$tmp/spec.txt" "$tmp/spec_env.txt"
+"$ops" --backend mock --max-array-mb 1 --fault min_bytes=1B > "$tmp/spec_all.txt" 2>&1; rc=$?
+check "--fault min_bytes=1B refuses every allocating case, exit 0" test "$rc" -eq 0
+check "--fault min_bytes=1B: no case OK or FAIL" bash -c "! grep -Eq ': (OK|FAIL)' '$tmp/spec_all.txt'"
+for spec in nth=0 nth=1,nth=2 p=2 seed=1 when=3 kind=lost category=gpu ""; do
+  "$ops" --fault "$spec" --list > /dev/null 2> "$tmp/badspec.txt"; rc=$?
+  check "--fault '$spec' exits 2" test "$rc" -eq 2
+  check "--fault '$spec' says what is wrong" grep -Eq -- "--fault( needs|: fault spec)" "$tmp/badspec.txt"
+done
+check "a bad --fault names the term and the grammar" grep -q "term 'category=gpu' names no memory category; grammar:" \
+  <("$ops" --fault category=gpu --list 2>&1)
+"$ops" --fault nth=1 --fault-at 2 --list > /dev/null 2> "$tmp/both.txt"; rc=$?
+check "--fault with --fault-at exits 2" test "$rc" -eq 2
+check "--fault with --fault-at says so" grep -q -- '--fault and --fault-at cannot both be given' "$tmp/both.txt"
+KILN_FAULT=nth=zero "$ops" --list > /dev/null 2> "$tmp/badenv.txt"; rc=$?
+check "a malformed KILN_FAULT exits 2" test "$rc" -eq 2
+check "a malformed KILN_FAULT is named" grep -q "KILN_FAULT: fault spec 'nth=zero'" "$tmp/badenv.txt"
+
 # Heap too small: DeviceHeapExhaustedError, and the following case still runs.
 "$ops" --heap-mb 0 --filter 'compact_heap/f32/small|fill/i64/tiny' > "$tmp/heap.txt" 2>&1
 check "heap exhaustion is REFUSED DeviceHeapExhaustedError" grep -q '^compact_heap/f32/small: REFUSED DeviceHeapExhaustedError' "$tmp/heap.txt"
@@ -137,7 +163,7 @@ for flag in --budget-mb --heap-mb --max-array-mb --mock-capacity-mb; do
 done
 "$ops" --repeat 0 --list > /dev/null 2>&1; check "--repeat 0 exits 2" test $? -eq 2
 "$ops" --threads 5000 --list > /dev/null 2>&1; check "--threads 5000 exits 2" test $? -eq 2
-for flag in --backend --filter --json; do
+for flag in --backend --filter --json --fault; do
   "$ops" "$flag" > /dev/null 2>&1; check "$flag without a value exits 2" test $? -eq 2
 done
 "$ops" --backend "" --list > /dev/null 2>&1; check "an empty --backend exits 2" test $? -eq 2

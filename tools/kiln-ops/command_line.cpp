@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "kiln/runtime/memory/fault_spec.h"
 #include "reports.h"
 
 namespace kiln::ops {
@@ -16,6 +17,8 @@ namespace {
 constexpr std::string_view kEnvironmentHelp =
     "Environment:\n"
     "  KILN_POOL_LIMIT_MB  the budget in MiB when --budget-mb is not given\n"
+    "  KILN_FAULT          a fault spec armed as --fault when neither --fault nor --fault-at is "
+    "given\n"
     "  KILN_CUDA_DRIVER    the CUDA driver library to load (default libcuda.so.1)\n"
     "  KILN_HIP_RUNTIME    the HIP runtime library to load (default libamdhip64.so)\n";
 
@@ -104,6 +107,14 @@ void add_options(CLI::App &app, CommandLine &cl, bool &version) {
       [&cl](const std::string &value) {
         cl.suite.fault_at = checked_integer("--fault-at", value, 0, UINT64_MAX);
       });
+  add_value(app, "--fault", "SPEC",
+            "a fault spec armed from the first case of each repetition, e.g. nth=3, "
+            "nth=2,category=staging, min_bytes=64MiB, p=0.25,seed=7 (grammar: README, Targeted faults)",
+            [&cl](const std::string &value) {
+              auto spec = runtime::FaultSpec::parse(value);
+              if (!spec) bad_value(fmt::format("--fault: {}", spec.error().detail));
+              cl.suite.fault = *spec;
+            });
   add_value(app, "--threads", "N", "CPU worker threads (default: all cores; at most 4096)",
             [&config](const std::string &value) {
               config.num_threads =
@@ -149,6 +160,12 @@ std::string finish(CommandLine &cl, const CLI::App &app) {
        {std::pair{"--json", &cl.json_path}, std::pair{"--junit", &cl.junit_path}})
     if (!cl.list && !path->empty())
       if (auto writable = check_writable(flag, *path); !writable) return writable.error().detail;
+  if (app.count("--fault") != 0 && app.count("--fault-at") != 0)
+    return "--fault and --fault-at cannot both be given (one fault setting per run)";
+  // KILN_FAULT is checked even when a flag overrides it: every executor checks it too.
+  auto env_fault = runtime::fault_spec_from_env();
+  if (!env_fault) return env_fault.error().detail;
+  if (app.count("--fault") == 0 && app.count("--fault-at") == 0) cl.suite.fault = *env_fault;
   if (app.count("--max-array-mb") == 0 && cl.suite.config.backend == Backend::mock)
     cl.suite.max_array_bytes = 16ull << 20;
   // As the runtime reads it (budget_config.cpp): set and not empty.

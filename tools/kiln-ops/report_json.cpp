@@ -86,6 +86,7 @@ std::string json_report(const SuiteReport &report, const RunInfo &info) {
        {{"filter", options.filter},
         {"repeat", options.repeat},
         {"fault_at", options.fault_at},
+        {"fault", options.fault ? json(options.fault->to_text()) : json(nullptr)},
         {"max_array_bytes", options.max_array_bytes},
         {"device_heap_bytes", options.config.device_heap_bytes}}},
       {"summary",

@@ -138,7 +138,8 @@ SuiteReport run_suite(const SuiteOptions &options) {
     if (options.fault_at != 0 && options.fault_at > report.allocations)
       faults.fail_nth_allocation(options.fault_at - report.allocations);
     else
-      faults.fail_nth_allocation(FaultPlan::kNever);
+      faults.fail_nth_allocation(FaultPlan::kNever);  // also disarms the executor's KILN_FAULT
+    if (options.fault) faults.arm(*options.fault);  // counts from here, allocation_count goes on
     for (const Case &c : cases) {
       progress.show(report.results.size() + 1, total, c.name);
       CaseResult r = run_case(c, **ex);

@@ -12,6 +12,7 @@
 
 #include "kiln/executor/errors.h"
 #include "kiln/executor/executor.h"
+#include "kiln/runtime/memory/fault_spec.h"
 
 namespace kiln::ops {
 
@@ -51,6 +52,9 @@ struct SuiteOptions {
   std::string filter;               ///< RE2 regex searched in case names; empty = all
   int repeat = 1;
   uint64_t fault_at = 0;            ///< 0 = no fault; else the N-th allocation from the first case fails
+  /// A fault spec armed afresh at the first case of each repetition (each repetition is the
+  /// same run); exclusive with fault_at. kiln-ops fills it from --fault or KILN_FAULT.
+  std::optional<runtime::FaultSpec> fault;
   uint64_t max_array_bytes = 256ull << 20;
   std::shared_ptr<Program> program;  ///< reuse a compiled Program (tests); null = shared host one
   std::FILE *out = stdout;           ///< verdict lines and summary; null = silent

@@ -425,9 +425,15 @@ def _push_fault(at: _Int) -> None:
     DeviceOutOfMemoryError. Errors: InvalidTypeError, InvalidUsageError (at < 1, beyond 2**63-1)."""
 
 
+def _push_inject(spec: str) -> None:
+    """Enters an inject block: the fault spec ``spec`` decides every allocation request until
+    the block exits. Errors: InvalidTypeError (not a str), InvalidUsageError (malformed spec;
+    nothing is armed)."""
+
+
 def _pop_fault() -> None:
-    """Leaves the innermost fail_allocation block: the outer block's plan is armed again, or the
-    plan is cleared."""
+    """Leaves the innermost fail_allocation or inject block: the setting it replaced is armed
+    again, or the plan is cleared."""
 
 
 def _fault_allocation_count() -> int:

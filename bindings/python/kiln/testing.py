@@ -6,7 +6,7 @@ from typing import Iterator, Literal, SupportsIndex
 from . import _kiln
 from ._errors import Error
 
-__all__ = ["fail_allocation", "allocation_count", "make_error"]
+__all__ = ["fail_allocation", "inject", "allocation_count", "make_error"]
 
 
 @contextlib.contextmanager
@@ -24,6 +24,28 @@ def fail_allocation(at: SupportsIndex = 1) -> Iterator[None]:
     Leaving the outermost block clears the plan, also when the block raises. Applies to the
     executor current at entry; kiln.init() inside a block ends every open block's plan."""
     _kiln._push_fault(at)
+    try:
+        yield
+    finally:
+        _kiln._pop_fault()
+
+
+@contextlib.contextmanager
+def inject(spec: str) -> Iterator[None]:
+    """Inside the block, allocation requests fail per the fault spec `spec`, the same text as
+    kiln-ops --fault and the KILN_FAULT variable: comma-separated key=value terms, e.g.
+    "nth=3" (the 3rd request from the start of the block fails), "nth=2,category=staging" (the
+    2nd staging request), "min_bytes=64MiB" (every request of at least 64 MiB; units B, KiB,
+    MiB, GiB), "p=0.25,seed=7" (each request with probability 0.25, drawn from splitmix64
+    seeded with 7). A faulted request raises kiln.DeviceOutOfMemoryError (a MemoryError), as if
+    the driver had refused it. Only kind=oom is supported yet; kind=lost/launch/heap and
+    kernel= raise kiln.InvalidUsageError, as does any malformed spec, before anything is armed.
+
+    On exit (also when the block raises) the setting the block replaced is restored: blocks nest
+    (inject and fail_allocation alike), and an outer spec goes on from what it had seen before
+    the inner block (requests inside the inner block do not count for it). Applies to the
+    executor current at entry; kiln.init() inside a block ends every open block's plan."""
+    _kiln._push_inject(spec)
     try:
         yield
     finally:

@@ -56,7 +56,10 @@ class LlvmRuntimeExecutor {
   /// device runtime state and heap chunk. Errors: those of create_device (backend_registry.h)
   /// and Program::create; out_of_memory when the heap chunk or code object does not fit, or the
   /// host has no memory left for the executor itself (oom_source host; a thread the host
-  /// refuses is error).
+  /// refuses is error); invalid_usage naming KILN_FAULT when that variable is set but is no
+  /// fault spec (runtime/memory/fault_spec.h), checked before the device is opened. A valid
+  /// KILN_FAULT is armed on memory().fault_plan() once the executor is made, so its counts start
+  /// at the first request after create().
   [[nodiscard]] static RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> create(
       ExecutorConfig config, std::shared_ptr<Program> program = nullptr);
   ~LlvmRuntimeExecutor();
