@@ -38,6 +38,7 @@
 #include <benchmark/benchmark.h>
 
 #include "bench_main.h"
+#include "summary_reporter.h"
 #include "host_baseline.h"
 #include <fmt/core.h>
 #include <unistd.h>
@@ -61,6 +62,8 @@
 #include "kiln/runtime/cpu_jit.h"
 
 namespace {
+
+using kiln::bench::SummaryReporter;
 
 using kiln::DataType;
 using kiln::bench::bench_memcpy;
@@ -150,39 +153,13 @@ void bench_cpu_jit_compile(benchmark::State &state) {
 // ---------------------------------------------------------------------------------------------
 constexpr const char *kJitCompileName = "kiln_cpu_jit_compile";
 
-// The summary: the console table as usual, plus each run's bytes per second kept by name.
-class SummaryReporter : public benchmark::ConsoleReporter {
- public:
-  using ConsoleReporter::ConsoleReporter;
-
-  void ReportRuns(const std::vector<Run> &runs) override {
-    ConsoleReporter::ReportRuns(runs);
-    for (const Run &run : runs) {
-      if (run.error_occurred) continue;
-      // With repetitions the mean aggregate comes after the repetitions and overwrites them.
-      if (run.run_type == Run::RT_Aggregate && run.aggregate_name != "mean") continue;
-      if (run.run_name.function_name == kJitCompileName) {
-        jit_compile_ms_ = run.GetAdjustedRealTime();  // the table's unit: ms
-        continue;
-      }
-      auto it = run.counters.find("bytes_per_second");
-      if (it != run.counters.end()) bytes_per_second_[run.run_name.function_name] = it->second.value;
-    }
-  }
-
-  /// GB/s (1e9 bytes per second) of the case named `name`, or a negative number if it did not run.
-  [[nodiscard]] double gb_per_s(const std::string &name) const {
-    auto it = bytes_per_second_.find(name);
-    return it == bytes_per_second_.end() ? -1.0 : it->second / 1e9;
-  }
-
-  /// Milliseconds per CPU JIT compile, or a negative number if that case did not run.
-  [[nodiscard]] double jit_compile_ms() const { return jit_compile_ms_; }
-
- private:
-  double jit_compile_ms_ = -1.0;
-  std::map<std::string, double> bytes_per_second_;
-};
+/// GB/s (1e9 bytes per second) of the case named `name`, or a negative number if it did not run.
+double gb_per_s(const SummaryReporter &reporter, const std::string &name) {
+  const SummaryReporter::Run *run = reporter.find(name);
+  if (run == nullptr) return -1.0;
+  auto it = run->counters.find("bytes_per_second");
+  return it == run->counters.end() ? -1.0 : it->second.value / 1e9;
+}
 
 std::string triad_name(uint64_t size) { return "baseline_triad/" + size_label(size); }
 std::string memcpy_name(uint64_t size) { return "baseline_memcpy/" + size_label(size); }
@@ -200,15 +177,15 @@ void print_summary(const SummaryReporter &reporter, unsigned num_threads) {
              num_threads);
   for (const uint64_t size : kSizesBytes) {
     const std::string size_text = size_label(size);
-    const double triad = reporter.gb_per_s(triad_name(size));
-    const double copy = reporter.gb_per_s(memcpy_name(size));
+    const double triad = gb_per_s(reporter, triad_name(size));
+    const double copy = gb_per_s(reporter, memcpy_name(size));
     if (triad >= 0 || copy >= 0) {
       fmt::print("  baseline {}: triad {}, memcpy {}\n", size_text, format_gb_per_s(triad),
                  format_gb_per_s(copy));
     }
     for (const std::string_view op : {"axpy", "reduce_sum"}) {
       for (const DataType dtype : kDataTypes) {
-        const double kiln = reporter.gb_per_s(kiln_name(op, dtype, size));
+        const double kiln = gb_per_s(reporter, kiln_name(op, dtype, size));
         if (kiln < 0) continue;
         const std::string ratio = triad > 0 ? fmt::format("{:.2f}", kiln / triad) : "n/a";
         fmt::print("  {} {} {}: {}, triad {}, ratio {}\n", op, kiln::to_string(dtype), size_text,
@@ -216,8 +193,8 @@ void print_summary(const SummaryReporter &reporter, unsigned num_threads) {
       }
     }
   }
-  if (reporter.jit_compile_ms() >= 0)
-    fmt::print("  cpu jit compile (CpuJit::create): {:.0f} ms\n", reporter.jit_compile_ms());
+  if (const double jit_s = reporter.seconds(kJitCompileName); jit_s >= 0)
+    fmt::print("  cpu jit compile (CpuJit::create): {:.0f} ms\n", jit_s * 1e3);
   std::fflush(stdout);
 }
 
@@ -262,8 +239,7 @@ int main(int argc, char **argv) {
 
   register_benchmarks();
   if (console_format) {
-    SummaryReporter reporter(isatty(STDOUT_FILENO) ? benchmark::ConsoleReporter::OO_ColorTabular
-                                                   : benchmark::ConsoleReporter::OO_Tabular);
+    SummaryReporter reporter("mean");
     benchmark::RunSpecifiedBenchmarks(&reporter);
     print_summary(reporter, config.num_threads);
   } else {

@@ -40,6 +40,7 @@
 #include <benchmark/benchmark.h>
 
 #include "bench_main.h"
+#include "summary_reporter.h"
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -57,6 +58,8 @@
 #include "kiln/runtime/memory/device_memory.h"
 
 namespace {
+
+using kiln::bench::SummaryReporter;
 
 using kiln::MemoryCategory;
 using kiln::runtime::BudgetConfig;
@@ -206,32 +209,6 @@ void bench_grow(benchmark::State &state, DeviceMemory *memory) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The summary: the console table as usual, plus each run's mean real time per iteration by name.
-class SummaryReporter : public benchmark::ConsoleReporter {
- public:
-  using ConsoleReporter::ConsoleReporter;
-
-  void ReportRuns(const std::vector<Run> &runs) override {
-    ConsoleReporter::ReportRuns(runs);
-    for (const Run &run : runs) {
-      if (run.error_occurred) continue;
-      // With repetitions the median aggregate comes after the repetitions and overwrites them.
-      if (run.run_type == Run::RT_Aggregate && run.aggregate_name != "median") continue;
-      seconds_[run.run_name.function_name] =
-          run.GetAdjustedRealTime() / benchmark::GetTimeUnitMultiplier(run.time_unit);
-    }
-  }
-
-  /// Seconds per iteration of the case named `name`, or a negative number if it did not run.
-  [[nodiscard]] double seconds(const std::string &name) const {
-    auto it = seconds_.find(name);
-    return it == seconds_.end() ? -1.0 : it->second;
-  }
-
- private:
-  std::map<std::string, double> seconds_;
-};
-
 std::string malloc_name(uint64_t size) { return "baseline_malloc/" + size_label(size); }
 std::string pool_name(uint64_t size) { return "pool_hit/" + size_label(size); }
 std::string grow_name(std::string_view device, bool live) {
@@ -320,8 +297,7 @@ int main(int argc, char **argv) {
 
   register_benchmarks();
   if (console_format) {
-    SummaryReporter reporter(isatty(STDOUT_FILENO) ? benchmark::ConsoleReporter::OO_ColorTabular
-                                                   : benchmark::ConsoleReporter::OO_Tabular);
+    SummaryReporter reporter("median");
     benchmark::RunSpecifiedBenchmarks(&reporter);
     print_summary(reporter);
   } else {
