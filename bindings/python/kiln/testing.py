@@ -5,8 +5,10 @@ from typing import Iterator, Literal, SupportsIndex
 
 from . import _kiln
 from ._errors import Error
+from ._sweep import NondeterministicWorkloadError, SweepError, SweepReport, SweepRun, sweep
 
-__all__ = ["fail_allocation", "inject", "allocation_count", "make_error"]
+__all__ = ["fail_allocation", "inject", "allocation_count", "make_error", "sweep", "SweepReport",
+           "SweepRun", "SweepError", "NondeterministicWorkloadError"]
 
 
 @contextlib.contextmanager

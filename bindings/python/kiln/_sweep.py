@@ -1,0 +1,134 @@
+"""kiln.testing.sweep: run a workload once per allocation request it makes, with that one
+failing, and check kiln's contract after each run (see sweep's docstring)."""
+
+import dataclasses
+import gc
+from typing import Any, Callable
+
+from . import _kiln
+from ._errors import OutOfMemoryError
+
+# Armed for the counting run: a request number no workload reaches.
+_NEVER = 1 << 62
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepRun:
+    """One run of a sweep: allocation request `at` (1-based) failed."""
+
+    at: int
+    raised: str | None  # the exception's class name, or None when the workload succeeded anyway
+    category: str | None  # the refused request's category, as the kiln error names it
+    detail: str  # the exception's message ("" when none was raised)
+    leaked_bytes: dict[str, int]  # category -> bytes held above the baseline after the run
+    raised_oom: bool = False  # what was raised is a kiln.OutOfMemoryError
+
+    @property
+    def ok(self) -> bool:
+        """Succeeded or raised a kiln out-of-memory error, and held nothing more than before."""
+        raised_ok = self.raised is None or self.raised_oom
+        return raised_ok and not self.leaked_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepReport:
+    """What sweep() saw: the allocation requests of the clean run and one SweepRun each."""
+
+    allocations: int
+    runs: tuple[SweepRun, ...]
+
+    @property
+    def broken(self) -> tuple[SweepRun, ...]:
+        """The runs that broke the contract."""
+        return tuple(r for r in self.runs if not r.ok)
+
+    def __str__(self) -> str:
+        lines = [f"sweep: {self.allocations} allocation request(s), {len(self.runs)} run(s), "
+                 f"{len(self.broken)} broke the contract"]
+        for r in self.broken:
+            what = "succeeded" if r.raised is None else f"raised {r.raised}: {r.detail}"
+            leak = ", ".join(f"{k} {v} B" for k, v in sorted(r.leaked_bytes.items()))
+            lines.append(f"  request {r.at} failed ({r.category or 'category unknown'}): {what}"
+                         + (f"; left held: {leak}" if leak else ""))
+        return "\n".join(lines)
+
+
+class SweepError(AssertionError):
+    """A sweep found a run that broke the contract; `report` says which and how."""
+
+    def __init__(self, message: str, report: SweepReport | None = None):
+        super().__init__(message)
+        self.report = report
+
+
+class NondeterministicWorkloadError(SweepError):
+    """The workload made fewer allocation requests in a run than the sweep armed a fault for:
+    it does not allocate the same way each time (so a sweep cannot aim at each request)."""
+
+
+def _held_bytes() -> dict[str, int]:
+    """Bytes kiln holds per category, the caching pool's own blocks left out."""
+    gc.collect()  # arrays in reference cycles (e.g. a traceback's frames) are freed first
+    current = _kiln.memory_stats()["current_bytes"]
+    return {k: v for k, v in current.items() if k != "pool_cache"}
+
+
+def _run_with_fault(at: int, fn: Callable[..., Any], args: Any, kwargs: Any,
+                    baseline: dict[str, int]) -> tuple[SweepRun, int]:
+    _kiln._push_fault(at)
+    error: BaseException | None = None
+    try:
+        fn(*args, **kwargs)
+    except BaseException as e:  # noqa: B902 - every exception is the sweep's to judge
+        error = e
+    finally:
+        count = _kiln._fault_allocation_count()
+        _kiln._pop_fault()
+    raised = None if error is None else type(error).__name__
+    detail = "" if error is None else str(error).splitlines()[0] if str(error) else ""
+    category = getattr(error, "category", None) if isinstance(error, OutOfMemoryError) else None
+    oom = isinstance(error, OutOfMemoryError)
+    if error is not None and not isinstance(error, Exception):
+        raise error  # KeyboardInterrupt, SystemExit: not the workload's answer
+    del error
+    held = _held_bytes()
+    leaked = {k: v - baseline.get(k, 0) for k, v in held.items() if v > baseline.get(k, 0)}
+    return SweepRun(at, raised, category, detail, leaked, oom), count
+
+
+def sweep(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SweepReport:
+    """Runs fn(*args, **kwargs) once to count its allocation requests (N), then N more times,
+    the i-th time with request i failing (kiln.DeviceOutOfMemoryError, as
+    kiln.testing.fail_allocation(at=i) gives). After each run it checks kiln's contract for the
+    workload: fn either returned or raised a kiln.OutOfMemoryError (not another exception), and
+    the bytes kiln holds per category (the caching pool left out) are back at what they were
+    before the sweep. Returns a SweepReport (N, and per run the request that failed, its category,
+    what was raised, what was left held).
+
+    Errors: SweepError (with .report) when a run broke the contract, raised after every run, or
+    when the clean run itself raises (from that exception); NondeterministicWorkloadError when a
+    run made fewer than i requests (the workload does not allocate the same way each time).
+    Nothing stays armed after sweep returns or raises. fn runs on the executor current at the
+    call; it must not call kiln.init. Not thread-safe: no other thread may allocate meanwhile."""
+    baseline = _held_bytes()
+    _kiln._push_fault(_NEVER)
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:
+        raise SweepError(f"sweep: the workload fails without any fault: {type(e).__name__}: {e}") from e
+    finally:
+        allocations = _kiln._fault_allocation_count()
+        _kiln._pop_fault()
+    runs: list[SweepRun] = []
+    for at in range(1, allocations + 1):
+        run, count = _run_with_fault(at, fn, args, kwargs, baseline)
+        if count < at:
+            report = SweepReport(allocations, tuple(runs))
+            raise NondeterministicWorkloadError(
+                f"sweep: run {at} made {count} allocation request(s), the clean run {allocations}: "
+                f"the workload does not allocate the same way each time", report)
+        runs.append(run)
+    report = SweepReport(allocations, tuple(runs))
+    if report.broken:
+        raise SweepError(str(report), report)
+    return report
