@@ -66,6 +66,8 @@ setup(
     # The extension's type stub and the PEP 561 marker: type checkers read the installed package.
     package_data={"kiln": ["py.typed", "_kiln.pyi"]},
     ext_modules=[Extension("kiln._kiln", sources=[])],
+    # pytest finds kiln's plugin in an installed kiln (-p kiln.pytest_plugin works without it).
+    entry_points={"pytest11": ["kiln = kiln.pytest_plugin"]},
     cmdclass={"build_ext": CMakeBuild},
     options={"build": {"build_base": str(SETUPTOOLS_DIR)}, "egg_info": {"egg_base": str(SETUPTOOLS_DIR)}},
 )

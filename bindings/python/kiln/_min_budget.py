@@ -82,3 +82,7 @@ def min_budget(fn: Callable[..., Any], *args: Any, max_budget_bytes: int = 1 << 
         refused="" if below is None else f"{type(below).__name__}: {str(below).splitlines()[0]}",
         refused_category=None if below is None else below.category,
         refused_bytes=None if below is None else below.requested_bytes, runs=runs)
+
+
+for _public in (BudgetReport, MinBudgetError):
+    _public.__module__ = "kiln.testing"  # where users import it from

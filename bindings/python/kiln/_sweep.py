@@ -132,3 +132,7 @@ def sweep(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SweepReport:
     if report.broken:
         raise SweepError(str(report), report)
     return report
+
+
+for _public in (SweepRun, SweepReport, SweepError, NondeterministicWorkloadError):
+    _public.__module__ = "kiln.testing"  # where users import it from

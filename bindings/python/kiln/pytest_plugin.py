@@ -1,0 +1,85 @@
+"""kiln's pytest plugin: a fresh kiln executor per test on the backends you choose, a leak check
+after each test that uses it, and a marker that runs a test under kiln.testing.sweep.
+
+Enable it with `-p kiln.pytest_plugin` (or `pytest_plugins = ["kiln.pytest_plugin"]` in a
+conftest.py); an installed kiln also registers it through the `pytest11` entry point.
+
+Options:
+    --kiln-backend NAME   cpu, mock, cuda or amdgpu; repeat it to run each test on several
+                          (default cpu). cuda and amdgpu need a driver (KILN_CUDA_DRIVER /
+                          KILN_HIP_RUNTIME may name kiln's fake ones); where a backend is not
+                          available the test is skipped, saying why.
+    --kiln-budget-mb N    the memory budget of each test's executor (default: kiln's own).
+
+Fixture `kiln_backend`: makes the executor (kiln.init) for the test, yields the backend name;
+after the test, the bytes kiln holds per category (the caching pool left out) must be back at
+what they were right after kiln.init, else the test fails naming what was left, by category.
+Marker `@pytest.mark.kiln_sweep`: the test body runs under kiln.testing.sweep (once per
+allocation request, that request failing); a run that raised anything but a
+kiln.OutOfMemoryError or left memory held fails the test with the sweep's report.
+Not thread-safe (kiln has one global executor): run tests that use it in one process each."""
+
+import gc
+import inspect
+from typing import Any, Iterator
+
+import pytest
+
+import kiln
+import kiln.testing
+
+BACKENDS = ("cpu", "mock", "cuda", "amdgpu")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kiln")
+    group.addoption("--kiln-backend", action="append", choices=BACKENDS, dest="kiln_backends",
+                    help="backend for the kiln_backend fixture; repeat for several (default cpu)")
+    group.addoption("--kiln-budget-mb", type=int, default=None, dest="kiln_budget_mb",
+                    help="memory budget in MiB of each test's kiln executor")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "kiln_sweep: run the test under kiln.testing.sweep "
+                                       "(a fault at each of its allocation requests in turn)")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "kiln_backend" in metafunc.fixturenames:
+        backends = metafunc.config.getoption("kiln_backends") or ["cpu"]
+        metafunc.parametrize("kiln_backend", backends, indirect=True)
+
+
+def _held_bytes() -> dict[str, int]:
+    gc.collect()
+    current = kiln.memory_stats()["current_bytes"]
+    return {k: v for k, v in current.items() if k != "pool_cache"}
+
+
+@pytest.fixture
+def kiln_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh kiln executor on the backend of this test's parameter; the leak check after."""
+    backend: Any = getattr(request, "param", "cpu")  # one of BACKENDS (the option's choices)
+    budget_mb = request.config.getoption("kiln_budget_mb")
+    options: dict[str, Any] = {} if budget_mb is None else {"budget_bytes": budget_mb << 20}
+    try:
+        kiln.init(arch=backend, **options)
+    except kiln.NotSupportedError as e:
+        pytest.skip(f"kiln backend {backend} is not available here: {e}")
+    baseline = _held_bytes()
+    yield backend
+    held = _held_bytes()
+    leaked = {k: v - baseline.get(k, 0) for k, v in held.items() if v > baseline.get(k, 0)}
+    if leaked:
+        what = ", ".join(f"{k} {v} bytes" for k, v in sorted(leaked.items()))
+        pytest.fail(f"kiln leak: the test left held on {backend}: {what}", pytrace=False)
+
+
+@pytest.hookimpl(tryfirst=True)  # type: ignore[misc]  # pytest 7.2's hookimpl is untyped
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    if pyfuncitem.get_closest_marker("kiln_sweep") is None:
+        return None
+    names = inspect.signature(pyfuncitem.obj).parameters
+    arguments = {name: pyfuncitem.funcargs[name] for name in names}
+    kiln.testing.sweep(pyfuncitem.obj, **arguments)
+    return True

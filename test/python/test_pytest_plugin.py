@@ -1,0 +1,81 @@
+"""kiln.pytest_plugin, run as a user would (`pytest -p kiln.pytest_plugin`, in a subprocess on a
+scratch test file): the kiln_backend fixture runs a test once per --kiln-backend; its leak check
+fails a test that leaves memory held, naming the category; the kiln_sweep marker passes a test
+that keeps the contract and fails one that turns an out-of-memory error into another."""
+import os
+import subprocess
+import sys
+import textwrap
+
+USER_TESTS = textwrap.dedent('''
+    import pytest
+    import kiln
+
+    kept = []
+
+    def test_clean(kiln_backend):
+        a = kiln.ndarray(kiln.f32, 1024)
+        a.free()
+
+    def test_leaks(kiln_backend):
+        kept.append(kiln.ndarray(kiln.f32, 1024))  # never freed
+
+    @pytest.mark.kiln_sweep
+    def test_sweep_keeps_the_contract(kiln_backend):
+        a = kiln.ndarray(kiln.f32, 16)
+        try:
+            kiln.fill(a, 1)
+        finally:
+            a.free()
+
+    @pytest.mark.kiln_sweep
+    def test_sweep_wrong_catch(kiln_backend):
+        try:
+            kiln.ndarray(kiln.f32, 16).free()
+        except MemoryError:
+            raise RuntimeError("hidden out-of-memory")
+''')
+
+
+def run_pytest(tmp_path, *args):
+    (tmp_path / "test_user.py").write_text(USER_TESTS)
+    env = dict(os.environ)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "kiln.pytest_plugin", "-p", "no:cacheprovider",
+         "-rA", "-q", str(tmp_path / "test_user.py"), *args],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+
+
+def outcomes(stdout, name):
+    """The -rA summary words of test `name`: {"PASSED", "ERROR"} for a call that passed and a
+    teardown that failed."""
+    return {line.split()[0] for line in stdout.splitlines()
+            if line.split()[:1] and line.split()[0] in ("PASSED", "FAILED", "ERROR")
+            and line.split()[1].endswith("::" + name)}
+
+
+def test_the_plugin_runs_each_backend_checks_leaks_and_sweeps(tmp_path):
+    done = run_pytest(tmp_path, "--kiln-backend", "cpu", "--kiln-backend", "mock")
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    for backend in ("cpu", "mock"):
+        assert outcomes(out, f"test_clean[{backend}]") == {"PASSED"}, out
+        assert outcomes(out, f"test_sweep_keeps_the_contract[{backend}]") == {"PASSED"}, out
+        assert "ERROR" in outcomes(out, f"test_leaks[{backend}]"), out  # its teardown failed
+        assert outcomes(out, f"test_sweep_wrong_catch[{backend}]") == {"FAILED"}, out
+    assert "kiln leak: the test left held on mock: ndarray 4096 bytes" in out
+    assert "kiln.testing.SweepError" in out and "raised RuntimeError: hidden out-of-memory" in out
+
+
+def test_an_unavailable_backend_is_skipped_saying_why(tmp_path):
+    env_driver = os.environ.pop("KILN_CUDA_DRIVER", None)
+    try:
+        os.environ["KILN_CUDA_DRIVER"] = str(tmp_path / "no-such-libcuda.so")
+        done = run_pytest(tmp_path, "--kiln-backend", "cuda", "-k", "test_clean")
+    finally:
+        os.environ.pop("KILN_CUDA_DRIVER")
+        if env_driver is not None:
+            os.environ["KILN_CUDA_DRIVER"] = env_driver
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out  # all skipped
+    assert "1 skipped" in out and "kiln backend cuda is not available here" in out, out
