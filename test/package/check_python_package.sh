@@ -32,6 +32,9 @@ try:
     raise SystemExit("a 256 MiB array under a 64 MiB budget was not refused")
 except kiln.BudgetExceededError as e:
     assert isinstance(e, MemoryError)
+from importlib.metadata import entry_points  # pytest finds kiln's plugin in the install
+assert [e.value for e in entry_points(group="pytest11") if e.name == "kiln"] == ["kiln.pytest_plugin"]
+import kiln.pytest_plugin  # noqa: F401
 print("kiln", kiln.__version__, "from", kiln.__file__)
 PY
   )
