@@ -19,6 +19,16 @@ uint64_t saturating_add(uint64_t a, uint64_t b) { return b > UINT64_MAX - a ? UI
 template <class Result>
 Result DeviceMemory::allocate_requests(std::span<const AllocRequest> requests,
                                        std::span<Slot> slots, std::span<CategoryRequest> growth) {
+  // Every return is a prvalue or the one named result (allocate_admitted's): a refusal's Failure
+  // is built in the caller's result, never moved on the way.
+  if (auto admitted = admit(requests); !admitted)
+    return Result(std::unexpect, std::move(admitted).error());
+  return allocate_admitted<Result>(requests, slots, growth);
+}
+
+template <class Result>
+Result DeviceMemory::allocate_admitted(std::span<const AllocRequest> requests,
+                                       std::span<Slot> slots, std::span<CategoryRequest> growth) {
   Cache *cache = bind_cache();
   bool outright = false;
   Result result = try_requests<Result>(cache, requests, slots, growth, outright);
@@ -83,10 +93,9 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate_locked_path(MemoryCategory 
                                                                  bool zero_fill) {
   const AllocRequest request{category, size_bytes, zero_fill};
   const std::span<const AllocRequest> one(&request, 1);
-  KILN_RETURN_IF_ERROR(admit(one));
   Slot slot;  // one request's bookkeeping on the stack: no heap allocation on this path
   CategoryRequest growth;
-  // The result is built where it is returned: a refusal's Failure is never moved on the way.
+  // The result is built where it is returned (one return: the named value's copy is elided).
   auto result = allocate_requests<RhiExpected<DeviceAllocation>>(one, std::span(&slot, 1),
                                                                  std::span(&growth, 1));
   if (result) *result = slot.block;
@@ -95,7 +104,6 @@ RhiExpected<DeviceAllocation> DeviceMemory::allocate_locked_path(MemoryCategory 
 
 RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_group(
     std::span<const AllocRequest> requests) {
-  KILN_RETURN_IF_ERROR(admit(requests));
   std::vector<Slot> slots(requests.size());
   std::vector<CategoryRequest> growth(requests.size());
   KILN_RETURN_IF_ERROR(allocate_requests<RhiStatus>(requests, slots, growth));

@@ -202,8 +202,8 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
     uint64_t class_bytes = 0;
     MemoryCategory category = MemoryCategory::ndarray;
   };
-  /// The one locked allocation path, for a single request and a group alike (admitted
-  /// requests): cache hits first, then the misses grow together or are refused; an
+  /// The one locked allocation path, for a single request and a group alike: admit (validate,
+  /// the fault plan), then cache hits, then the misses grow together or are refused; an
   /// out-of-memory failure is annotated, told to the observers (and tried once more if they
   /// freed memory) and counted (count_refusal). `slots` and
   /// `growth` have one element per request (the caller's storage: the single allocate keeps it
@@ -213,6 +213,10 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
   /// refusal is built where it is returned.
   template <class Result>
   [[nodiscard]] Result allocate_requests(std::span<const AllocRequest> requests,
+                                         std::span<Slot> slots, std::span<CategoryRequest> growth);
+  /// allocate_requests after admit() let the requests in.
+  template <class Result>
+  [[nodiscard]] Result allocate_admitted(std::span<const AllocRequest> requests,
                                          std::span<Slot> slots, std::span<CategoryRequest> growth);
   /// Takes cached blocks for the requests it can (one lock for all); returns how many.
   [[nodiscard]] std::size_t take_cached(Cache *cache, std::span<const AllocRequest> requests,
