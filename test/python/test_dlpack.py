@@ -438,7 +438,8 @@ def test_gpu_round_trip_through_dlpack_shares_device_memory(backend):
     with pytest.raises(kiln.InvalidUsageError):
         a.free()
     del b
-    a.free()
+    if backend.name != "cuda":  # a CUDA array whose interface was read: garbage collection frees it
+        a.free()
 
 
 def test_gpu_exports_accept_any_stream_as_kilns_memory_is_ready_on_every_stream(backend):
