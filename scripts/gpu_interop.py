@@ -15,12 +15,12 @@ Each check prints one line, PASS, FAIL or SKIP with its reason, to stdout and RE
   whose free_bytes is the free memory CuPy/PyTorch report at that moment (within 64 MiB: kiln's
   own growth in between) and whose total_bytes is the device's total.
 
-Skips cleanly, saying why, where kiln does not import contextlib
-import (a Python other than the one kiln was
+Skips cleanly, saying why, where kiln does not import (a Python other than the one kiln was
 built for), where kiln has no CUDA executor (no driver, no GPU) and where CuPy or PyTorch are
 absent. Exit status: 0 when nothing failed (skips included), 1 when a check failed.
 Written without a GPU at hand: it has not run on a real GPU yet.
 """
+import contextlib
 import sys
 import traceback
 
