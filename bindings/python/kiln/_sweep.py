@@ -73,6 +73,12 @@ def _held_bytes() -> dict[str, int]:
     return {k: v for k, v in current.items() if k != "pool_cache"}
 
 
+def _held_above(baseline: dict[str, int]) -> dict[str, int]:
+    """Bytes held now above `baseline` (a _held_bytes() reading), per category that grew."""
+    held = _held_bytes()
+    return {k: v - baseline.get(k, 0) for k, v in held.items() if v > baseline.get(k, 0)}
+
+
 def _run_with_fault(at: int, fn: Callable[..., Any], args: Any, kwargs: Any,
                     baseline: dict[str, int]) -> tuple[SweepRun, int]:
     _kiln._push_fault(at)
@@ -91,9 +97,7 @@ def _run_with_fault(at: int, fn: Callable[..., Any], args: Any, kwargs: Any,
     if error is not None and not isinstance(error, Exception):
         raise error  # KeyboardInterrupt, SystemExit: not the workload's answer
     del error
-    held = _held_bytes()
-    leaked = {k: v - baseline.get(k, 0) for k, v in held.items() if v > baseline.get(k, 0)}
-    return SweepRun(at, raised, category, detail, leaked, oom), count
+    return SweepRun(at, raised, category, detail, _held_above(baseline), oom), count
 
 
 def sweep(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SweepReport:

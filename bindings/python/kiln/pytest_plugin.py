@@ -19,7 +19,6 @@ allocation request, that request failing); a run that raised anything but a
 kiln.OutOfMemoryError or left memory held fails the test with the sweep's report.
 Not thread-safe (kiln has one global executor): run tests that use it in one process each."""
 
-import gc
 import inspect
 from typing import Any, Iterator
 
@@ -27,6 +26,7 @@ import pytest
 
 import kiln
 import kiln.testing
+from kiln._sweep import _held_above, _held_bytes
 
 BACKENDS = ("cpu", "mock", "cuda", "amdgpu")
 
@@ -50,12 +50,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("kiln_backend", backends, indirect=True)
 
 
-def _held_bytes() -> dict[str, int]:
-    gc.collect()
-    current = kiln.memory_stats()["current_bytes"]
-    return {k: v for k, v in current.items() if k != "pool_cache"}
-
-
 @pytest.fixture
 def kiln_backend(request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh kiln executor on the backend of this test's parameter; the leak check after."""
@@ -68,8 +62,7 @@ def kiln_backend(request: pytest.FixtureRequest) -> Iterator[str]:
         pytest.skip(f"kiln backend {backend} is not available here: {e}")
     baseline = _held_bytes()
     yield backend
-    held = _held_bytes()
-    leaked = {k: v - baseline.get(k, 0) for k, v in held.items() if v > baseline.get(k, 0)}
+    leaked = _held_above(baseline)
     if leaked:
         what = ", ".join(f"{k} {v} bytes" for k, v in sorted(leaked.items()))
         pytest.fail(f"kiln leak: the test left held on {backend}: {what}", pytrace=False)
