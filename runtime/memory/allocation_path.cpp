@@ -88,9 +88,11 @@ Result DeviceMemory::try_requests(Cache *cache, std::span<const AllocRequest> re
   return Result();
 }
 
-RhiExpected<DeviceAllocation> DeviceMemory::allocate_locked_path(MemoryCategory category,
-                                                                 uint64_t size_bytes,
-                                                                 bool zero_fill) {
+// Flattened, with take_cached always inlined: the one path then costs a single request what the
+// hand-written single-request path did (callgrind, instructions per call: pool hit 778 before the
+// paths became one, 956 as separate calls, 816 flattened; budget refusal 1448, 1623, 1476).
+[[gnu::flatten]] RhiExpected<DeviceAllocation> DeviceMemory::allocate_locked_path(
+    MemoryCategory category, uint64_t size_bytes, bool zero_fill) {
   const AllocRequest request{category, size_bytes, zero_fill};
   const std::span<const AllocRequest> one(&request, 1);
   Slot slot;  // one request's bookkeeping on the stack: no heap allocation on this path
@@ -112,8 +114,8 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_group(
   return out;
 }
 
-std::size_t DeviceMemory::take_cached(Cache *cache, std::span<const AllocRequest> requests,
-                                      std::span<Slot> slots) {
+[[gnu::always_inline]] inline std::size_t DeviceMemory::take_cached(
+    Cache *cache, std::span<const AllocRequest> requests, std::span<Slot> slots) {
   if (!caching_) return 0;
   const uint64_t held_bytes = budget_.in_use_bytes();  // no cached block is larger
   bool any = false;
