@@ -29,6 +29,7 @@
 #include "error_mapping.h"
 #include "ndarray.h"
 #include "registration.h"
+#include "kiln_stub_docstrings.h"
 
 namespace kiln::python {
 namespace {
@@ -62,8 +63,7 @@ py::dict cuda_array_interface(py::handle self) {
 void register_cuda_array_interface(py::module_ &m) {
   auto cls = py::reinterpret_borrow<py::class_<PyArray>>(m.attr("ndarray"));
   cls.def_property_readonly("__cuda_array_interface__", &cuda_array_interface,
-                            "The CUDA Array Interface (version 3) of a CUDA array; AttributeError "
-                            "on cpu, mock and amdgpu arrays.",
+                            doc("ndarray.__cuda_array_interface__"),
                             guarded());
 }
 

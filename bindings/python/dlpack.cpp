@@ -41,6 +41,7 @@
 #include "ndarray.h"
 #include "registration.h"
 #include "signatures.h"
+#include "kiln_stub_docstrings.h"
 
 namespace kiln::python {
 namespace {
@@ -167,38 +168,18 @@ py::tuple dlpack_device(py::handle self) {
   return py::make_tuple(static_cast<int>(device.device_type), device.device_id);
 }
 
-constexpr const char *kDlpackDoc = R"(DLPack export (zero-copy): a "dltensor" capsule over this array's memory.
-
-stream: None (cpu, mock), or for CUDA/ROCm arrays None or any int; kiln's launches have
-finished when they return, so the memory is ready on every stream and nothing is synchronized. max_version: accepted; the
-capsule is the unversioned DLPack 0.6 one. dl_device: None or this array's own device (another
-is BufferError). copy: None/False share the memory, True exports a new copy. The capsule keeps
-the array alive and counts as an export: free() refuses until the consumer lets go.)";
-
-constexpr const char *kFromDlpackDoc = R"(A kiln.ndarray over the memory of x, no copy.
-
-x: any object with __dlpack__ (numpy arrays, torch and cupy tensors, kiln arrays) or a DLPack
-"dltensor" capsule, on the current executor's device (cpu and mock: host memory; cuda:N; amdgpu:N),
-float32/float64/int32/int64 with one lane, row-major contiguous, aligned to the element size.
-The memory is not charged to kiln's budget; the tensor's deleter runs once, when the array is
-freed or gone. Errors (all before the capsule is consumed): InvalidTypeError (no __dlpack__),
-InvalidUsageError (another dtype, lanes, strides, alignment or kiln device; a consumed capsule),
-NotSupportedError (a device type kiln has no executor for).)";
-
 }  // namespace
 
 void register_dlpack(py::module_ &m) {
   auto cls = py::reinterpret_borrow<py::class_<PyArray>>(m.attr("ndarray"));
-  cls.def("__dlpack__", &export_dlpack, kDlpackDoc, py::kw_only(), py::arg("stream") = py::none(),
+  cls.def("__dlpack__", &export_dlpack, doc("ndarray.__dlpack__"), py::kw_only(),
+          py::arg("stream") = py::none(),
           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
           py::arg("copy") = py::none(), guarded());
-  cls.def("__dlpack_device__", &dlpack_device,
-          "(device_type, device_id): (1, 0) kDLCPU for cpu and mock, (2, N) kDLCUDA for cuda:N, "
-          "(10, N) kDLROCM for amdgpu:N.",
-          guarded());
+  cls.def("__dlpack_device__", &dlpack_device, doc("ndarray.__dlpack_device__"), guarded());
   typed_method_mismatch(cls, "__dlpack__", "(*, stream=None, max_version=None, dl_device=None, copy=None)");
   typed_method_mismatch(cls, "__dlpack_device__", "()");
-  def_typed(m, "from_dlpack", "(x)", &from_dlpack, kFromDlpackDoc, py::arg("x"), guarded());
+  def_typed(m, "from_dlpack", "(x)", &from_dlpack, doc("from_dlpack"), py::arg("x"), guarded());
 }
 
 }  // namespace kiln::python

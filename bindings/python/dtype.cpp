@@ -17,6 +17,7 @@
 #include "error_mapping.h"
 #include "registration.h"
 #include "signatures.h"
+#include "kiln_stub_docstrings.h"
 
 namespace kiln::python {
 namespace {
@@ -65,24 +66,31 @@ py::object compare_dtype(DataType d, py::handle other, bool equal) {
 }  // namespace
 
 void register_dtype(py::module_ &m) {
-  py::enum_<DataType> dtype_enum(m, "dtype", "Element type of a kiln.ndarray.");
+  py::enum_<DataType> dtype_enum(m, "dtype", doc("dtype"));
   dtype_enum
       .value("f32", DataType::f32)
       .value("f64", DataType::f64)
       .value("i32", DataType::i32)
       .value("i64", DataType::i64)
       .export_values()
-      .def_property_readonly("itemsize", [](DataType d) { return itemsize(d); })
-      .def_property_readonly("numpy", [](DataType d) { return numpy_dtype(d); })
+      .def_property_readonly("itemsize", [](DataType d) { return itemsize(d); }, doc("dtype.itemsize"))
+      .def_property_readonly("numpy", [](DataType d) { return numpy_dtype(d); },
+                             doc("dtype.numpy"))
       // numpy's protocol: np.dtype(obj) takes obj.dtype, so np.dtype(kiln.f32) is float32.
-      .def_property_readonly("dtype", [](DataType d) { return numpy_dtype(d); });
+      .def_property_readonly("dtype", [](DataType d) { return numpy_dtype(d); },
+                             doc("dtype.dtype"));
   // Replaces enum_'s __init__ and __setstate__, which take any int: kiln.dtype(4) would be a
   // dtype that names nothing. Accepts a kiln.dtype, its name ("f32") or its value (0..3).
   // Wrong arity or an unknown keyword: InvalidTypeError (a last overload, as for every kiln
   // function), not pybind11's plain TypeError.
-  for (const auto &[name, call] : {std::pair{"__init__", "dtype"}, std::pair{"__setstate__", "dtype.__setstate__"}}) {
+  struct Constructor {
+    const char *name, *call, *doc;
+  };
+  for (const auto &[name, call, text] :
+       {Constructor{"__init__", "dtype", doc("dtype.__init__")},
+        Constructor{"__setstate__", "dtype.__setstate__", doc("dtype.__setstate__")}}) {
     py::cpp_function construct(&construct_dtype, py::detail::is_new_style_constructor(),
-                               py::name(name), py::is_method(dtype_enum), py::arg("value"));
+                               py::name(name), py::is_method(dtype_enum), py::arg("value"), text);
     dtype_enum.attr(name) = py::cpp_function(
         [call](py::detail::value_and_holder &, py::args args, py::kwargs kwargs) {
           raise_signature_mismatch(call, "(value)", args, kwargs);
@@ -95,12 +103,12 @@ void register_dtype(py::module_ &m) {
   // dtypes compare; never an int (kiln.f32 == 0 is False) nor anything else. The hash stays the
   // value's.
   dtype_enum.attr("__eq__") = py::cpp_function([](DataType d, py::handle other) { return compare_dtype(d, other, true); },
-                                               py::is_method(dtype_enum), py::arg("other"));
+                                               py::is_method(dtype_enum), py::arg("other"), doc("dtype.__eq__"));
   dtype_enum.attr("__ne__") = py::cpp_function([](DataType d, py::handle other) { return compare_dtype(d, other, false); },
-                                               py::is_method(dtype_enum), py::arg("other"));
+                                               py::is_method(dtype_enum), py::arg("other"), doc("dtype.__ne__"));
   // Replaces enum_'s own __str__ ("dtype.f32"): str(kiln.f32) == "f32".
   dtype_enum.attr("__str__") = py::cpp_function([](DataType d) { return std::string(to_string(d)); },
-                                                py::is_method(dtype_enum));
+                                                py::is_method(dtype_enum), doc("dtype.__str__"));
 }
 
 }  // namespace kiln::python

@@ -21,6 +21,7 @@
 #include "kiln/rhi/fork_hooks.h"
 #include "registration.h"
 #include "signatures.h"
+#include "kiln_stub_docstrings.h"
 
 namespace kiln::python {
 namespace {
@@ -205,13 +206,15 @@ void register_executor_state(py::module_ &m) {
             "caching=True, device_heap_bytes=None, mock_capacity_bytes=None, "
             "mock_other_process_bytes=None, num_threads=None, fault_at=None, "
             "fail_sizes_at_least=None)",
-            &init, py::arg("arch") = "cpu", py::kw_only(), py::arg("budget_bytes") = py::none(),
+            &init, doc("init"), py::arg("arch") = "cpu", py::kw_only(),
+            py::arg("budget_bytes") = py::none(),
             py::arg("reserve_bytes") = py::none(), py::arg("live_check") = true,
             py::arg("caching") = true, py::arg("device_heap_bytes") = py::none(),
             py::arg("mock_capacity_bytes") = py::none(),
             py::arg("mock_other_process_bytes") = py::none(), py::arg("num_threads") = py::none(),
             py::arg("fault_at") = py::none(), py::arg("fail_sizes_at_least") = py::none(), guarded());
-  def_typed(m, "device", "()", [] { return executor()->device().name(); }, guarded());
+  def_typed(m, "device", "()", [] { return executor()->device().name(); }, doc("device"),
+            guarded());
   m.def("_shutdown", &shutdown);
 }
 

@@ -14,6 +14,10 @@
 PYBIND11_MODULE(_kiln, m) {
   using namespace kiln::python;
   m.doc() = "kiln native module; use the package `kiln`.";
+  // Docstrings come from _kiln.pyi with the stub's signature on their first line (doc());
+  // pybind11's own signature lines would name every argument `handle`.
+  py::options options;
+  options.disable_function_signatures();
   register_error_mapping(m);
   register_dtype(m);
   register_executor_state(m);

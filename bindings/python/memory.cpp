@@ -19,6 +19,7 @@
 #include "executor_state.h"
 #include "registration.h"
 #include "signatures.h"
+#include "kiln_stub_docstrings.h"
 
 namespace kiln::python {
 namespace {
@@ -121,13 +122,17 @@ bool remove_oom_observer(py::handle id_obj) {
 }  // namespace
 
 void register_memory(py::module_ &m) {
-  def_typed(m, "memory_stats", "()", &memory_stats, guarded());
-  def_typed(m, "memory_summary", "()", [] { return executor()->memory().summary(); }, guarded());
-  def_typed(m, "empty_cache", "()", [] { return executor()->memory().release_cached(); }, guarded());
+  def_typed(m, "memory_stats", "()", &memory_stats, doc("memory_stats"), guarded());
+  def_typed(m, "memory_summary", "()", [] { return executor()->memory().summary(); },
+            doc("memory_summary"), guarded());
+  def_typed(m, "empty_cache", "()", [] { return executor()->memory().release_cached(); },
+            doc("empty_cache"), guarded());
   def_typed(m, "reset_peak_memory_stats", "()", [] { executor()->memory().reset_peaks(); },
+            doc("reset_peak_memory_stats"),
             guarded());
-  def_typed(m, "add_oom_observer", "(callback)", &add_oom_observer, py::arg("callback"), guarded());
-  def_typed(m, "remove_oom_observer", "(observer_id)", &remove_oom_observer,
+  def_typed(m, "add_oom_observer", "(callback)", &add_oom_observer, doc("add_oom_observer"),
+            py::arg("callback"), guarded());
+  def_typed(m, "remove_oom_observer", "(observer_id)", &remove_oom_observer, doc("remove_oom_observer"),
             py::arg("observer_id"), guarded());
 }
 

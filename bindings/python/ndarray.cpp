@@ -23,6 +23,7 @@
 #include "kiln/rhi/fork_hooks.h"
 #include "registration.h"
 #include "signatures.h"
+#include "kiln_stub_docstrings.h"
 
 namespace kiln::python {
 namespace {
@@ -152,27 +153,19 @@ std::string ndarray_repr(py::handle s) {
                      a->is_freed() ? ", freed" : "");
 }
 
-constexpr const char *kNdarrayDoc = R"(ndarray(dtype, shape): an array in device memory.
-
-dtype: kiln.f32, f64, i32, i64 (or their names); shape: an int or a sequence of ints (at most 32
-dimensions). The contents are uninitialized. Errors: InvalidTypeError (wrong types),
-InvalidUsageError (a negative dimension, too many dimensions, a size beyond numpy's), an
-OutOfMemoryError subclass when the memory cannot be had. Freed by del / garbage collection or
-a.free(); a.to_numpy() copies it to a new numpy array; on cpu and mock np.asarray(a) is a
-zero-copy view. Thread safety: any thread may use an array, but freeing one while another
-thread uses it is InvalidUsageError.)";
-
 /// The read-only attributes of kiln.ndarray. Every accessor goes through as_array: an instance
 /// made by ndarray.__new__ alone is refused.
 void def_properties(py::class_<PyArray> &cls) {
   const auto arr = [](py::handle self) -> PyArray & { return as_array(self, "ndarray", "self"); };
-  cls.def_property_readonly("shape", [arr](py::handle s) { return py::tuple(py::cast(arr(s).shape)); })
-      .def_property_readonly("dtype", [arr](py::handle s) { return arr(s).dtype; })
-      .def_property_readonly("nbytes", [arr](py::handle s) { return arr(s).nbytes; })
-      .def_property_readonly("size", [arr](py::handle s) { return arr(s).size; })
-      .def_property_readonly("ndim", [arr](py::handle s) { return arr(s).shape.size(); })
-      .def_property_readonly("device", [arr](py::handle s) { return arr(s).device; })
-      .def_property_readonly("is_freed", [arr](py::handle s) { return arr(s).is_freed(); })
+  cls.def_property_readonly("shape", [arr](py::handle s) { return py::tuple(py::cast(arr(s).shape)); },
+                            doc("ndarray.shape"))
+      .def_property_readonly("dtype", [arr](py::handle s) { return arr(s).dtype; }, doc("ndarray.dtype"))
+      .def_property_readonly("nbytes", [arr](py::handle s) { return arr(s).nbytes; }, doc("ndarray.nbytes"))
+      .def_property_readonly("size", [arr](py::handle s) { return arr(s).size; }, doc("ndarray.size"))
+      .def_property_readonly("ndim", [arr](py::handle s) { return arr(s).shape.size(); }, doc("ndarray.ndim"))
+      .def_property_readonly("device", [arr](py::handle s) { return arr(s).device; }, doc("ndarray.device"))
+      .def_property_readonly("is_freed", [arr](py::handle s) { return arr(s).is_freed(); },
+                              doc("ndarray.is_freed"))
       // numpy tries the buffer protocol first but swallows its errors (a freed array would
       // become a 0-d object array); this raises them instead, and shares the same counted view.
       .def_property_readonly("__array_interface__", [arr](py::object self) {
@@ -183,22 +176,23 @@ void def_properties(py::class_<PyArray> &cls) {
         d["data"] = py::memoryview(self);
         d["version"] = 3;
         return d;
-      });
+      }, doc("ndarray.__array_interface__"));
 }
 
 /// The methods of kiln.ndarray.
 void def_methods(py::class_<PyArray> &cls) {
-  cls.def("free", &free_array, guarded())
-      .def("to_numpy", &to_numpy, guarded())
+  cls.def("free", &free_array, doc("ndarray.free"), guarded())
+      .def("to_numpy", &to_numpy, doc("ndarray.to_numpy"), guarded())
       // copy.copy / copy.deepcopy: a new array on the current device with the same contents
       // (numpy's meaning); pickle: rebuilt by kiln.from_numpy from the host copy.
-      .def("__copy__", [](py::handle self) { return copy_array(self); }, guarded())
+      .def("__copy__", [](py::handle self) { return copy_array(self); }, doc("ndarray.__copy__"),
+           guarded())
       .def("__deepcopy__", [](py::handle self, py::handle /*memo*/) { return copy_array(self); },
-           py::arg("memo"), guarded())
+           doc("ndarray.__deepcopy__"), py::arg("memo"), guarded())
       .def("__reduce__", [](py::handle self) {
         py::object rebuild = py::module_::import("kiln").attr("_ndarray_from_host");
         return py::make_tuple(rebuild, py::make_tuple(to_numpy(self)));
-      })
+      }, doc("ndarray.__reduce__"))
       // As numpy: the truth of a one-element array is its element's (read from the device);
       // any other size is ambiguous (InvalidUsageError, a ValueError, as numpy's ValueError).
       .def("__bool__", [](py::handle s) {
@@ -209,13 +203,13 @@ void def_methods(py::class_<PyArray> &cls) {
                                           "use a.to_numpy().any() or .all()",
                                           a.size));
         return to_numpy(s).attr("item")().cast<py::object>().attr("__bool__")().cast<bool>();
-      })
+      }, doc("ndarray.__bool__"))
       .def("__len__", [](py::handle s) {
         const PyArray &a = as_array(s, "ndarray", "self");
         if (a.shape.empty()) raise_invalid_type("len", "len() of a 0-d kiln.ndarray");
         return a.shape[0];
-      })
-      .def("__repr__", &ndarray_repr);
+      }, doc("ndarray.__len__"))
+      .def("__repr__", &ndarray_repr, doc("ndarray.__repr__"));
 }
 
 }  // namespace
@@ -295,12 +289,12 @@ std::pair<Operand, Operand> first_operands(py::handle a, py::handle b, const cha
 }
 
 void register_ndarray(py::module_ &m) {
-  py::class_<PyArray> cls(m, "ndarray", kNdarrayDoc, py::buffer_protocol());
-  cls.def(py::init(&make_ndarray), py::arg("dtype"), py::arg("shape"), guarded());
+  py::class_<PyArray> cls(m, "ndarray", doc("ndarray"), py::buffer_protocol());
+  cls.def(py::init(&make_ndarray), doc("ndarray.__init__"), py::arg("dtype"), py::arg("shape"), guarded());
   def_properties(cls);
   def_methods(cls);
   install_buffer_protocol(cls);
-  def_typed(m, "from_numpy", "(a)", &from_numpy, py::arg("a"), guarded());
+  def_typed(m, "from_numpy", "(a)", &from_numpy, doc("from_numpy"), py::arg("a"), guarded());
   // Wrong arity or an unknown keyword: InvalidTypeError, not pybind11's plain TypeError.
   cls.def(py::init([](py::args args, py::kwargs kwargs) -> PyArray {
     raise_signature_mismatch("ndarray", "(dtype, shape)", args, kwargs);

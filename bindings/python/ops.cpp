@@ -20,6 +20,7 @@
 #include "ndarray.h"
 #include "registration.h"
 #include "signatures.h"
+#include "kiln_stub_docstrings.h"
 
 namespace kiln::python {
 namespace {
@@ -99,14 +100,16 @@ PyArray compact_positive(py::handle x_obj) {
 }  // namespace
 
 void register_ops(py::module_ &m) {
-  def_typed(m, "fill", "(out, value)", &fill, py::arg("out"), py::arg("value"), guarded());
-  def_typed(m, "copy", "(dst, src)", &copy, py::arg("dst"), py::arg("src"), guarded());
-  def_typed(m, "axpy", "(alpha, x, y)", &axpy, py::arg("alpha"), py::arg("x"), py::arg("y"),
+  def_typed(m, "fill", "(out, value)", &fill, doc("fill"), py::arg("out"), py::arg("value"),
             guarded());
-  def_typed(m, "reduce_sum", "(x)", &reduce_sum, py::arg("x"), guarded());
-  def_typed(m, "matmul", "(a, b, out=None)", &matmul, py::arg("a"), py::arg("b"),
+  def_typed(m, "copy", "(dst, src)", &copy, doc("copy"), py::arg("dst"), py::arg("src"), guarded());
+  def_typed(m, "axpy", "(alpha, x, y)", &axpy, doc("axpy"), py::arg("alpha"), py::arg("x"), py::arg("y"),
+            guarded());
+  def_typed(m, "reduce_sum", "(x)", &reduce_sum, doc("reduce_sum"), py::arg("x"), guarded());
+  def_typed(m, "matmul", "(a, b, out=None)", &matmul, doc("matmul"), py::arg("a"), py::arg("b"),
             py::arg("out") = py::none(), guarded());
-  def_typed(m, "compact_positive", "(x)", &compact_positive, py::arg("x"), guarded());
+  def_typed(m, "compact_positive", "(x)", &compact_positive, doc("compact_positive"),
+            py::arg("x"), guarded());
 }
 
 }  // namespace kiln::python
