@@ -38,7 +38,8 @@ class CMakeBuild(build_ext):
         if not (build_dir / "CMakeCache.txt").exists():
             subprocess.check_call([
                 "cmake", "-S", str(SOURCE_DIR), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
-                "-DKILN_BUILD_TESTS=OFF", "-DKILN_BUILD_BENCH=OFF", f"-DKILN_PYTHON={sys.executable}",
+                "-DKILN_BUILD_TESTS=OFF", "-DKILN_BUILD_BENCH=OFF",
+                "-DKILN_BUILD_TOOLS=OFF", f"-DKILN_PYTHON={sys.executable}",
             ])
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", str(build_dir), "--target", "kiln_python", "-j", jobs])

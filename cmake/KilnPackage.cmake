@@ -1,5 +1,5 @@
 # The C++ package: `cmake --install <build> [--prefix P]` installs kiln's headers, its static
-# libraries, kiln-ops and a CMake package, so that another project can write
+# libraries, kiln-ops (when KILN_BUILD_TOOLS) and a CMake package, so that another project can write
 #   find_package(kiln 0.2 REQUIRED)
 #   target_link_libraries(app PRIVATE kiln::executor)
 # The targets carry the C++23 requirement, the include directory and their dependencies (fmt,
@@ -17,7 +17,9 @@ endforeach()
 
 install(TARGETS ${kiln_package_targets} EXPORT kilnTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(TARGETS kiln-ops RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+if(TARGET kiln-ops)  # KILN_BUILD_TOOLS
+  install(TARGETS kiln-ops RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
 foreach(layer rhi runtime executor)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endforeach()
