@@ -173,7 +173,12 @@ RhiExpected<Ndarray> LlvmRuntimeExecutor::wrap_external(DataType dtype, std::spa
   constexpr const char *kSite = "wrap_external";
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<Ndarray::State> state, new_array_state(dtype, shape));
   if (state->info.size_bytes != 0) {
-    if (address == 0 || address % itemsize(dtype) != 0)
+    if (address == 0)
+      return std::unexpected(invalid_usage(
+          device().name(), kSite,
+          fmt::format("external memory for ndarray {} at address 0: a null pointer",
+                      describe_array(dtype, shape))));
+    if (address % itemsize(dtype) != 0)
       return std::unexpected(invalid_usage(
           device().name(), kSite,
           fmt::format("external memory for ndarray {} at address {:#x} is not aligned to its "

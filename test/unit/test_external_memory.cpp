@@ -62,6 +62,8 @@ TEST_CASE("a misaligned or null external address is InvalidUsage and is not rele
   CHECK_THAT(misaligned.error().message(), Catch::Contains("not aligned"));
   auto null = ex->wrap_external(DataType::f32, kShape4, 0, [&] { ++releases; });
   REQUIRE_FALSE(null);
+  CHECK(classify(null.error()) == ErrorKind::invalid_usage);
+  CHECK_THAT(null.error().message(), Catch::Contains("null pointer") && !Catch::Contains("aligned"));
   const int64_t negative[1] = {-1};
   CHECK_FALSE(ex->wrap_external(DataType::f32, negative, address_of(owner), [&] { ++releases; }));
   CHECK(releases == 0);  // the caller still owns the memory
