@@ -39,14 +39,16 @@ USER_TESTS = textwrap.dedent('''
 ''')
 
 
-def run_pytest(tmp_path, *args):
-    (tmp_path / "test_user.py").write_text(USER_TESTS)
+def run_pytest(tmp_path, *args, tests=USER_TESTS, import_dirs=()):
+    """Runs pytest with kiln's plugin on `tests` (written to tmp_path/test_user.py), in a
+    subprocess; `import_dirs` are put on its PYTHONPATH (after the kiln under test)."""
+    (tmp_path / "test_user.py").write_text(tests)
     env = dict(os.environ)
     # The scratch run starts in tmp_path: the kiln under test first, by absolute path (a relative
     # PYTHONPATH such as build/python would not be found from there).
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
     paths = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([package_root] + paths)
+    env["PYTHONPATH"] = os.pathsep.join([package_root, *import_dirs] + paths)
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "kiln.pytest_plugin", "-p", "no:cacheprovider",
          "-rA", "-q", str(tmp_path / "test_user.py"), *args],
