@@ -53,6 +53,11 @@ class CMakeBuild(build_ext):
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(extension, target)
         shutil.copy2(built / "_version.py", target.parent / "_version.py")
+        # The fake GPU drivers, where this build made them (a build with kiln's tests, e.g.
+        # KILN_CMAKE_BUILD_DIR=build): beside the package, for kiln.testing.fake_cuda / fake_hip.
+        for fake in sorted((built / "_fake").glob("libkiln_fake_*.so")):
+            (target.parent / "_fake").mkdir(exist_ok=True)
+            shutil.copy2(fake, target.parent / "_fake" / fake.name)  # the library, not the link
 
 
 # setuptools' own scratch files (build/, *.egg-info) go under build/setuptools, not the source tree.
