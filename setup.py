@@ -72,7 +72,8 @@ setup(
     package_data={"kiln": ["py.typed", "_kiln.pyi"]},
     ext_modules=[Extension("kiln._kiln", sources=[])],
     # pytest finds kiln's plugin in an installed kiln (-p kiln.pytest_plugin works without it).
-    entry_points={"pytest11": ["kiln = kiln.pytest_plugin"]},
+    # Named after the module, so pytest skips it when -p or a conftest has loaded that module.
+    entry_points={"pytest11": ["kiln.pytest_plugin = kiln.pytest_plugin"]},
     cmdclass={"build_ext": CMakeBuild},
     options={"build": {"build_base": str(SETUPTOOLS_DIR)}, "egg_info": {"egg_base": str(SETUPTOOLS_DIR)}},
 )

@@ -33,7 +33,7 @@ try:
 except kiln.BudgetExceededError as e:
     assert isinstance(e, MemoryError)
 from importlib.metadata import entry_points  # pytest finds kiln's plugin in the install
-assert [e.value for e in entry_points(group="pytest11") if e.name == "kiln"] == ["kiln.pytest_plugin"]
+assert [e.value for e in entry_points(group="pytest11") if e.name == "kiln.pytest_plugin"] == ["kiln.pytest_plugin"]
 import kiln.pytest_plugin  # noqa: F401
 import kiln.testing  # built without tests, the package has no fake driver: a named error
 try:
