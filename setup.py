@@ -54,6 +54,11 @@ class CMakeBuild(build_ext):
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(extension, target)
         shutil.copy2(built / "_version.py", target.parent / "_version.py")
+        # The fake GPU drivers, where this build made them (a build with kiln's tests, e.g.
+        # KILN_CMAKE_BUILD_DIR=build): beside the package, for kiln.testing.fake_cuda / fake_hip.
+        for fake in sorted((built / "_fake").glob("libkiln_fake_*.so")):
+            (target.parent / "_fake").mkdir(exist_ok=True)
+            shutil.copy2(fake, target.parent / "_fake" / fake.name)  # the library, not the link
 
 
 # setuptools' own scratch files (build/, *.egg-info) go under build/setuptools, not the source tree.
@@ -68,7 +73,8 @@ setup(
     package_data={"kiln": ["py.typed", "_kiln.pyi"]},
     ext_modules=[Extension("kiln._kiln", sources=[])],
     # pytest finds kiln's plugin in an installed kiln (-p kiln.pytest_plugin works without it).
-    entry_points={"pytest11": ["kiln = kiln.pytest_plugin"]},
+    # Named after the module, so pytest skips it when -p or a conftest has loaded that module.
+    entry_points={"pytest11": ["kiln.pytest_plugin = kiln.pytest_plugin"]},
     cmdclass={"build_ext": CMakeBuild},
     options={"build": {"build_base": str(SETUPTOOLS_DIR)}, "egg_info": {"egg_base": str(SETUPTOOLS_DIR)}},
 )

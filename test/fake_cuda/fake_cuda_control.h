@@ -97,6 +97,12 @@ typedef int (*kiln_fake_cuda_sticky_error_fn)(void);
 int kiln_fake_cuda_pause_in(const char *entry, unsigned hold_ms);
 int kiln_fake_cuda_paused(void);
 
+/// Why the environment read at load or by the last reset was refused (the message also printed
+/// on stderr: "KILN_FAKE_CUDA_FAULTS item '...' is not ..."; cuInit then fails), "" when it
+/// was accepted: copied NUL-terminated into `text` (at most length - 1 characters); returns its
+/// length. For callers that configure the fake through the environment and then reset it.
+size_t kiln_fake_cuda_config_error(char *text, size_t length);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif

@@ -40,6 +40,7 @@ struct Fake {
   kiln_fake_cuda_count_fn oom_count = nullptr;
   kiln_fake_cuda_count_fn launch_count = nullptr;
   kiln_fake_cuda_sticky_error_fn sticky_error = nullptr;
+  size_t (*config_error)(char *, size_t) = nullptr;
 };
 
 template <class Fn>
@@ -69,6 +70,7 @@ Fake &fake() {
     resolve(handle, "kiln_fake_cuda_oom_count", &f.oom_count);
     resolve(handle, "kiln_fake_cuda_launch_count", &f.launch_count);
     resolve(handle, "kiln_fake_cuda_sticky_error", &f.sticky_error);
+    resolve(handle, "kiln_fake_cuda_config_error", &f.config_error);
     // The kernels compiled into the fake must not leak into the process's symbol space.
     if (dlsym(handle, "kiln_axpy_f32") != nullptr) FAIL("the fake exports its host kernels");
     return f;
@@ -278,6 +280,12 @@ TEST_CASE("fake cuda: the fault plan fails the N-th call of an entry point", "[f
   SECTION("a malformed plan makes cuInit fail instead of being ignored") {
     Fake &f = fresh({{"KILN_FAKE_CUDA_FAULTS", "cuMemAlloc@1=2"}});
     CHECK(f.cuInit(0) == kErrorInvalidValue);
+    char text[256];  // and says why, for callers that configure it through the environment
+    CHECK(f.config_error(text, sizeof text) > 0);
+    CHECK(std::string(text) == "KILN_FAKE_CUDA_FAULTS item 'cuMemAlloc@1=2' is not <entry point>@"
+                               "<call number or *>=<result number or name>");
+    CHECK(fresh().config_error(text, sizeof text) == 0);
+    CHECK(std::string(text).empty());
   }
   SECTION("cuInit itself can fail, like a driver that finds no GPU") {
     Fake &f = fresh({{"KILN_FAKE_CUDA_FAULTS", "cuInit@*=100"}});

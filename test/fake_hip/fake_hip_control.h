@@ -38,6 +38,12 @@ int kiln_fake_hip_set_arch(const char *arch);
 /// The gfx processor of the code object loaded last ("gfx942"; "" before any); as CUDA's.
 size_t kiln_fake_hip_last_module_target(char *target, size_t length);
 
+/// Why the environment read at load or by the last reset was refused (the message also printed
+/// on stderr: "KILN_FAKE_HIP_FAULTS item '...' is not ..."; hipInit then fails), "" when it
+/// was accepted: copied NUL-terminated into `text` (at most length - 1 characters); returns its
+/// length. For callers that configure the fake through the environment and then reset it.
+size_t kiln_fake_hip_config_error(char *text, size_t length);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif

@@ -33,8 +33,14 @@ try:
 except kiln.BudgetExceededError as e:
     assert isinstance(e, MemoryError)
 from importlib.metadata import entry_points  # pytest finds kiln's plugin in the install
-assert [e.value for e in entry_points(group="pytest11") if e.name == "kiln"] == ["kiln.pytest_plugin"]
+assert [e.value for e in entry_points(group="pytest11") if e.name == "kiln.pytest_plugin"] == ["kiln.pytest_plugin"]
 import kiln.pytest_plugin  # noqa: F401
+import kiln.testing  # built without tests, the package has no fake driver: a named error
+try:
+    with kiln.testing.fake_cuda():
+        raise SystemExit("kiln.testing.fake_cuda found a fake driver in a build without tests")
+except kiln.NotSupportedError as e:
+    assert "KILN_FAKE_CUDA_LIBRARY" in str(e), str(e)
 print("kiln", kiln.__version__, "from", kiln.__file__)
 PY
   )

@@ -10,9 +10,9 @@ from conftest import SOURCE_DIR
 EXAMPLE = os.path.join(SOURCE_DIR, "examples", "adaptive_batch.py")
 
 
-def run_example(*args):
+def run_example(*args, env=None):
     return subprocess.run([sys.executable, EXAMPLE, *args], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=None if env is None else {**os.environ, **env})
 
 
 def test_adaptive_batch_halves_on_memory_error_and_gets_the_right_results():
@@ -29,3 +29,12 @@ def test_adaptive_batch_without_pressure_catches_nothing():
     out = run_example("--budget-mb", "256", "--heap-mb", "16", "--rows", "20000")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "0 MemoryError(s) caught" in out.stdout and "results OK" in out.stdout
+
+
+def test_kiln_fault_makes_the_unmodified_example_halve_its_batch_once():
+    # The README's KILN_FAULT example: the first result buffer is refused, the loop halves once.
+    out = run_example("--budget-mb", "256", "--heap-mb", "16", "--rows", "20000",
+                      env={"KILN_FAULT": "nth=1,category=result_buffer"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 MemoryError(s) caught: DeviceOutOfMemoryError" in out.stdout, out.stdout
+    assert "bytes for result_buffer)" in out.stdout and "results OK" in out.stdout

@@ -3,11 +3,13 @@ scratch test file): the kiln_backend fixture runs a test once per --kiln-backend
 fails a test that leaves memory held, naming the category; the kiln_sweep marker passes a test
 that keeps the contract and fails one that turns an out-of-memory error into another."""
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
 import kiln
+from conftest import SOURCE_DIR
 
 USER_TESTS = textwrap.dedent('''
     import pytest
@@ -39,14 +41,16 @@ USER_TESTS = textwrap.dedent('''
 ''')
 
 
-def run_pytest(tmp_path, *args):
-    (tmp_path / "test_user.py").write_text(USER_TESTS)
+def run_pytest(tmp_path, *args, tests=USER_TESTS, import_dirs=()):
+    """Runs pytest with kiln's plugin on `tests` (written to tmp_path/test_user.py), in a
+    subprocess; `import_dirs` are put on its PYTHONPATH (after the kiln under test)."""
+    (tmp_path / "test_user.py").write_text(tests)
     env = dict(os.environ)
     # The scratch run starts in tmp_path: the kiln under test first, by absolute path (a relative
     # PYTHONPATH such as build/python would not be found from there).
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
     paths = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([package_root] + paths)
+    env["PYTHONPATH"] = os.pathsep.join([package_root, *import_dirs] + paths)
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "kiln.pytest_plugin", "-p", "no:cacheprovider",
          "-rA", "-q", str(tmp_path / "test_user.py"), *args],
@@ -86,3 +90,21 @@ def test_an_unavailable_backend_is_skipped_saying_why(tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 0, out  # all skipped
     assert "1 skipped" in out and "kiln backend cuda is not available here" in out, out
+
+
+def test_an_installed_entry_point_and_dash_p_load_the_plugin_once(tmp_path):
+    # An installed kiln registers the plugin through setup.py's pytest11 entry point; the
+    # documented `-p kiln.pytest_plugin` (and `pytest_plugins = ["kiln.pytest_plugin"]`) must
+    # still work beside it: pytest skips an entry point whose name is a plugin already loaded,
+    # so the entry point is named after the module. Here the entry point is "installed" as a
+    # dist-info folder on the scratch run's path.
+    with open(os.path.join(SOURCE_DIR, "setup.py")) as f:
+        entry_point = re.search(r'"pytest11": \["([^"]+)"\]', f.read()).group(1)
+    dist_info = tmp_path / "site" / "kiln_plugin_entry-0.0.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: kiln-plugin-entry\nVersion: 0.0\n")
+    (dist_info / "entry_points.txt").write_text(f"[pytest11]\n{entry_point}\n")
+    done = run_pytest(tmp_path, "-k", "test_clean", import_dirs=(str(tmp_path / "site"),))
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert outcomes(out, "test_clean[cpu]") == {"PASSED"}, out

@@ -154,6 +154,21 @@ def dlpack_interop() -> None:
     k.free()
 
 
+def fake_gpu_driver() -> None:
+    """kiln.testing.fake_cuda: the cuda backend on kiln's fake driver, where it is built."""
+    try:
+        with kiln.testing.fake_cuda(capacity_bytes=256 << 20) as fake:
+            assert_type(fake, kiln.testing.FakeDriver)
+            kiln.init("cuda", budget_bytes=1 << 30, live_check=False)
+            try:
+                kiln.ndarray(kiln.f32, (300 << 20) // 4)
+            except kiln.DeviceOutOfMemoryError as e:
+                assert e.total_bytes == 256 << 20
+            assert_type(fake.oom_count(), int)
+    except kiln.NotSupportedError as e:  # no fake driver beside this kiln
+        assert "KILN_FAKE_CUDA_LIBRARY" in str(e)
+
+
 def main() -> None:
     arrays_and_ops()
     dlpack_interop()
@@ -161,6 +176,7 @@ def main() -> None:
     oom_observer()
     usage_errors_and_faults()
     memory_figures()
+    fake_gpu_driver()
     print("typed usage OK")
 
 

@@ -5,12 +5,13 @@ from typing import Iterator, Literal, SupportsIndex
 
 from . import _kiln
 from ._errors import Error
+from ._fake_drivers import FakeDriver, fake_cuda, fake_hip
 from ._min_budget import BudgetReport, MinBudgetError, min_budget
 from ._sweep import NondeterministicWorkloadError, SweepError, SweepReport, SweepRun, sweep
 
 __all__ = ["fail_allocation", "inject", "allocation_count", "make_error", "sweep", "SweepReport",
            "SweepRun", "SweepError", "NondeterministicWorkloadError", "min_budget",
-           "BudgetReport", "MinBudgetError"]
+           "BudgetReport", "MinBudgetError", "fake_cuda", "fake_hip", "FakeDriver"]
 
 
 @contextlib.contextmanager

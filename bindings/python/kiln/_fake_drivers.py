@@ -1,0 +1,247 @@
+"""kiln.testing.fake_cuda / fake_hip: kiln's cuda and amdgpu backends on kiln's fake GPU drivers
+(test/fake_cuda, test/fake_hip: one device over host memory, with a capacity, other processes'
+use, a fault plan per driver entry point; kernels really run), configured from Python."""
+
+import contextlib
+import ctypes
+import dataclasses
+import os
+from typing import Any, Iterator, Literal, Sequence
+
+from . import _kiln
+from ._errors import InvalidUsageError, NotSupportedError
+
+_MiB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class _Api:
+    """One fake driver: kiln's arch for it and the names it goes by."""
+
+    arch: str            # kiln.init's arch and the device prefix: "cuda", "amdgpu"
+    title: str           # "fake_cuda", for messages
+    library_name: str    # "libkiln_fake_cuda.so"
+    library_env: str     # the variable naming the library when it is not beside the package
+    driver_env: str      # the variable kiln's loader reads: KILN_CUDA_DRIVER, KILN_HIP_RUNTIME
+    env_prefix: str      # the fake's own configuration variables: KILN_FAKE_CUDA_
+    prefix: str          # its control functions: kiln_fake_cuda_
+    target: str          # the build target that makes it
+
+
+_CUDA = _Api("cuda", "fake_cuda", "libkiln_fake_cuda.so", "KILN_FAKE_CUDA_LIBRARY",
+             "KILN_CUDA_DRIVER", "KILN_FAKE_CUDA_", "kiln_fake_cuda_", "kiln_fake_cuda")
+_HIP = _Api("amdgpu", "fake_hip", "libkiln_fake_hip.so", "KILN_FAKE_HIP_LIBRARY",
+            "KILN_HIP_RUNTIME", "KILN_FAKE_HIP_", "kiln_fake_hip_", "kiln_fake_hip")
+
+_open_blocks: dict[str, str] = {}  # arch -> the library of its open block
+
+
+def find_library(api: _Api, library: str | None) -> str:
+    """The fake's path: `library`, else $<library_env>, else kiln/_fake/ beside this package (a
+    build with kiln's tests puts it there). Errors: NotSupportedError naming where it looked."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fake", api.library_name)
+    looked = [library] if library else [p for p in (os.environ.get(api.library_env), here) if p]
+    for path in looked:
+        if os.path.isfile(path):
+            return os.path.realpath(path)
+    raise NotSupportedError(
+        f"kiln.testing.{api.title}: the fake driver {api.library_name} is not here (looked at "
+        f"{', '.join(looked)}): it is built with kiln's tests (cmake --build build --target "
+        f"{api.target}); pass library= or set {api.library_env} to its path",
+        result="not_supported", site=f"kiln.testing.{api.title}")
+
+
+class FakeDriver:
+    """The control API of a loaded fake driver (test/fake_cuda/fake_cuda_control.h; the HIP one
+    has the same functions), on the same library kiln's loader opens: one fake state. Sizes in
+    bytes, counts since the block began. Thread-safe (the fake locks every call)."""
+
+    def __init__(self, api: _Api, library: str):
+        self.library = library  # the fake's path, as kiln's loader opens it
+        self.arch = api.arch
+        try:
+            self._lib = ctypes.CDLL(library)
+        except OSError as e:
+            raise NotSupportedError(f"kiln.testing.{api.title}: {library} does not load: {e}",
+                                    result="not_supported", site=f"kiln.testing.{api.title}") from e
+        self._prefix = api.prefix
+        for name, restype, argtypes in (
+                ("set_capacity_bytes", None, [ctypes.c_size_t]),
+                ("set_other_process_bytes", None, [ctypes.c_size_t]),
+                ("inject_fault", ctypes.c_int, [ctypes.c_char_p, ctypes.c_ulonglong, ctypes.c_int]),
+                ("call_count", ctypes.c_ulonglong, [ctypes.c_char_p]),
+                ("held_bytes", ctypes.c_size_t, []), ("high_water_bytes", ctypes.c_size_t, []),
+                ("oom_count", ctypes.c_ulonglong, []), ("sticky_error", ctypes.c_int, []),
+                ("launch_count", ctypes.c_ulonglong, []), ("reset", None, []),
+                ("config_error", ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t])):
+            fn = self._fn(name)
+            fn.restype, fn.argtypes = restype, argtypes
+
+    def _fn(self, name: str) -> Any:  # a ctypes function of the library
+        return getattr(self._lib, self._prefix + name)
+
+    def set_capacity_bytes(self, capacity_bytes: int) -> None:
+        """The device's total memory from now on (memory already held stays held)."""
+        self._fn("set_capacity_bytes")(_non_negative(capacity_bytes, "capacity_bytes"))
+
+    def set_other_process_bytes(self, other_bytes: int) -> None:
+        """Memory other processes hold from now on: lowers the free memory the device reports
+        and what an allocation can get."""
+        self._fn("set_other_process_bytes")(_non_negative(other_bytes, "other_process_bytes"))
+
+    def inject_fault(self, entry: str, nth_call: int, result: int) -> None:
+        """The `nth_call`-th call of driver entry point `entry` from now (1: the next; 0: every
+        call) returns the driver status `result` (e.g. 2, CUDA_ERROR_OUT_OF_MEMORY; 700,
+        CUDA_ERROR_ILLEGAL_ADDRESS, sticky: the device is lost). Errors: InvalidUsageError for an
+        entry point kiln does not load."""
+        if self._fn("inject_fault")(entry.encode(), _non_negative(nth_call, "nth_call"), result):
+            raise InvalidUsageError(f"inject_fault: {entry!r} is not an entry point of the fake")
+
+    def call_count(self, entry: str) -> int:
+        """Calls of driver entry point `entry`, failed ones included."""
+        return int(self._fn("call_count")(entry.encode()))
+
+    def held_bytes(self) -> int:
+        """Device memory allocated and not freed (loaded code not included)."""
+        return int(self._fn("held_bytes")())
+
+    def high_water_bytes(self) -> int:
+        """The most device memory held at once."""
+        return int(self._fn("high_water_bytes")())
+
+    def oom_count(self) -> int:
+        """Allocations the capacity refused (injected faults not counted)."""
+        return int(self._fn("oom_count")())
+
+    def sticky_error(self) -> int:
+        """The sticky driver status every call now returns (a lost device), or 0."""
+        return int(self._fn("sticky_error")())
+
+    def launch_count(self) -> int:
+        """Kernel launches that ran."""
+        return int(self._fn("launch_count")())
+
+    def _reset(self, settings: dict[str, str]) -> str:
+        """Resets the fake with its KILN_FAKE_* variables set to `settings` (the others unset)
+        for the reset only; returns the fake's complaint about them ("" when none)."""
+        saved = {k: v for k, v in os.environ.items() if k.startswith(self._prefix.upper())}
+        for key in saved:
+            del os.environ[key]
+        os.environ.update(settings)
+        try:
+            self._fn("reset")()
+        finally:
+            for key in settings:
+                os.environ.pop(key, None)
+            os.environ.update(saved)
+        text = ctypes.create_string_buffer(1024)
+        self._fn("config_error")(text, len(text))
+        return text.value.decode(errors="replace")
+
+
+def _non_negative(value: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidUsageError(f"{name} must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise InvalidUsageError(f"{name} must be >= 0, not {value}")
+    return value
+
+
+def _settings(api: _Api, other_process_bytes: int | Sequence[int], faults: str, arch: str | None,
+              mode: str) -> dict[str, str]:
+    """The fake's environment variables for what can only be set through them (a script of
+    other processes' use, the fault plan by names, the processor, the mode)."""
+    settings = {api.env_prefix + "MODE": mode, api.env_prefix + "FAULTS": faults}
+    if arch is not None:
+        settings[api.env_prefix + "ARCH"] = arch
+    if not isinstance(other_process_bytes, int):
+        script = [_non_negative(b, "other_process_bytes") for b in other_process_bytes]
+        if not script or any(b % _MiB for b in script):
+            raise InvalidUsageError("other_process_bytes: a script is a non-empty sequence of "
+                                    "whole MiB (the fake reads it in MiB)")
+        settings[api.env_prefix + "OTHER_MB"] = ",".join(str(b // _MiB) for b in script)
+    return {k: v for k, v in settings.items() if v}
+
+
+@contextlib.contextmanager
+def _fake_block(api: _Api, capacity_bytes: int, other_process_bytes: int | Sequence[int],
+                faults: str, arch: str | None, mode: str,
+                library: str | None) -> Iterator[FakeDriver]:
+    capacity_bytes = _non_negative(capacity_bytes, "capacity_bytes")
+    settings = _settings(api, other_process_bytes, faults, arch, mode)
+    if api.arch in _open_blocks:
+        raise InvalidUsageError(f"kiln.testing.{api.title}: a block is already open (on "
+                                f"{_open_blocks[api.arch]}); the fake has one device state per "
+                                f"process: close that block first")
+    if _kiln.device().startswith(api.arch):
+        raise InvalidUsageError(f"kiln.testing.{api.title}: kiln's executor is on "
+                                f"{_kiln.device()}; entering resets the fake under it: call "
+                                f"kiln.init(arch='cpu') first")
+    fake = FakeDriver(api, find_library(api, library))
+    complaint = fake._reset(settings)
+    if complaint:
+        fake._reset({})  # nothing of the refused configuration stays
+        raise InvalidUsageError(f"kiln.testing.{api.title}: {complaint}")
+    fake.set_capacity_bytes(capacity_bytes)
+    if isinstance(other_process_bytes, int):
+        fake.set_other_process_bytes(_non_negative(other_process_bytes, "other_process_bytes"))
+    saved_driver = os.environ.get(api.driver_env)
+    os.environ[api.driver_env] = fake.library
+    _open_blocks[api.arch] = fake.library
+    try:
+        yield fake
+    finally:
+        del _open_blocks[api.arch]
+        if saved_driver is None:
+            os.environ.pop(api.driver_env, None)
+        else:
+            os.environ[api.driver_env] = saved_driver
+        if _kiln.device().startswith(api.arch):
+            _kiln.init(arch="cpu")  # no executor outlives the block on the fake
+
+
+def fake_cuda(capacity_bytes: int = 1 << 30, *, other_process_bytes: int | Sequence[int] = 0,
+              faults: str = "", arch: str | None = None,
+              mode: Literal["normal", "stub", "nodevice"] = "normal",
+              library: str | None = None) -> contextlib.AbstractContextManager[FakeDriver]:
+    """A context manager: inside it, kiln.init(arch="cuda") makes its executor on kiln's fake
+    CUDA driver (test/fake_cuda/README.md), reset on entry to these settings. It yields the
+    FakeDriver (counters, and set_capacity_bytes / inject_fault ... for later changes).
+
+    capacity_bytes: the device's total memory (default 1 GiB); kiln's budget is derived from it
+      as from a real device's (total - reserve, the reserve at least 64 MiB).
+    other_process_bytes: memory other processes hold (an int), or a script (a sequence of whole
+      MiB: one value per free-memory reading, the last one stays).
+    faults: the fake's fault plan, "entry@N=result,...": the N-th call of driver entry point
+      `entry` (from the block's start; N "*": every call) returns `result`, a number or a name,
+      e.g. "cuMemAlloc_v2@3=CUDA_ERROR_OUT_OF_MEMORY,cuLaunchKernel@1=700" (700: the device is
+      lost). kiln's own set-up makes driver calls too (cuMemAlloc_v2 for its device heap).
+    arch: the processor the device reports, "sm_80" (the default), "sm_90", ...
+    mode: "normal"; "stub" (the CUDA toolkit's stub driver) or "nodevice" (no GPU): kiln.init
+      raises NotSupportedError, as on a machine without a GPU.
+    library: the fake's path; default $KILN_FAKE_CUDA_LIBRARY, else kiln/_fake/ beside the
+      package (a build with kiln's tests puts it there).
+
+    One device (cuda:0). The library is loaded once per process and stays loaded; its one
+    device state is reset on each entry, so blocks cannot nest (InvalidUsageError) and none may
+    be entered while kiln's executor is on cuda (InvalidUsageError: kiln.init(arch="cpu")
+    first). On exit KILN_CUDA_DRIVER is restored and an executor left on cuda is replaced by a
+    CPU one; arrays made on the fake stay safe to free, but a later block resets the fake under
+    them. Errors on entry: NotSupportedError when the library is not found or does not load;
+    InvalidUsageError for a bad value (the fake's own words for a malformed fault plan), with
+    nothing set. Not thread-safe (it sets environment variables and kiln's global executor)."""
+    return _fake_block(_CUDA, capacity_bytes, other_process_bytes, faults, arch, mode, library)
+
+
+def fake_hip(capacity_bytes: int = 1 << 30, *, other_process_bytes: int | Sequence[int] = 0,
+             faults: str = "", arch: str | None = None,
+             mode: Literal["normal", "stub", "nodevice"] = "normal",
+             library: str | None = None) -> contextlib.AbstractContextManager[FakeDriver]:
+    """fake_cuda's twin for kiln.init(arch="amdgpu") on kiln's fake HIP runtime
+    (test/fake_hip/README.md): the same settings and rules, with HIP's names (faults
+    "hipMalloc@3=hipErrorOutOfMemory", arch a gcnArchName such as "gfx942:sramecc+:xnack-",
+    library $KILN_FAKE_HIP_LIBRARY), restoring KILN_HIP_RUNTIME on exit. One device (amdgpu:0)."""
+    return _fake_block(_HIP, capacity_bytes, other_process_bytes, faults, arch, mode, library)
+
+
+FakeDriver.__module__ = "kiln.testing"  # where users import it from
