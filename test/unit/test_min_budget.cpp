@@ -100,3 +100,14 @@ TEST_CASE("min_budget refuses a granularity of 0", "[min_budget][bad-input]") {
   REQUIRE_FALSE(report);
   CHECK(report.error().kind == WorkloadError::Kind::invalid_usage);
 }
+
+TEST_CASE("min_budget counts the executor's own set-up: a refused set-up is a failed try",
+          "[min_budget]") {
+  const Workload nothing = [](LlvmRuntimeExecutor &) -> RhiStatus { return {}; };
+  auto report = kiln::testing::min_budget(nothing, mock_options());
+  REQUIRE(report);
+  CHECK(report->budget_bytes >= 1_MiB);  // the heap chunk at least
+  CHECK(report->budget_bytes <= 1_MiB + 2 * 64_KiB + host_program()->code_size_bytes());
+  REQUIRE(report->refused.has_value());  // refused by create(), below the answer
+  CHECK(is_out_of_memory(classify(*report->refused)));
+}
