@@ -100,9 +100,10 @@ void print_run(std::FILE *out, const SweepRunResult &r, uint64_t total) {
       r.run.category ? fmt::format("{} {}", to_string(*r.run.category),
                                    format_bytes(r.run.requested_bytes))
                      : std::string("not reached");
-  fmt::print(out, "sweep {}/{}: request {} ({}) in {}: {}{}\n", r.run.at, total, r.run.at, request,
-             r.case_name.empty() ? "no case" : r.case_name, r.verdict,
-             r.run.leaked() ? fmt::format("; left held: {}", held_text(r.run.leaked_bytes)) : "");
+  fmt::print(out, "sweep {}/{}: request {} ({}) in {}: {}{}{}\n", r.run.at, total, r.run.at,
+             request, r.case_name.empty() ? "no case" : r.case_name, r.verdict,
+             r.run.leaked() ? fmt::format("; left held: {}", held_text(r.run.leaked_bytes)) : "",
+             r.ok ? "" : " [broke the contract]");
   std::fflush(out);
 }
 
