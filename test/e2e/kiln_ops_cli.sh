@@ -367,5 +367,98 @@ check "--junit - sends the verdict lines to stderr" grep -q 'fill/f32/tiny: OK' 
 check "--junit into a full device exits 1 (got $rc)" test "$rc" -eq 1
 check "--junit into a full device says so" grep -q 'cannot write /dev/full' "$tmp/junit_full.txt"
 
+# --sweep (issue 14): one counting run, then one run per allocation request with that one
+# failing; every request of the run fails once, no case FAILs, memory is back at the baseline
+# after each run. The tiny f32 cases only: a sweep of the whole cpu suite is ~430 runs.
+tiny='/f32/tiny$'
+for backend in mock cpu; do
+  "$ops" --backend "$backend" --filter "$tiny" > "$tmp/plain_$backend.txt" 2>&1
+  requests=$(sed -n 's/^allocations: //p' "$tmp/plain_$backend.txt")
+  "$ops" --sweep --backend "$backend" --filter "$tiny" --json "$tmp/sweep_$backend.json" \
+    > "$tmp/sweep_$backend.txt" 2>&1; rc=$?
+  check "--sweep on $backend exits 0 (got $rc)" test "$rc" -eq 0
+  check "--sweep on $backend: one run per request of a plain run ($requests)" \
+    test "$(grep -c '^sweep [0-9]*/'"$requests"': request ' "$tmp/sweep_$backend.txt")" -eq "$requests"
+  check "--sweep on $backend: every run refused its case with the injected DeviceOutOfMemoryError" \
+    test "$(grep -c ' in [a-z_]*/f32/tiny: REFUSED DeviceOutOfMemoryError$' "$tmp/sweep_$backend.txt")" -eq "$requests"
+  check "--sweep on $backend: the summary says no run broke the contract" \
+    grep -q "^sweep: $requests allocation request(s) in the counting run of 8 case(s) (8 OK, 0 refused, 0 failed); $requests run(s), one per request, 0 broke the contract$" "$tmp/sweep_$backend.txt"
+  check "--sweep on $backend: JSON has each request failed once, nothing left held" $py - "$tmp/sweep_$backend.json" "$requests" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); n = int(sys.argv[2]); s = d["sweep"]
+assert d["status"] == "passed" and d["exit_status"] == 0 and s["error"] is None, d["status"]
+assert s["allocations"] == s["runs_total"] == d["summary"]["allocations"] == n and s["broken"] == 0, s
+assert [r["at"] for r in s["runs"]] == list(range(1, n + 1)), s["runs"]
+for r in s["runs"]:
+    assert r["ok"] and r["error"] == "DeviceOutOfMemoryError" and r["category"] and r["case"], r
+    assert not any(r["leaked_bytes"].values()), r
+assert d["min_budget"] is None
+PY
+  # --fault aimed at each category that the cases request: only those requests are failed,
+  # and together they are every request of the run.
+  total=0
+  for category in ndarray staging argument_buffer result_buffer runtime_heap code_object; do
+    "$ops" --sweep --backend "$backend" --filter "$tiny" --fault "category=$category" \
+      --json "$tmp/sweep_cat.json" > "$tmp/sweep_cat.txt" 2>&1; rc=$?
+    check "--sweep --fault category=$category on $backend exits 0 (got $rc)" test "$rc" -eq 0
+    n=$($py -c 'import json,sys; print(json.load(open(sys.argv[1]))["sweep"]["allocations"])' "$tmp/sweep_cat.json")
+    total=$((total + n))
+    check "--sweep --fault category=$category on $backend fails only $category requests ($n)" \
+      test "$(grep -c "^sweep [0-9]*/$n: request [0-9]* ($category [0-9.]* [KMG]*i*B) in .*: REFUSED DeviceOutOfMemoryError$" "$tmp/sweep_cat.txt")" -eq "$n"
+  done
+  check "--sweep on $backend: the categories' requests add up to every request ($total)" test "$total" -eq "$requests"
+done
+check "--sweep --fault category=staging sweeps the staged axpy" \
+  grep -q '^sweep 1/1: request 1 (staging 28 B) in axpy_staged/f32/tiny: REFUSED DeviceOutOfMemoryError$' \
+  <("$ops" --sweep --backend mock --filter "$tiny" --fault category=staging 2>&1)
+
+# --min-budget: the smallest budget (bytes, to 4 KiB) under which the cases pass; a plain run
+# under the MiB above it passes and under the MiB below it refuses a case.
+"$ops" --min-budget --backend mock --heap-mb 1 --filter allocate/f32/medium --json "$tmp/mb.json" \
+  > "$tmp/mb.txt" 2>&1; rc=$?
+check "--min-budget exits 0 (got $rc)" test "$rc" -eq 0
+check "--min-budget prints the budget in bytes and MiB" \
+  grep -Eq '^min-budget: [0-9.]+ MiB \([0-9]+ bytes\) is the smallest budget under which the 1 case\(s\) pass, to 4.00 KiB' "$tmp/mb.txt"
+check "--min-budget prints the peak per category at it" grep -q '^peak memory per category at it: ndarray 4.00 MiB' "$tmp/mb.txt"
+check "--min-budget prints the refusal just below it" \
+  grep -q '^refused just below it (budget [0-9]* bytes): BudgetExceededError: mock could not allocate 4.00 MiB for ndarray' "$tmp/mb.txt"
+bytes=$($py -c 'import json,sys; print(json.load(open(sys.argv[1]))["min_budget"]["budget_bytes"])' "$tmp/mb.json")
+check "--min-budget's JSON has the budget it printed ($bytes)" grep -q "($bytes bytes)" "$tmp/mb.txt"
+above=$(( (bytes + (1 << 20) - 1) >> 20 )); below=$(( bytes >> 20 ))
+check "a plain run under ${above} MiB passes every case" \
+  grep -q '^1/1 cases OK' <("$ops" --backend mock --heap-mb 1 --filter allocate/f32/medium --budget-mb "$above" 2>&1)
+check "a plain run under ${below} MiB refuses the case" \
+  grep -q 'REFUSED BudgetExceededError' <("$ops" --backend mock --heap-mb 1 --filter allocate/f32/medium --budget-mb "$below" 2>&1)
+
+# The named errors: status 3, said on stderr.
+"$ops" --min-budget --backend mock --filter allocate/f32/medium --budget-mb 17 > /dev/null 2> "$tmp/mb_err.txt"; rc=$?
+check "--min-budget of cases refused under the largest budget exits 3 (got $rc)" test "$rc" -eq 3
+check "... and says MinBudgetError" grep -q '^kiln-ops: MinBudgetError: min_budget: the workload fails even under the largest budget, 17825792 bytes: BudgetExceededError' "$tmp/mb_err.txt"
+"$ops" --sweep --backend mock --filter allocate/f32/medium --budget-mb 17 > /dev/null 2> "$tmp/sw_err.txt"; rc=$?
+check "--sweep of cases refused without a fault exits 3 (got $rc)" test "$rc" -eq 3
+check "... and says SweepError" grep -q '^kiln-ops: SweepError: sweep: the workload fails without any fault: BudgetExceededError' "$tmp/sw_err.txt"
+
+# Exclusive options: usage errors naming the conflict, nothing run.
+while IFS='|' read -r args words; do
+  # shellcheck disable=SC2086
+  "$ops" $args --filter "$tiny" > "$tmp/excl.txt" 2>&1; rc=$?
+  check "'$args' exits 2 (got $rc)" test "$rc" -eq 2
+  check "'$args' says: $words" grep -qF -- "$words" "$tmp/excl.txt"
+  check "'$args' runs nothing" bash -c "! grep -q '^sweep \|^min-budget' '$tmp/excl.txt'"
+done <<'ARGS'
+--sweep --min-budget|--sweep and --min-budget cannot both be given
+--sweep --repeat 2|--sweep and --repeat 2 cannot both be given
+--min-budget --repeat 3|--min-budget and --repeat 3 cannot both be given
+--sweep --fault-at 3|--sweep and --fault-at cannot both be given
+--min-budget --fault-at 3|--min-budget and --fault-at cannot both be given
+--min-budget --fault category=staging|--min-budget and --fault cannot both be given
+--sweep --fault nth=2,category=staging|--sweep takes --fault with category= and min_bytes= terms only
+--sweep --fault p=0.5,seed=1|--sweep takes --fault with category= and min_bytes= terms only
+ARGS
+"$ops" --help > "$tmp/help.txt" 2>&1
+for word in '--sweep' '--min-budget' '^  3 '; do
+  check "--help documents '$word'" grep -q -- "$word" "$tmp/help.txt"
+done
+
 if [ "$failures" -ne 0 ]; then echo "kiln_ops_cli: $failures check(s) failed"; exit 1; fi
 echo "kiln_ops_cli: all checks passed"

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include "kiln/rhi/mock_device.h"
+#include "exit_status.h"
+#include "methods.h"
 #include "suite.h"
 #include "test_support.h"
 
@@ -154,4 +156,62 @@ TEST_CASE("filters are RE2: deep nesting is matched without recursion, bad ones 
     options.filter = bad;
     CHECK(ops::selected_cases(options).empty());
   }
+}
+
+TEST_CASE("--sweep over the tiny f32 cases fails each request once, naming the case it hit",
+          "[e2e][sweep]") {
+  ops::SuiteOptions options = mock_options(1_MiB);
+  options.filter = "/f32/tiny$";
+  const ops::SweepModeReport report = ops::run_sweep_mode(options);
+  REQUIRE_FALSE(report.error.has_value());
+  CHECK(report.clean.ok == 8);
+  CHECK(report.allocations == report.clean.allocations);  // selected = all requests: no filter
+  REQUIRE(report.runs.size() == report.allocations);
+  CHECK(report.broken == 0);
+  for (std::size_t i = 0; i < report.runs.size(); ++i) {
+    const ops::SweepRunResult &r = report.runs[i];
+    CHECK(r.run.at == i + 1);
+    CHECK(r.ok);
+    CHECK(r.verdict == "REFUSED DeviceOutOfMemoryError");
+    CHECK_THAT(r.case_name, Catch::EndsWith("/f32/tiny"));
+    CHECK(r.run.category.has_value());
+  }
+  CHECK(report.runs.front().case_name == "allocate/f32/tiny");
+  CHECK(report.runs.back().case_name == "matmul/f32/tiny");
+  CHECK(ops::exit_status_of(report) == ops::ExitStatus::passed);
+}
+
+TEST_CASE("a sweep's exit status: 1 when a run broke the contract, 3 for a named error",
+          "[e2e][sweep]") {
+  ops::SweepModeReport report;
+  CHECK(ops::exit_status_of(report) == ops::ExitStatus::passed);
+  report.broken = 1;
+  CHECK(ops::exit_status_of(report) == ops::ExitStatus::failed);
+  report.error = kiln::testing::WorkloadError{kiln::testing::WorkloadError::Kind::nondeterministic,
+                                              "run 2 made 1", std::nullopt};
+  CHECK(ops::exit_status_of(report) == ops::ExitStatus::no_answer);
+  report.error->kind = kiln::testing::WorkloadError::Kind::setup_failed;
+  report.error->cause = make_failure(RhiResult::not_supported, "cuda", "dlopen", "no driver");
+  CHECK(ops::exit_status_of(report) == ops::ExitStatus::backend_unavailable);
+  ops::MinBudgetModeReport budget;
+  budget.error = kiln::testing::WorkloadError{
+      kiln::testing::WorkloadError::Kind::fails_at_max_budget, "too small", std::nullopt};
+  CHECK(ops::exit_status_of(budget) == ops::ExitStatus::no_answer);
+  CHECK(ops::to_string(ops::ExitStatus::no_answer) == "no_answer");
+}
+
+TEST_CASE("--min-budget finds a budget that passes, the refusal just below it", "[e2e][min_budget]") {
+  ops::SuiteOptions options = mock_options(16_MiB);
+  options.config.device_heap_bytes = 1_MiB;
+  options.config.budget.limit_bytes = 64_MiB;
+  options.filter = "^allocate/f32/medium$";
+  const ops::MinBudgetModeReport report = ops::run_min_budget_mode(options);
+  REQUIRE(report.budget.has_value());
+  CHECK(report.budget->max_budget_bytes == 64_MiB);
+  CHECK(report.budget->budget_bytes > 4_MiB + 1_MiB);
+  CHECK(report.budget->budget_bytes < 64_MiB);
+  REQUIRE(report.budget->refused.has_value());
+  CHECK(report.budget->refused->category == MemoryCategory::ndarray);
+  CHECK(report.budget->refused->requested_bytes == 4_MiB);
+  CHECK(ops::exit_status_of(report) == ops::ExitStatus::passed);
 }

@@ -19,6 +19,7 @@ constexpr std::string_view kEnvironmentHelp =
     "  KILN_POOL_LIMIT_MB  the budget in MiB when --budget-mb is not given\n"
     "  KILN_FAULT          a fault spec armed as --fault when neither --fault nor --fault-at is "
     "given\n"
+    "                      (not by --sweep and --min-budget, which set faults and budgets)\n"
     "  KILN_CUDA_DRIVER    the CUDA driver library to load (default libcuda.so.1)\n"
     "  KILN_HIP_RUNTIME    the HIP runtime library to load (default libamdhip64.so)\n";
 
@@ -126,6 +127,18 @@ void add_options(CLI::App &app, CommandLine &cl, bool &version) {
   add_value(app, "--junit", "PATH",
             "also write the results as JUnit XML, one testcase per case ('-': to stdout)",
             [&cl](const std::string &value) { cl.junit_path = value; });
+  app.add_flag("--sweep", cl.sweep,
+               "run the cases once to count their allocation requests, then once per request "
+               "with that one failing; one line per run (exit 1 if a run broke the contract: a "
+               "case FAILed or memory was left held). --fault with category=/min_bytes= sweeps "
+               "only the requests it selects. Runs: 1 + requests (about 430 on cpu for all "
+               "cases; use --filter)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_flag("--min-budget", cl.min_budget,
+               "bisect the budget (from --budget-mb, KILN_POOL_LIMIT_MB or the device's) for "
+               "the smallest one under which every case is OK, to 4 KiB; prints it, its peak "
+               "per category and the request refused just below it")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_flag("--list", cl.list, "print the case names and exit")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_flag("--version", version, "print kiln's version and exit")
@@ -151,6 +164,26 @@ std::string misuse_after_parse(const CLI::App &app) {
                                     : fmt::format("unexpected argument '{}'", extras[0]);
 }
 
+/// The options --sweep and --min-budget exclude, named; empty when none is given.
+std::string method_conflict(const CommandLine &cl, const CLI::App &app) {
+  if (cl.sweep && cl.min_budget) return "--sweep and --min-budget cannot both be given (one method per run)";
+  if (!cl.sweep && !cl.min_budget) return {};
+  const char *method = cl.sweep ? "--sweep" : "--min-budget";
+  if (cl.suite.repeat > 1)
+    return fmt::format("{} and --repeat {} cannot both be given ({} runs the cases as many "
+                       "times as it needs)", method, cl.suite.repeat, method);
+  if (app.count("--fault-at") != 0)
+    return fmt::format("{} and --fault-at cannot both be given ({})", method,
+                       cl.sweep ? "the sweep fails each request in turn"
+                                : "a fault would refuse every budget");
+  if (cl.min_budget && app.count("--fault") != 0)
+    return "--min-budget and --fault cannot both be given (a fault would refuse every budget)";
+  if (cl.sweep && cl.suite.fault && (cl.suite.fault->nth != 0 || cl.suite.fault->probability))
+    return fmt::format("--sweep takes --fault with category= and min_bytes= terms only (the "
+                       "sweep sets nth itself), got '{}'", cl.suite.fault->to_text());
+  return {};
+}
+
 /// Checks that need every option: the report paths, and the size limit the backend implies.
 std::string finish(CommandLine &cl, const CLI::App &app) {
   if (!cl.json_path.empty() && cl.json_path == cl.junit_path)
@@ -162,10 +195,13 @@ std::string finish(CommandLine &cl, const CLI::App &app) {
       if (auto writable = check_writable(flag, *path); !writable) return writable.error().detail;
   if (app.count("--fault") != 0 && app.count("--fault-at") != 0)
     return "--fault and --fault-at cannot both be given (one fault setting per run)";
+  if (std::string conflict = method_conflict(cl, app); !conflict.empty()) return conflict;
   // KILN_FAULT is checked even when a flag overrides it: every executor checks it too.
   auto env_fault = runtime::fault_spec_from_env();
   if (!env_fault) return env_fault.error().detail;
-  if (app.count("--fault") == 0 && app.count("--fault-at") == 0) cl.suite.fault = *env_fault;
+  const bool method = cl.sweep || cl.min_budget;  // they arm or clear the plan themselves
+  if (app.count("--fault") == 0 && app.count("--fault-at") == 0 && !method)
+    cl.suite.fault = *env_fault;
   if (app.count("--max-array-mb") == 0 && cl.suite.config.backend == Backend::mock)
     cl.suite.max_array_bytes = 16ull << 20;
   // As the runtime reads it (budget_config.cpp): set and not empty.

@@ -19,6 +19,10 @@ struct CommandLine {
   /// Where the budget's limit comes from: "--budget-mb", "KILN_POOL_LIMIT_MB" or "device".
   std::string budget_source;
   bool list = false;
+  /// --sweep: the cases once per allocation request, that request failing (methods.h).
+  bool sweep = false;
+  /// --min-budget: the smallest budget under which the cases pass (methods.h).
+  bool min_budget = false;
 };
 
 /// Parses kiln-ops' arguments (argv[0] is the program). Returns the command line, or the status

@@ -25,6 +25,39 @@ RhiStatus write_reports(const CommandLine &cl, const SuiteReport &report, const 
   return {};
 }
 
+/// --sweep or --min-budget over `cases` (methods.h): prints its lines, says a named error on
+/// stderr, writes the reports (the first run's cases, and a "sweep" or "min_budget" object).
+ExitStatus run_method(const CommandLine &cl, const std::vector<Case> &cases) {
+  SweepModeReport sweep;
+  MinBudgetModeReport budget;
+  RunInfo info{.kiln_version = KILN_VERSION, .options = &cl.suite,
+               .budget_source = cl.budget_source, .exit_status = ExitStatus::passed,
+               .case_names = {}};
+  for (const Case &c : cases) info.case_names.push_back(c.name);
+  if (cl.sweep) {
+    sweep = run_sweep_mode(cl.suite);
+    info.exit_status = exit_status_of(sweep);
+    info.sweep = &sweep;
+  } else {
+    budget = run_min_budget_mode(cl.suite);
+    info.exit_status = exit_status_of(budget);
+    info.min_budget = &budget;
+  }
+  const SuiteReport &first = cl.sweep ? sweep.clean : budget.clean;
+  if (const auto &error = cl.sweep ? sweep.error : budget.error)
+    fmt::print(stderr, "kiln-ops: {}\n",
+               error->cause && error->kind == testing::WorkloadError::Kind::setup_failed
+                   ? fmt::format("could not set up the {} backend: {}",
+                                 to_string(cl.suite.config.backend),
+                                 describe(*error->cause, kKilnOpsKnobs))
+                   : error->describe());
+  if (auto written = write_reports(cl, first, info); !written) {
+    fmt::print(stderr, "kiln-ops: {}\n", written.error().message());
+    return ExitStatus::failed;
+  }
+  return info.exit_status;
+}
+
 ExitStatus run(int argc, char **argv) {
   auto parsed = parse_command_line(argc, argv);
   if (!parsed) return parsed.error();
@@ -39,6 +72,7 @@ ExitStatus run(int argc, char **argv) {
   if (cl.json_path == "-" || cl.junit_path == "-")
     cl.suite.out = stderr;  // stdout carries the report alone
   cl.suite.progress = isatty(STDERR_FILENO) != 0;
+  if (cl.sweep || cl.min_budget) return run_method(cl, cases);
   const SuiteReport report = run_suite(cl.suite);
   RunInfo info{.kiln_version = KILN_VERSION,
                .options = &cl.suite,

@@ -68,6 +68,49 @@ json budget_json(const SuiteReport &report, const RunInfo &info) {
           {"reserve_bytes", b.known ? json(b.reserve_bytes) : json(nullptr)}};
 }
 
+json error_json(const std::optional<testing::WorkloadError> &error) {
+  if (!error) return nullptr;
+  return {{"name", error->name()},
+          {"message", error->message},
+          {"cause", error->cause ? failure_json(*error->cause) : json(nullptr)}};
+}
+
+/// --sweep's object: the counting run's requests and one entry per faulted run.
+json sweep_json(const SweepModeReport *sweep, const SuiteOptions &options) {
+  if (sweep == nullptr) return nullptr;
+  json runs = json::array();
+  for (const SweepRunResult &r : sweep->runs)
+    runs.push_back({{"at", r.run.at},
+                    {"case", r.case_name.empty() ? json(nullptr) : json(r.case_name)},
+                    {"category", r.run.category ? json(to_string(*r.run.category)) : json(nullptr)},
+                    {"requested_bytes", r.run.category ? json(r.run.requested_bytes) : json(nullptr)},
+                    {"verdict", r.verdict},
+                    {"error", r.run.outcome.error_name.empty() ? json(nullptr)
+                                                               : json(r.run.outcome.error_name)},
+                    {"leaked_bytes", category_bytes(r.run.leaked_bytes)},
+                    {"ok", r.ok}});
+  return {{"filter", options.fault ? json(options.fault->to_text()) : json(nullptr)},
+          {"allocations", sweep->allocations},
+          {"runs_total", sweep->runs.size()},
+          {"broken", sweep->broken},
+          {"error", error_json(sweep->error)},
+          {"runs", std::move(runs)}};
+}
+
+/// --min-budget's object: the budget found, its peaks and the refusal just below it.
+json min_budget_json(const MinBudgetModeReport *found) {
+  if (found == nullptr) return nullptr;
+  const auto &b = found->budget;
+  return {{"budget_bytes", b ? json(b->budget_bytes) : json(nullptr)},
+          {"max_budget_bytes", b ? json(b->max_budget_bytes) : json(nullptr)},
+          {"granularity_bytes", found->granularity_bytes},
+          {"runs", b ? json(b->runs) : json(nullptr)},
+          {"peak_bytes", b ? category_bytes(b->peak_bytes) : json(nullptr)},
+          {"refused_budget_bytes", b && b->refused ? json(b->refused_budget_bytes) : json(nullptr)},
+          {"refused", b && b->refused ? failure_json(*b->refused) : json(nullptr)},
+          {"error", error_json(found->error)}};
+}
+
 }  // namespace
 
 std::string json_report(const SuiteReport &report, const RunInfo &info) {
@@ -100,7 +143,9 @@ std::string json_report(const SuiteReport &report, const RunInfo &info) {
        {{"ledger_bytes", report.ledger_after_teardown_bytes},
         {"device_bytes", report.device_after_teardown_bytes}}},
       {"setup_failure", report.setup_failure ? failure_json(*report.setup_failure) : json(nullptr)},
-      {"cases", std::move(cases)}};
+      {"cases", std::move(cases)},
+      {"sweep", sweep_json(info.sweep, options)},
+      {"min_budget", min_budget_json(info.min_budget)}};
   return doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 

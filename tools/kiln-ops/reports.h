@@ -26,6 +26,8 @@ struct RunInfo {
   ExitStatus exit_status = ExitStatus::passed;
   /// The selected cases, in order: a set-up failure reports each of these as not run.
   std::vector<std::string> case_names;
+  const SweepModeReport *sweep = nullptr;           ///< --sweep's findings, or null
+  const MinBudgetModeReport *min_budget = nullptr;  ///< --min-budget's findings, or null
 };
 
 /// The JSON report (schema in README.md, "kiln-ops"). Pure. Invalid UTF-8 in a message (a

@@ -10,7 +10,6 @@
 #include "kiln/executor/advice.h"
 
 namespace kiln::ops {
-namespace {
 
 CaseResult run_case(const Case &c, LlvmRuntimeExecutor &ex) {
   CaseResult r;
@@ -46,6 +45,8 @@ CaseResult run_case(const Case &c, LlvmRuntimeExecutor &ex) {
   return r;
 }
 
+namespace {
+
 /// The "[i/M] case" line on stderr (a TTY) while a case runs. Blanked with spaces, not an
 /// escape sequence, so that a dumb terminal is cleared too. Not thread-safe (one run, one line).
 class ProgressLine {
@@ -70,8 +71,8 @@ class ProgressLine {
   std::size_t width_ = 0;  ///< characters now on the line; 0 when blank
 };
 
-/// The budget the executor was given: its limit and reserve (no device call: a fake driver's
-/// scripted readings and fault counts stay those of the cases).
+}  // namespace
+
 BudgetReport budget_of(const LlvmRuntimeExecutor &ex) {
   const runtime::MemoryStats stats = ex.memory().stats();
   return BudgetReport{.known = true, .limit_bytes = stats.ledger.limit_bytes,
@@ -87,6 +88,8 @@ void print_result(std::FILE *out, const CaseResult &r) {
   }
   std::fflush(out);
 }
+
+namespace {
 
 void print_summary(std::FILE *out, const SuiteReport &report) {
   if (out == nullptr) return;

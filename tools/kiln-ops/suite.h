@@ -87,6 +87,15 @@ struct SuiteReport {
 [[nodiscard]] RhiStatus check_filter(const std::string &filter);
 /// The cases the options select (size limit and filter), in order; none for an invalid filter.
 [[nodiscard]] std::vector<Case> selected_cases(const SuiteOptions &options);
+/// Runs one case on `ex` and judges it: OK, FAIL (wrong values, or an error other than
+/// out-of-memory or a lost device) or REFUSED; reads the ledger and device after it. A
+/// std::bad_alloc from the host reference is HostOutOfMemoryError. Never throws otherwise.
+[[nodiscard]] CaseResult run_case(const Case &c, LlvmRuntimeExecutor &ex);
+/// The budget the executor was given: its limit and reserve (no device call: a fake driver's
+/// scripted readings and fault counts stay those of the cases).
+[[nodiscard]] BudgetReport budget_of(const LlvmRuntimeExecutor &ex);
+/// Prints "<case>: OK", "<case>: FAIL <why>" or "<case>: REFUSED <error>" on `out` (null: none).
+void print_result(std::FILE *out, const CaseResult &r);
 /// Runs the suite. Never throws for device answers; a refused case does not stop the sweep.
 /// The JSON and JUnit reports of a run are written by report_json.h / report_junit.h.
 [[nodiscard]] SuiteReport run_suite(const SuiteOptions &options);
