@@ -31,7 +31,7 @@ void *view_address(const PyArray &a, const Ndarray &array) {
     raise_failure(make_failure(RhiResult::not_supported, a.device, "buffer",
                                fmt::format("device {} is not host-addressable: no zero-copy "
                                            "view of ndarray {}; use to_numpy()",
-                                           a.device, a.description)));
+                                           a.device, a.description())));
   return reinterpret_cast<void *>(check(array.device_address("buffer")));
 }
 
@@ -75,6 +75,7 @@ int ndarray_getbuffer(PyObject *self, Py_buffer *view, int flags) {
   try {
     PyArray &a = as_array(self, "buffer", "self");
     const Ndarray &array = a.get("buffer");
+    a.view_layout();
     // Always C-contiguous: a Fortran-order request can only be met by 0-d and 1-D arrays.
     if ((flags & PyBUF_F_CONTIGUOUS) == PyBUF_F_CONTIGUOUS && a.view_shape.size() > 1) {
       PyErr_SetString(PyExc_BufferError, "kiln.ndarray is C-contiguous, not Fortran-contiguous");

@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 
 #include <climits>
+#include <iterator>
+#include <string>
 #include <string_view>
 
 #include "error_mapping.h"
@@ -17,10 +19,16 @@
 namespace kiln::python {
 namespace {
 
-/// numpy.<name> (numpy.bool_, numpy.complexfloating).
-py::object numpy_attr(const char *name) { return py::module_::import("numpy").attr(name); }
+/// What every call compares against, looked up once by register_conversions (at import, GIL
+/// held) and kept for the life of the process (never released: no destructor runs at exit).
+struct CachedTypes {
+  PyObject *numpy_bool = nullptr;              // numpy.bool_
+  PyObject *numpy_complexfloating = nullptr;   // numpy.complexfloating
+  PyObject *dtypes[std::size(kAllDataTypes)] = {};  // kiln.f32, f64, i32, i64, as kAllDataTypes
+};
+CachedTypes g_types;
 
-bool is_numpy_bool(py::handle value) { return py::isinstance(value, numpy_attr("bool_")); }
+bool is_numpy_bool(py::handle value) { return py::isinstance(value, g_types.numpy_bool); }
 
 /// Whether a Python error raised by user code must go on unchanged rather than become a kiln
 /// error: KeyboardInterrupt, SystemExit (not an Exception) and MemoryError.
@@ -114,7 +122,7 @@ std::string wrong_scalar_detail(py::handle value, DataType dtype, const char *si
 /// __cause__; an OverflowError is InvalidUsageError (out of range); KeyboardInterrupt,
 /// SystemExit and MemoryError go on unchanged.
 Scalar real_scalar(py::handle value, DataType dtype, const char *site, bool is_array) {
-  if (PyComplex_Check(value.ptr()) || py::isinstance(value, numpy_attr("complexfloating")) ||
+  if (PyComplex_Check(value.ptr()) || py::isinstance(value, g_types.numpy_complexfloating) ||
       (is_array && py::reinterpret_borrow<py::array>(value).dtype().kind() == 'c'))
     raise_wrong_scalar(value, dtype, site, "a real number");
   if (!PyFloat_Check(value.ptr()) && !PyIndex_Check(value.ptr()) && !PyNumber_Check(value.ptr()))
@@ -159,6 +167,7 @@ std::string type_name(py::handle value) {
 }
 
 bool is_integer(py::handle value) {
+  if (PyLong_CheckExact(value.ptr())) return true;  // the common case: not a bool, not a dtype
   if (py::isinstance<py::array>(value)) {  // numpy arrays have __index__, only 0-d integer ones work
     const auto arr = py::reinterpret_borrow<py::array>(value);
     return arr.ndim() == 0 && (arr.dtype().kind() == 'i' || arr.dtype().kind() == 'u');
@@ -231,6 +240,8 @@ bool is_numpy_dtype_like(py::handle value) {
 }  // namespace
 
 DataType to_dtype(py::handle value, const char *site) {
+  for (std::size_t i = 0; i < std::size(kAllDataTypes); ++i)  // kiln.f32 itself: nothing to convert
+    if (value.ptr() == g_types.dtypes[i]) return kAllDataTypes[i];
   if (py::isinstance<DataType>(value)) {
     const DataType d = value.cast<DataType>();
     if (!is_valid(d))
@@ -300,6 +311,14 @@ py::dict category_bytes(const CategoryBytes &bytes) {
   for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
     out[py::str(std::string(to_string(static_cast<MemoryCategory>(i))))] = bytes[i];
   return out;
+}
+
+void register_conversions(py::module_ &m) {
+  const py::module_ numpy = py::module_::import("numpy");
+  g_types.numpy_bool = py::object(numpy.attr("bool_")).release().ptr();
+  g_types.numpy_complexfloating = py::object(numpy.attr("complexfloating")).release().ptr();
+  for (std::size_t i = 0; i < std::size(kAllDataTypes); ++i)
+    g_types.dtypes[i] = py::object(m.attr(std::string(to_string(kAllDataTypes[i])).c_str())).release().ptr();
 }
 
 }  // namespace kiln::python

@@ -20,6 +20,7 @@ PYBIND11_MODULE(_kiln, m) {
   options.disable_function_signatures();
   register_error_mapping(m);
   register_dtype(m);
+  register_conversions(m);
   register_executor_state(m);
   register_ndarray(m);
   register_dlpack(m);

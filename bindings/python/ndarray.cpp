@@ -71,20 +71,20 @@ void free_array(py::handle self) {
   PyArray &a = as_array(self, "free", "self");
   if (a.busy > 0)
     raise_invalid_usage(a.device, "free",
-                        fmt::format("ndarray {} is in use by an operation running now", a.description));
+                        fmt::format("ndarray {} is in use by an operation running now", a.description()));
   if (a.exports > 0)
     raise_invalid_usage(a.device, "free",
                         fmt::format("ndarray {} still has {} export(s) (memoryview, "
                                     "np.asarray, a DLPack capsule or the array a consumer made "
                                     "from it); delete them first",
-                                    a.description, a.exports));
+                                    a.description(), a.exports));
   if (a.pointer_shared)
     raise_invalid_usage(a.device, "free",
                         fmt::format("ndarray {} handed its pointer out through "
                                     "__cuda_array_interface__, which has no release: drop the "
                                     "consumers (cupy/torch/numba arrays) and the array, and "
                                     "garbage collection frees it",
-                                    a.description));
+                                    a.description()));
   const Ndarray &array = a.get("free");
   if (auto owner = a.owner.lock()) {
     check(owner->free(a.array));
@@ -118,7 +118,7 @@ py::array host_copy_for(const PyArray &a, const Ndarray &array) {
   } catch (py::error_already_set &e) {
     if (!e.matches(PyExc_MemoryError)) throw;
     raise_host_oom(a.device, "to_numpy", array.nbytes(),
-                   fmt::format("the host copy of ndarray {}", a.description));
+                   fmt::format("the host copy of ndarray {}", a.description()));
   }
 }
 
@@ -149,7 +149,7 @@ std::string ndarray_repr(py::handle s) {
   if (!py::isinstance<PyArray>(s)) return "kiln.ndarray(?)";
   const PyArray *a = initialized_array(s);
   if (a == nullptr) return "kiln.ndarray(uninitialized)";
-  return fmt::format("kiln.ndarray({}, device='{}'{})", a->description, a->device,
+  return fmt::format("kiln.ndarray({}, device='{}'{})", a->description(), a->device,
                      a->is_freed() ? ", freed" : "");
 }
 
@@ -218,20 +218,21 @@ PyArray::PyArray(Ndarray a, const std::shared_ptr<LlvmRuntimeExecutor> &ex)
     : array(std::move(a)),
       owner(ex),
       device(ex->device().name()),
-      description(array.describe()),
       dtype(array.dtype()),
       shape(array.shape()),
       nbytes(array.nbytes()),
-      size(array.num_elements()) {
+      size(array.num_elements()) {}
+
+void PyArray::view_layout() {
+  if (view_shape.size() == shape.size() && view_strides.size() == shape.size()) return;
   const int64_t item = static_cast<int64_t>(itemsize(dtype));
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    view_shape.push_back(static_cast<Py_ssize_t>(shape[i]));
-    view_strides.push_back(static_cast<Py_ssize_t>(array.strides()[i] * item));
-  }
+  view_shape.assign(shape.begin(), shape.end());
+  view_strides.clear();
+  for (const int64_t stride : array.strides()) view_strides.push_back(static_cast<Py_ssize_t>(stride * item));
 }
 
 const Ndarray &PyArray::get(const char *site) const {
-  if (dropped) raise_invalid_usage(device, site, fmt::format("ndarray {} used after it was freed", description));
+  if (dropped) raise_invalid_usage(device, site, fmt::format("ndarray {} used after it was freed", description()));
   return array;
 }
 

@@ -30,7 +30,6 @@ struct PyArray {
   Ndarray array;
   std::weak_ptr<LlvmRuntimeExecutor> owner;
   std::string device;
-  std::string description;  // "f32[2, 3]"
   DataType dtype;
   std::vector<int64_t> shape;
   uint64_t nbytes = 0;
@@ -42,11 +41,16 @@ struct PyArray {
   // for good, and the memory goes back only when the array is garbage-collected (the consumers
   // hold a reference to it, as the interface's specification requires).
   bool pointer_shared = false;
-  std::vector<Py_ssize_t> view_shape, view_strides;  // in bytes, for the buffer protocol
+  // For the buffer protocol (strides in bytes), filled by the first view (view_layout()).
+  std::vector<Py_ssize_t> view_shape, view_strides;
 
   PyArray(Ndarray a, const std::shared_ptr<LlvmRuntimeExecutor> &ex);
 
   [[nodiscard]] bool is_freed() const { return dropped || array.is_freed(); }
+  /// "f32[2, 3]", for messages (formatted when asked: an array's creation formats nothing).
+  [[nodiscard]] std::string description() const { return describe_array(dtype, shape); }
+  /// Fills view_shape and view_strides once; the views point into them while the array lives.
+  void view_layout();
   /// The handle, or InvalidUsageError when it was dropped by free().
   const Ndarray &get(const char *site) const;
 };

@@ -48,7 +48,7 @@ void axpy_from_host(LlvmRuntimeExecutor &ex, const Scalar &a, py::handle x, PyAr
   if (dtype != yy.dtype() || shape != yy.shape())
     raise_invalid_usage(y.device, "axpy",
                         fmt::format("axpy needs x of y's dtype and shape: x is {}, y is {}",
-                                    describe_array(dtype, shape), y.description));
+                                    describe_array(dtype, shape), y.description()));
   const py::array host = contiguous_host_array(input, "axpy");
   const std::span<const std::byte> bytes(static_cast<const std::byte *>(host.data()),
                                          static_cast<std::size_t>(host.nbytes()));

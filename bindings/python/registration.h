@@ -17,6 +17,10 @@ namespace py = pybind11;
 void register_error_mapping(py::module_ &m);
 /// kiln.dtype and its values f32, f64, i32, i64 (dtype.cpp).
 void register_dtype(py::module_ &m);
+/// Looks up, once, what the conversions of every call compare against: numpy's bool_ and
+/// complexfloating types and the dtype values kiln.f32 ... i64 (conversions.cpp); after
+/// register_dtype. Registers nothing.
+void register_conversions(py::module_ &m);
 /// kiln.init, kiln.device, kiln._shutdown (executor_state.cpp).
 void register_executor_state(py::module_ &m);
 /// kiln.ndarray (buffer protocol included) and kiln.from_numpy (ndarray.cpp).
