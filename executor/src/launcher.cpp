@@ -80,8 +80,7 @@ RhiStatus KernelLauncher::check_injected_launch_fault(const std::string &kernel)
     memory_.annotate(f);
     return std::unexpected(std::move(f));
   }
-  return std::unexpected(injected_launch_fault(memory_.device().name(), kSite, kernel)
-                             .add_context(fmt::format("running {}", kernel)));
+  return std::unexpected(injected_launch_fault(memory_.device().name(), kSite, kernel));
 }
 
 RhiExpected<LaunchResult> KernelLauncher::launch(const LaunchSpec &spec) {

@@ -124,6 +124,8 @@ TEST_CASE("kind=lost fails the request device_lost, marks the device lost for ev
   auto ex = executor_on(backend);
   Ndarray before = upload<float>(*ex, DataType::f32, {1.0f, 2.0f});
   const uint64_t ledger_before = ledger_bytes(*ex);
+  int observed = 0;  // OOM observers see out-of-memory refusals, not a lost device
+  ex->memory().add_oom_observer([&observed](const Failure &) { ++observed; });
   REQUIRE(ex->arm_fault(parsed("kind=lost,nth=2")));
   const int64_t shape[1] = {256};
   Ndarray first = value_or_throw(ex->ndarray(DataType::f32, shape));  // the 1st: passes
@@ -134,6 +136,7 @@ TEST_CASE("kind=lost fails the request device_lost, marks the device lost for ev
   CHECK(second.error().injected);
   CHECK_THAT(second.error().message(), Catch::Contains("injected device loss"));
   CHECK(ex->device().is_lost());
+  CHECK(observed == 0);
   value_or_throw(ex->free(first));
   CHECK(ledger_bytes(*ex) == ledger_before);  // the refused request holds nothing
 
