@@ -44,11 +44,13 @@ void push_fault(py::handle at) {
 
 /// Enters an inject block: `spec` (FaultSpec grammar) decides every request from now on,
 /// replacing the plan's setting until the block exits. Errors: InvalidTypeError (not a str),
-/// InvalidUsageError (the spec does not parse: nothing is armed).
+/// InvalidUsageError (the spec does not parse, or its kernel= names no kernel: nothing is armed).
 void push_inject(py::handle spec_obj) {
   const std::string text = to_text(spec_obj, "spec", "inject");
   RhiExpected<runtime::FaultSpec> spec = runtime::FaultSpec::parse(text);
   if (!spec) raise_invalid_usage("kiln", "inject", spec.error().detail);
+  if (auto known = check_fault_kernel(*spec); !known)
+    raise_invalid_usage("kiln", "inject", known.error().detail);
   runtime::RequestFaultPlan &plan = executor()->memory().fault_plan();
   fault_blocks().push_back({plan.allocation_count(), FaultPlan::kNever, plan.setting(),
                             /*inject=*/true});

@@ -64,6 +64,10 @@ RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create_un
   // that its counts start at the program's first request.
   KILN_ASSIGN_OR_RETURN(const std::optional<runtime::FaultSpec> env_fault,
                         runtime::fault_spec_from_env());
+  if (auto known = env_fault ? check_fault_kernel(*env_fault) : RhiStatus{}; !known) {
+    known.error().detail = fmt::format("KILN_FAULT: {}", known.error().detail);
+    return std::unexpected(std::move(known).error());
+  }
   auto context = std::make_shared<DeviceContext>();
   KILN_ASSIGN_OR_RETURN(context->device,
                         create_device(config.backend, DeviceOptions{.mock = config.mock}));
@@ -118,6 +122,32 @@ RhiStatus LlvmRuntimeExecutor::init_runtime() {
   module_ = *module;
   launcher_ = std::make_unique<GpuKernelLauncher>(memory, gpu, *program_, *module_, *runtime_state_alloc_,
                                                   heap_alloc_, config_.device_heap_bytes);
+  return {};
+}
+
+RhiStatus check_fault_kernel(const runtime::FaultSpec &spec) {
+  if (spec.kernel.empty()) return {};
+  static constexpr std::string_view kKernels[] = {
+#define KILN_KERNEL_NAME(op, dtype) "kiln_" #op "_" #dtype,
+      KILN_FOR_EACH_KERNEL(KILN_KERNEL_NAME)
+#undef KILN_KERNEL_NAME
+  };
+  for (std::string_view kernel : kKernels)
+    if (runtime::FaultSpec::kernel_named(spec.kernel, kernel)) return {};
+  std::string ops;
+#define KILN_OP_NAME(op, dtype) ops += (ops.empty() ? "" : ", ") + std::string(#op);
+  KILN_FOR_EACH_KERNEL_OF_DTYPE(KILN_OP_NAME, f32)
+#undef KILN_OP_NAME
+  return std::unexpected(invalid_usage(
+      "kiln", "check_fault_kernel",
+      fmt::format("fault spec '{}': kernel={} names no kernel; the ops are {} (each a kernel "
+                  "kiln_<op>_<dtype>, dtype f32, f64, i32 or i64)",
+                  spec.to_text(), spec.kernel, ops)));
+}
+
+RhiStatus LlvmRuntimeExecutor::arm_fault(const runtime::FaultSpec &spec) {
+  KILN_RETURN_IF_ERROR(check_fault_kernel(spec));
+  memory().fault_plan().arm(spec);
   return {};
 }
 

@@ -70,6 +70,19 @@ RhiStatus KernelLauncher::check_device_error(const std::string &kernel) {
                                                   state.error_code, state.error_message)));
 }
 
+RhiStatus KernelLauncher::check_injected_launch_fault(const std::string &kernel) {
+  const std::optional<runtime::FaultKind> kind = memory_.fault_plan().launch_fault(kernel);
+  if (!kind) [[likely]]
+    return {};
+  constexpr const char *kSite = "KernelLauncher::launch";
+  if (*kind == runtime::FaultKind::heap) {  // reported as check_device_error reports a real one
+    Failure f = injected_heap_exhaustion(memory_.device().name(), kSite, kernel);
+    memory_.annotate(f);
+    return std::unexpected(std::move(f));
+  }
+  return std::unexpected(injected_launch_fault(memory_.device().name(), kSite, kernel));
+}
+
 RhiExpected<LaunchResult> KernelLauncher::launch(const LaunchSpec &spec) {
   // A host allocation of the launch itself (its request list, the task results) may fail.
   return runtime::guard_host_exceptions(memory_.device().name(), "KernelLauncher::launch",
@@ -88,6 +101,7 @@ RhiExpected<LaunchResult> KernelLauncher::launch_unguarded(const LaunchSpec &spe
                       static_cast<uint64_t>(num_tasks) * sizeof(KilnTaskResult), true});
   for (const HostOperand &op : spec.host_operands)
     if (!op.bytes.empty()) requests.push_back({MemoryCategory::staging, op.bytes.size(), false});
+  for (runtime::AllocRequest &r : requests) r.kernel = spec.kernel;  // for a fault spec's kernel=
   KILN_ASSIGN_OR_RETURN_CONTEXT(std::vector<DeviceAllocation> allocs,
                                 memory_.allocate_group(requests), "preparing launch of {}",
                                 spec.kernel);
@@ -113,6 +127,7 @@ RhiExpected<LaunchResult> KernelLauncher::launch_unguarded(const LaunchSpec &spe
 
   KILN_ASSIGN_OR_RETURN(const uint64_t runtime_address, device.device_address(runtime_state_));
   KILN_ASSIGN_OR_RETURN(const uint64_t args_address, device.device_address(group[0]));
+  KILN_RETURN_IF_ERROR(check_injected_launch_fault(spec.kernel));
   KILN_RETURN_IF_ERROR(execute(spec.kernel, runtime_address, args_address, num_tasks, spec.iteration_size));
   KILN_RETURN_IF_ERROR(check_device_error(spec.kernel));
 

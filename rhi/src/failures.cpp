@@ -66,6 +66,41 @@ Failure injected_fault(std::string device, const char *site, MemoryCategory cate
   return f;
 }
 
+Failure injected_device_lost(std::string device, const char *site, MemoryCategory category,
+                             uint64_t requested_bytes, std::source_location where) {
+  Failure f = make_failure(
+      RhiResult::device_lost, std::move(device), site,
+      fmt::format("injected device loss (fault spec kind=lost) while allocating {} for {}",
+                  format_bytes(requested_bytes), to_string(category)),
+      where);
+  f.category = category;
+  f.requested_bytes = requested_bytes;
+  f.injected = true;
+  return f;
+}
+
+Failure injected_launch_fault(std::string device, const char *site, std::string_view kernel,
+                              std::source_location where) {
+  Failure f = make_failure(
+      RhiResult::error, std::move(device), site,
+      fmt::format("launch of kernel {} failed: injected launch fault (fault spec kind=launch)",
+                  kernel),
+      where);
+  f.allocating = false;
+  f.injected = true;
+  return f;
+}
+
+Failure injected_heap_exhaustion(std::string device, const char *site, std::string_view kernel,
+                                 std::source_location where) {
+  Failure f = device_heap_exhausted(
+      std::move(device), site, 0,
+      fmt::format("kernel {}: injected device-heap exhaustion (fault spec kind=heap)", kernel),
+      where);
+  f.injected = true;
+  return f;
+}
+
 Failure budget_refusal(BudgetCheck check, const char *site, MemoryCategory category,
                        uint64_t requested_bytes, const MemorySnapshot &memory,
                        std::source_location where) {

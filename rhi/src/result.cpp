@@ -134,6 +134,8 @@ std::string out_of_memory_head(const Failure &f) {
       return f.budget_check == BudgetCheck::live_free ? live_refusal_head(f, what)
                                                       : limit_refusal_head(f, what);
     case OomSource::device_heap:
+      if (f.injected)  // no kernel asked for anything: the detail says what was injected
+        return fmt::format("{} device heap exhausted: {}", f.device, what);
       return fmt::format("{} device heap exhausted: a kernel asked for {} ({})", f.device,
                          format_bytes(f.requested_bytes), what);
     case OomSource::host:

@@ -72,11 +72,18 @@ RhiStatus DeviceMemory::check_fault_plan(std::span<const AllocRequest> requests)
       fault_plan_.count(requests);
     return {};
   }
-  const AllocRequest *refused = fault_plan_.first_refused(requests);
-  if (refused == nullptr) return {};
+  const RequestFaultPlan::Refusal refused = fault_plan_.first_refused(requests);
+  if (!refused) return {};
+  if (refused.kind == FaultKind::lost) {
+    // A sticky fault, as a driver's: the device is lost for every later call (fast path too).
+    Failure lost = injected_device_lost(device_.name(), "DeviceMemory::check_fault_plan",
+                                        refused.request->category, refused.request->size_bytes);
+    device_.mark_lost(lost);
+    return std::unexpected(std::move(lost));
+  }
   driver_ooms_.fetch_add(1, std::memory_order_relaxed);
   return std::unexpected(injected_fault(device_.name(), "DeviceMemory::check_fault_plan",
-                                        refused->category, refused->size_bytes));
+                                        refused.request->category, refused.request->size_bytes));
 }
 
 RhiStatus DeviceMemory::check_not_observing() const {
@@ -102,6 +109,7 @@ RhiStatus DeviceMemory::admit(std::span<const AllocRequest> requests) {
   // The fault plan decides once per request; an observer that frees memory lets it through.
   auto fault = check_fault_plan(requests);
   if (fault) return {};
+  if (fault.error().result != RhiResult::out_of_memory) return fault;  // lost: no observer cures it
   annotate(fault.error());
   if (!notify_observers(fault.error())) return fault;
   retries_.fetch_add(1, std::memory_order_relaxed);

@@ -61,6 +61,22 @@ std::optional<MemoryCategory> category_named(std::string_view name) {
   return std::nullopt;
 }
 
+/// Whether `name` is an identifier: [A-Za-z_][A-Za-z0-9_]*.
+bool is_identifier(std::string_view name) {
+  const auto alpha = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; };
+  if (name.empty() || !alpha(name.front())) return false;
+  for (char c : name)
+    if (!alpha(c) && !(c >= '0' && c <= '9')) return false;
+  return true;
+}
+
+/// The kind named `name` (to_string(FaultKind)'s names).
+std::optional<FaultKind> kind_named(std::string_view name) {
+  for (FaultKind kind : {FaultKind::oom, FaultKind::lost, FaultKind::launch, FaultKind::heap})
+    if (to_string(kind) == name) return kind;
+  return std::nullopt;
+}
+
 /// Parses one `key=value` term into `spec`; `seen` holds the keys already given.
 RhiStatus parse_term(std::string_view text, std::string_view term, FaultSpec &spec, std::string &seen) {
   const std::size_t eq = term.find('=');
@@ -91,11 +107,13 @@ RhiStatus parse_term(std::string_view text, std::string_view term, FaultSpec &sp
     if (!s) return bad_term(text, term, "needs a whole number");
     spec.seed = *s;
   } else if (key == "kind") {
-    if (value == "lost" || value == "launch" || value == "heap")
-      return bad_term(text, term, "is not supported yet (only kind=oom)");
-    if (value != "oom") return bad_term(text, term, "names no failure kind (kind=oom)");
+    const std::optional<FaultKind> kind = kind_named(value);
+    if (!kind) return bad_term(text, term, "names no failure kind (oom, lost, launch, heap)");
+    spec.kind = *kind;
   } else if (key == "kernel") {
-    return bad_term(text, term, "is not supported yet (faults target allocation requests only)");
+    if (!is_identifier(value))
+      return bad_term(text, term, "needs an op or kernel name (letters, digits, '_')");
+    spec.kernel = value;
   } else {
     return bad_term(text, term, "has an unknown key");
   }
@@ -119,11 +137,45 @@ RhiExpected<FaultSpec> FaultSpec::parse(std::string_view text) {
     return bad_term(text, "seed", "is given without p (the seed is for p's draws)");
   if (spec.nth != 0 && spec.probability)
     return bad_term(text, "p", "cannot be combined with nth (one trigger per spec)");
+  if (spec.targets_launches()) {
+    const std::string why = fmt::format(
+        "filters allocation requests; kind={} counts launches (filter them with kernel=)",
+        to_string(spec.kind));
+    if (spec.category) return bad_term(text, "category", why);
+    if (seen.find("|min_bytes|") != std::string::npos) return bad_term(text, "min_bytes", why);
+  }
   return spec;
 }
 
+std::string_view to_string(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::oom: return "oom";
+    case FaultKind::lost: return "lost";
+    case FaultKind::launch: return "launch";
+    case FaultKind::heap: return "heap";
+  }
+  return "oom";
+}
+
+bool FaultSpec::kernel_named(std::string_view name, std::string_view kernel) {
+  if (name == kernel) return true;
+  // "axpy" names "kiln_axpy_<dtype>"; a dtype has no '_' ("reduce" does not name reduce_sum).
+  constexpr std::string_view kPrefix = "kiln_";
+  if (!kernel.starts_with(kPrefix)) return false;
+  kernel.remove_prefix(kPrefix.size());
+  if (!kernel.starts_with(name) || kernel.size() <= name.size() + 1 || kernel[name.size()] != '_')
+    return false;
+  return kernel.substr(name.size() + 1).find('_') == std::string_view::npos;
+}
+
 bool FaultSpec::selects(const AllocRequest &request) const {
-  return (!category || request.category == *category) && request.size_bytes >= min_bytes;
+  return !targets_launches() && (!category || request.category == *category) &&
+         request.size_bytes >= min_bytes &&
+         (kernel.empty() || kernel_named(kernel, request.kernel));
+}
+
+bool FaultSpec::selects_launch(std::string_view launched) const {
+  return targets_launches() && (kernel.empty() || kernel_named(kernel, launched));
 }
 
 std::string FaultSpec::to_text() const {
@@ -132,8 +184,9 @@ std::string FaultSpec::to_text() const {
   if (nth != 0) add(fmt::format("nth={}", nth));
   if (category) add(fmt::format("category={}", to_string(*category)));
   if (min_bytes != 0) add(fmt::format("min_bytes={}B", min_bytes));
+  if (!kernel.empty()) add(fmt::format("kernel={}", kernel));
   if (probability) add(fmt::format("p={},seed={}", *probability, seed));
-  if (text.empty()) add("kind=oom");
+  if (kind != FaultKind::oom || text.empty()) add(fmt::format("kind={}", to_string(kind)));
   return text;
 }
 

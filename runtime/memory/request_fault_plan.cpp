@@ -93,7 +93,10 @@ uint64_t RequestFaultPlan::allocation_count() const {
 }
 
 bool RequestFaultPlan::spec_fails(const AllocRequest &request) {
-  if (!spec_ || !spec_->spec.selects(request)) return false;
+  return spec_ && spec_->spec.selects(request) && spec_triggers();
+}
+
+bool RequestFaultPlan::spec_triggers() {
   const uint64_t n = ++spec_->selected_count;
   const FaultSpec &spec = spec_->spec;
   if (spec.probability) {
@@ -104,13 +107,22 @@ bool RequestFaultPlan::spec_fails(const AllocRequest &request) {
   return spec.nth == 0 || n == spec.nth;
 }
 
-const AllocRequest *RequestFaultPlan::first_refused(std::span<const AllocRequest> requests) {
+RequestFaultPlan::Refusal RequestFaultPlan::first_refused(std::span<const AllocRequest> requests) {
   std::lock_guard spec_lock(spec_mutex_);
   for (const AllocRequest &r : requests) {
     const bool counted_fail = plan_.should_fail(r.size_bytes);  // counts r for allocation_count
-    if (counted_fail || spec_fails(r)) return &r;
+    if (counted_fail) return Refusal{&r, FaultKind::oom};
+    if (spec_fails(r)) return Refusal{&r, spec_->spec.kind};
   }
-  return nullptr;
+  return {};
+}
+
+std::optional<FaultKind> RequestFaultPlan::launch_fault(std::string_view kernel) {
+  if (!armed()) [[likely]]
+    return std::nullopt;
+  std::lock_guard spec_lock(spec_mutex_);
+  if (!spec_ || !spec_->spec.selects_launch(kernel) || !spec_triggers()) return std::nullopt;
+  return spec_->spec.kind;
 }
 
 void RequestFaultPlan::count(std::span<const AllocRequest> requests) {

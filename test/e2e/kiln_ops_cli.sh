@@ -71,7 +71,25 @@ check "KILN_FAULT gives the verdicts --fault gives" cmp -s "$tmp/spec.txt" "$tmp
 "$ops" --backend mock --max-array-mb 1 --fault min_bytes=1B > "$tmp/spec_all.txt" 2>&1; rc=$?
 check "--fault min_bytes=1B refuses every allocating case, exit 0" test "$rc" -eq 0
 check "--fault min_bytes=1B: no case OK or FAIL" bash -c "! grep -Eq ': (OK|FAIL)' '$tmp/spec_all.txt'"
-for spec in nth=0 nth=1,nth=2 p=2 seed=1 when=3 kind=lost category=gpu ""; do
+# The other fault kinds: an injected launch fault is not an answer the suite accepts (as any
+# error other than out-of-memory or a lost device): the axpy cases FAIL RuntimeFaultError naming
+# the kernel, exit 1, every other case OK; a lost device REFUSES every case, exit 0.
+"$ops" --backend mock --max-array-mb 1 --fault kind=launch,kernel=axpy > "$tmp/launch.txt" 2>&1; rc=$?
+check "--fault kind=launch,kernel=axpy exits 1 (cases FAIL)" test "$rc" -eq 1
+check "--fault kind=launch,kernel=axpy: axpy FAILs RuntimeFaultError, an injected launch fault" \
+  grep -Eq '^axpy/f32/tiny: FAIL RuntimeFaultError: mock: launch of kernel kiln_axpy_f32 failed: injected launch fault' "$tmp/launch.txt"
+check "--fault kind=launch,kernel=axpy: staged axpy FAILs too" grep -q '^axpy_staged/f64/small: FAIL RuntimeFaultError' "$tmp/launch.txt"
+check "--fault kind=launch,kernel=axpy: only axpy cases FAIL" \
+  bash -c "! grep ': FAIL' '$tmp/launch.txt' | grep -vq '^axpy'"
+check "--fault kind=launch,kernel=axpy: the other kernels are OK" grep -q '^fill/f32/tiny: OK$' "$tmp/launch.txt"
+"$ops" --backend mock --max-array-mb 1 --fault kind=lost,nth=1 > "$tmp/lost.txt" 2>&1; rc=$?
+check "--fault kind=lost,nth=1 exits 0 (no crash)" test "$rc" -eq 0
+check "--fault kind=lost,nth=1: the first request loses the device, injected" \
+  grep -q '^allocate/f32/tiny: REFUSED DeviceLostError: mock: injected device loss' "$tmp/lost.txt"
+check "--fault kind=lost,nth=1: later cases fail fast" \
+  grep -q '^matmul/i64/odd: REFUSED DeviceLostError: mock: the device was lost earlier' "$tmp/lost.txt"
+check "--fault kind=lost,nth=1: every case REFUSED" grep -q '^0/66 cases OK, 66 refused, 0 failed' "$tmp/lost.txt"
+for spec in nth=0 nth=1,nth=2 p=2 seed=1 when=3 kind=gone kind=launch,category=staging category=gpu ""; do
   "$ops" --fault "$spec" --list > /dev/null 2> "$tmp/badspec.txt"; rc=$?
   check "--fault '$spec' exits 2" test "$rc" -eq 2
   check "--fault '$spec' says what is wrong" grep -Eq -- "--fault( needs|: fault spec)" "$tmp/badspec.txt"

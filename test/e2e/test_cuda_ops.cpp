@@ -183,3 +183,52 @@ TEST_CASE("a driver that cannot say the compute capability fails the device by n
   CHECK(fake->call_count("cuDevicePrimaryCtxRetain") == 0);  // asked before a context is held
   CHECK(create_cuda_device(0));                             // the next attempt works
 }
+
+TEST_CASE("injected fault kinds are the same named errors on the fake CUDA driver, holding nothing",
+          "[cuda][e2e][fault_kinds]") {
+  FakeGpu *fake = cuda().fake_or_skip();
+  if (fake == nullptr) return;
+  auto ex = make_gpu_executor(Backend::cuda);
+  Ndarray y = upload<float>(*ex, DataType::f32, {1.0f, 2.0f});
+  const uint64_t ledger_before = ledger_bytes(*ex);
+
+  // kind=launch: the fill launch fails before cuLaunchKernel, RuntimeFaultError, not sticky.
+  REQUIRE(ex->arm_fault(value_or_throw(runtime::FaultSpec::parse("kind=launch,kernel=fill"))));
+  const unsigned long long launches_before = fake->call_count("cuLaunchKernel");
+  auto failed = ex->fill(y, Scalar::of(3.0));
+  REQUIRE_FALSE(failed);
+  CHECK(classify(failed.error()) == ErrorKind::runtime_error);
+  CHECK(failed.error().injected);
+  CHECK_THAT(failed.error().message(), Catch::Contains("kiln_fill_f32"));
+  CHECK(fake->call_count("cuLaunchKernel") == launches_before);
+  CHECK(ledger_bytes(*ex) == ledger_before);
+  CHECK_FALSE(ex->device().is_lost());
+
+  // kind=heap on the same device: DeviceHeapExhaustedError.
+  REQUIRE(ex->arm_fault(value_or_throw(runtime::FaultSpec::parse("kind=heap,kernel=compact_positive"))));
+  auto compacted = ex->compact_positive(y);
+  REQUIRE_FALSE(compacted);
+  CHECK(classify(compacted.error()) == ErrorKind::device_heap_exhausted);
+  CHECK(ledger_bytes(*ex) == ledger_before);
+
+  // kind=lost: DeviceLostError, and later calls fail fast without asking the driver.
+  REQUIRE(ex->arm_fault(value_or_throw(runtime::FaultSpec::parse("kind=lost,nth=1"))));
+  const int64_t shape[1] = {16};
+  auto lost = ex->ndarray(DataType::f32, shape);
+  REQUIRE_FALSE(lost);
+  CHECK(classify(lost.error()) == ErrorKind::device_lost);
+  CHECK(lost.error().injected);
+  CHECK(ex->device().is_lost());
+  ex->memory().fault_plan().clear();
+  const unsigned long long copies_before = fake->call_count("cuMemcpyDtoH_v2");
+  std::vector<float> out(2);
+  auto read = ex->read(y, std::as_writable_bytes(std::span<float>(out)));
+  REQUIRE_FALSE(read);
+  CHECK(classify(read.error()) == ErrorKind::device_lost);
+  CHECK(fake->call_count("cuMemcpyDtoH_v2") == copies_before);
+
+  // A new executor, once the arrays let go, works.
+  value_or_throw(ex->free(y));
+  REQUIRE(recreate_executor(ex, ex->config()));
+  CHECK(download<float>(*ex, upload<float>(*ex, DataType::f32, {5.0f})) == std::vector<float>{5.0f});
+}

@@ -1,6 +1,8 @@
 """kiln.testing.inject(spec) and the KILN_FAULT variable: one fault spec (nth, category,
-min_bytes, p/seed) fails the right allocation with kiln's OOM (a MemoryError), nests by restoring
-the setting it replaced, refuses a malformed spec before arming anything, and KILN_FAULT makes an
+min_bytes, kernel, p/seed) fails the right allocation with kiln's OOM (a MemoryError), or gives
+the other kinds (kind=lost: DeviceLostError, sticky until kiln.init makes a new executor;
+kind=launch: RuntimeFaultError; kind=heap: DeviceHeapExhaustedError), nests by restoring the
+setting it replaced, refuses a malformed spec before arming anything, and KILN_FAULT makes an
 unmodified program fail (or, malformed, fails kiln's first executor naming the variable)."""
 import os
 import subprocess
@@ -78,17 +80,65 @@ def test_inject_inside_fail_allocation_restores_the_outer_block():
     assert refused(3) == []
 
 
+def test_inject_lost_raises_device_lost_and_later_calls_fail_fast_until_init():
+    a = kiln.from_numpy(np.ones(4, dtype=np.float32))
+    with kiln.testing.inject("kind=lost,nth=1"):
+        with pytest.raises(kiln.DeviceLostError) as info:
+            kiln.ndarray(kiln.f32, (4,))
+    assert not isinstance(info.value, MemoryError)
+    assert "injected device loss" in str(info.value)
+    # Sticky, as a real device fault: later calls fail fast, outside the block too.
+    with pytest.raises(kiln.DeviceLostError, match="lost earlier"):
+        kiln.ndarray(kiln.f32, (4,))
+    with pytest.raises(kiln.DeviceLostError):
+        a.to_numpy()
+    # A test recovers by dropping the lost executor's arrays and making a new executor.
+    del a
+    kiln.init(arch="cpu", num_threads=2)
+    assert kiln.from_numpy(np.ones(3, dtype=np.float32)).to_numpy().sum() == 3.0
+
+
+def test_inject_launch_fails_the_named_kernel_only_and_holds_nothing():
+    y = kiln.from_numpy(np.zeros(8, dtype=np.float64))
+    x = kiln.from_numpy(np.ones(8, dtype=np.float64))
+    before = kiln.memory_stats()["allocated_bytes"]
+    with kiln.testing.inject("kind=launch,kernel=axpy"):
+        kiln.fill(y, 2.0)  # another kernel
+        with pytest.raises(kiln.RuntimeFaultError, match="injected launch fault") as info:
+            kiln.axpy(1.0, x, y)
+        with pytest.raises(kiln.RuntimeFaultError):
+            kiln.axpy(1.0, np.ones(8), y)  # with staging: released too
+    assert "kiln_axpy_f64" in str(info.value)
+    assert kiln.memory_stats()["allocated_bytes"] == before
+    assert y.to_numpy().tolist() == [2.0] * 8  # no axpy ran
+    kiln.axpy(1.0, x, y)  # disarmed on exit
+    assert y.to_numpy().tolist() == [3.0] * 8
+
+
+def test_inject_heap_raises_the_heap_error_a_memory_error():
+    x = kiln.from_numpy(np.array([-1.0, 2.0, 3.0]))
+    with kiln.testing.inject("kind=heap,kernel=compact_positive"):
+        assert kiln.reduce_sum(x) == 4.0  # another kernel
+        with pytest.raises(MemoryError) as info:
+            kiln.compact_positive(x)
+    assert type(info.value) is kiln.DeviceHeapExhaustedError
+    assert info.value.oom_source == "device_heap"
+    assert "injected device-heap exhaustion" in str(info.value)
+    assert kiln.compact_positive(x).to_numpy().tolist() == [2.0, 3.0]
+
+
 def test_a_malformed_spec_raises_invalid_usage_and_arms_nothing():
-    for bad in ("", "nth=0", "nth=1,nth=2", "p=2", "seed=1", "when=3", "kind=lost",
-                "nth=1,kernel=matmul"):
+    for bad in ("", "nth=0", "nth=1,nth=2", "p=2", "seed=1", "when=3", "kind=gone",
+                "kind=launch,category=staging", "kind=heap,min_bytes=1", "kernel=1x"):
         with pytest.raises(kiln.InvalidUsageError) as info:
             with kiln.testing.inject(bad):
                 pass
         assert "grammar" in str(info.value)
         assert refused(1) == []  # the next allocation succeeds
-    with pytest.raises(kiln.InvalidUsageError, match="not supported yet"):
-        with kiln.testing.inject("kind=launch"):
+    with pytest.raises(kiln.InvalidUsageError, match="kernel=nosuch names no kernel; the ops are"):
+        with kiln.testing.inject("kind=launch,kernel=nosuch"):
             pass
+    assert refused(1) == []
     with pytest.raises(kiln.InvalidTypeError):
         with kiln.testing.inject(3):
             pass
@@ -118,6 +168,17 @@ def test_kiln_fault_makes_an_unmodified_program_fail_the_right_allocation():
     proc = run_with_fault("nth=3,category=ndarray")
     assert proc.returncode == 0, proc.stderr
     assert "refused [3]" in proc.stdout
+
+
+def test_kiln_fault_gives_the_other_kinds_to_an_unmodified_program():
+    proc = run_with_fault("kind=lost,nth=2", SCRIPT.replace(
+        "kiln.DeviceOutOfMemoryError", "kiln.DeviceLostError"))
+    assert proc.returncode == 0, proc.stderr
+    assert "refused [2, 3, 4, 5]" in proc.stdout  # the 2nd lost the device: the rest fail fast
+    proc = run_with_fault("kind=launch,kernel=nosuch")
+    assert proc.returncode != 0
+    assert "InvalidUsageError" in proc.stderr and "KILN_FAULT" in proc.stderr
+    assert "names no kernel" in proc.stderr
 
 
 def test_a_malformed_kiln_fault_fails_init_and_first_use_naming_the_variable():

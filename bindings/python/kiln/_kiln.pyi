@@ -426,9 +426,9 @@ def _push_fault(at: _Int) -> None:
 
 
 def _push_inject(spec: str) -> None:
-    """Enters an inject block: the fault spec ``spec`` decides every allocation request until
-    the block exits. Errors: InvalidTypeError (not a str), InvalidUsageError (malformed spec;
-    nothing is armed)."""
+    """Enters an inject block: the fault spec ``spec`` decides every allocation request (or, for
+    kind=launch|heap, every launch) until the block exits. Errors: InvalidTypeError (not a str),
+    InvalidUsageError (malformed spec, or a kernel= that names no kernel; nothing is armed)."""
 
 
 def _pop_fault() -> None:

@@ -42,9 +42,16 @@ def inject(spec: str) -> Iterator[None]:
     "nth=3" (the 3rd request from the start of the block fails), "nth=2,category=staging" (the
     2nd staging request), "min_bytes=64MiB" (every request of at least 64 MiB; units B, KiB,
     MiB, GiB), "p=0.25,seed=7" (each request with probability 0.25, drawn from splitmix64
-    seeded with 7). A faulted request raises kiln.DeviceOutOfMemoryError (a MemoryError), as if
-    the driver had refused it. Only kind=oom is supported yet; kind=lost/launch/heap and
-    kernel= raise kiln.InvalidUsageError, as does any malformed spec, before anything is armed.
+    seeded with 7), "kernel=axpy" (only the requests of axpy's launches: an op, or one kernel
+    such as "kiln_axpy_f32"). A faulted request raises kiln.DeviceOutOfMemoryError (a
+    MemoryError), as if the driver had refused it; with "kind=lost" it raises
+    kiln.DeviceLostError and the device stays lost (every later call raises it, after the block
+    too) until the lost executor's arrays are dropped and kiln.init() makes a new executor.
+    "kind=launch" and "kind=heap" count launches ("kind=launch,kernel=axpy,nth=2": the 2nd
+    axpy launch): the launch raises kiln.RuntimeFaultError, or kiln.DeviceHeapExhaustedError (a
+    MemoryError), and holds nothing. A malformed spec, a launch kind with category= or
+    min_bytes=, or a kernel= that names no kernel raises kiln.InvalidUsageError before anything
+    is armed.
 
     On exit (also when the block raises) the setting the block replaced is restored: blocks nest
     (inject and fail_allocation alike), and an outer spec goes on from what it had seen before

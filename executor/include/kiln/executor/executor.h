@@ -18,6 +18,7 @@
 #include "kiln/rhi/device.h"
 #include "kiln/rhi/fork_hooks.h"
 #include "kiln/runtime/memory/device_memory.h"
+#include "kiln/runtime/memory/fault_spec.h"
 
 namespace kiln {
 
@@ -57,7 +58,8 @@ class LlvmRuntimeExecutor {
   /// and Program::create; out_of_memory when the heap chunk or code object does not fit, or the
   /// host has no memory left for the executor itself (oom_source host; a thread the host
   /// refuses is error); invalid_usage naming KILN_FAULT when that variable is set but is no
-  /// fault spec (runtime/memory/fault_spec.h), checked before the device is opened. A valid
+  /// fault spec (runtime/memory/fault_spec.h) or its kernel= names no kernel
+  /// (check_fault_kernel), checked before the device is opened. A valid
   /// KILN_FAULT is armed on memory().fault_plan() once the executor is made, so its counts start
   /// at the first request after create().
   [[nodiscard]] static RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> create(
@@ -114,6 +116,9 @@ class LlvmRuntimeExecutor {
   [[nodiscard]] Program &program() const { return *program_; }
   /// CPU threads a launch runs on (ExecutorConfig::num_threads, or all cores when 0).
   [[nodiscard]] unsigned worker_threads() const;
+  /// Arms `spec` on memory().fault_plan() (replacing its setting, as RequestFaultPlan::arm), after
+  /// check_fault_kernel. Errors: invalid_usage from check_fault_kernel; nothing is armed then.
+  [[nodiscard]] RhiStatus arm_fault(const runtime::FaultSpec &spec);
   /// Whether `a` can be used by `op` here: not freed, not default-constructed, made by this
   /// executor. Touches no memory; callers check with it before they allocate for a call.
   /// Errors: invalid_usage.
@@ -142,6 +147,11 @@ class LlvmRuntimeExecutor {
   // A compaction's launch and its copy-out from the heap (made anew in a forked child).
   ForkSafeMutex compact_mutex_{ForkSafeMutex::Policy::reset_in_child};
 };
+
+/// Success when `spec.kernel` is empty or names a kernel of the device runtime module (an op,
+/// "axpy", or a kernel, "kiln_axpy_f32"; see FaultSpec::kernel_named). Errors: invalid_usage
+/// (site check_fault_kernel) naming the spec's kernel and the ops there are. Thread-safe (pure).
+[[nodiscard]] RhiStatus check_fault_kernel(const runtime::FaultSpec &spec);
 
 /// Replaces `executor` (may be null) with a new one for `config`. When the old executor's device
 /// is lost, the old executor is released BEFORE the new one is made: a lost device recovers only

@@ -62,7 +62,11 @@ class KernelLauncher {
   /// argument buffer, result buffer and staging are reserved together (out_of_memory, nothing
   /// held, nothing launched). After the launch the device error area is checked: heap
   /// exhaustion -> out_of_memory (oom_source device_heap); other device errors -> error; a
-  /// sticky device fault -> device_lost. Every launch-scoped allocation is freed on every path.
+  /// sticky device fault -> device_lost. A fault spec of kind launch or heap armed on the
+  /// memory's fault plan that selects this launch fails it after its buffers were allocated and
+  /// before the kernel runs: error (injected launch fault) or out_of_memory (oom_source
+  /// device_heap, injected). The launch's allocation requests name spec.kernel (for kernel=).
+  /// Every launch-scoped allocation is freed on every path.
   [[nodiscard]] RhiExpected<LaunchResult> launch(const LaunchSpec &spec);
   /// Host worker threads a launch uses (0 for GPU launchers).
   [[nodiscard]] virtual unsigned num_threads() const = 0;
@@ -80,6 +84,8 @@ class KernelLauncher {
   [[nodiscard]] RhiExpected<LaunchResult> launch_unguarded(const LaunchSpec &spec);
   [[nodiscard]] RhiStatus reset_runtime();
   [[nodiscard]] RhiStatus check_device_error(const std::string &kernel);
+  /// The failure an armed fault spec of kind launch or heap gives this launch of `kernel`, if any.
+  [[nodiscard]] RhiStatus check_injected_launch_fault(const std::string &kernel);
 
   DeviceAllocation runtime_state_;
   std::optional<DeviceAllocation> heap_;

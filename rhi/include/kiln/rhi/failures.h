@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <source_location>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -43,6 +44,22 @@ namespace kiln {
 [[nodiscard]] Failure injected_fault(std::string device, const char *site, MemoryCategory category,
                                      uint64_t requested_bytes,
                                      std::source_location where = std::source_location::current());
+/// device_lost, injected: a fault spec (kind=lost) lost the device at a request of
+/// `requested_bytes` of `category`, as a sticky driver fault would. The caller marks the device
+/// lost with it.
+[[nodiscard]] Failure injected_device_lost(
+    std::string device, const char *site, MemoryCategory category, uint64_t requested_bytes,
+    std::source_location where = std::source_location::current());
+/// error, injected: a fault spec (kind=launch) failed the launch of `kernel` as a non-sticky
+/// launch failure does (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, hipErrorLaunchOutOfResources).
+[[nodiscard]] Failure injected_launch_fault(
+    std::string device, const char *site, std::string_view kernel,
+    std::source_location where = std::source_location::current());
+/// out_of_memory, oom_source device_heap, injected: a fault spec (kind=heap) made the launch of
+/// `kernel` report device-heap exhaustion, as device_heap_exhausted does for a real one.
+[[nodiscard]] Failure injected_heap_exhaustion(
+    std::string device, const char *site, std::string_view kernel,
+    std::source_location where = std::source_location::current());
 /// out_of_memory, oom_source budget: kiln's budget refused growth of `requested_bytes` of
 /// `category`; `check` says which check (the limit, or the device's live free memory less the
 /// reserve) and `memory` carries that check's figures (limit and in-use, or free/total/reserve).

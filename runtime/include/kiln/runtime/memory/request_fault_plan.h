@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string_view>
 
 #include "kiln/rhi/fault_plan.h"
 #include "kiln/runtime/memory/alloc_request.h"
@@ -16,9 +17,11 @@
 namespace kiln::runtime {
 
 /// FaultPlan's interface over allocation requests, and a FaultSpec's decisions (arm()). A faulted
-/// request fails as if the driver had refused it (out_of_memory, oom_source driver, injected). While armed, every request is
-/// decided by first_refused() (DeviceMemory then keeps its lock-free path closed); disarmed, requests
-/// are counted by the owner's thread caches, which the plan adds in (Owner). Thread-safe.
+/// request fails as if the driver had refused it (out_of_memory, oom_source driver, injected), or,
+/// for a spec of kind lost, as a lost device. While armed, every request is decided by
+/// first_refused() (DeviceMemory then keeps its lock-free path closed); disarmed, requests are
+/// counted by the owner's thread caches, which the plan adds in (Owner). A spec of kind launch or
+/// heap decides launches instead (launch_fault(), asked by the executor's launcher). Thread-safe.
 class RequestFaultPlan {
  public:
   static constexpr uint64_t kNever = FaultPlan::kNever;
@@ -72,9 +75,19 @@ class RequestFaultPlan {
   [[nodiscard]] uint64_t allocation_count() const;
   [[nodiscard]] bool armed() const { return armed_.load(std::memory_order_relaxed); }
 
+  /// A refused request and the failure to give it.
+  struct Refusal {
+    const AllocRequest *request = nullptr;  ///< null: none refused
+    FaultKind kind = FaultKind::oom;        ///< oom (the count/size plan's too) or lost
+    explicit operator bool() const { return request != nullptr; }
+  };
   /// Counts `requests` and decides them in order: the first that the plan fails (the caller
-  /// fails it with injected_fault), or null when none does.
-  [[nodiscard]] const AllocRequest *first_refused(std::span<const AllocRequest> requests);
+  /// fails it with injected_fault, or as a lost device for kind lost), or none.
+  [[nodiscard]] Refusal first_refused(std::span<const AllocRequest> requests);
+  /// Decides a launch of `kernel` ("kiln_axpy_f32") by an armed spec of kind launch or heap:
+  /// the kind when this launch fails (counting it when selected), nullopt otherwise. One relaxed
+  /// load when disarmed. Called by the launcher once per launch, after its buffers were allocated.
+  [[nodiscard]] std::optional<FaultKind> launch_fault(std::string_view kernel);
   /// Counts `requests` without deciding (disarmed, on a thread without a cache).
   void count(std::span<const AllocRequest> requests);
 
@@ -82,6 +95,9 @@ class RequestFaultPlan {
   void update_armed();
   /// Whether the armed spec fails `request` (counting it when selected). Needs spec_mutex_.
   [[nodiscard]] bool spec_fails(const AllocRequest &request);
+  /// Counts one selected event of the armed spec and says whether its trigger fires. Needs
+  /// spec_mutex_ and an armed spec.
+  [[nodiscard]] bool spec_triggers();
   /// Disarms the spec. Needs settings_mutex_.
   void drop_spec();
   /// Sets plan_'s count and size (and their copies for setting()). Needs settings_mutex_.
