@@ -122,6 +122,13 @@ KitExpected<SweepReport> sweep(const Workload &workload, const SweepOptions &opt
         fmt::format("sweep: the filter '{}' has a trigger (nth= or p=); a sweep sets nth itself, "
                     "give only category= and min_bytes=", spec.to_text()),
         std::nullopt});
+  if (spec.kind != runtime::FaultKind::oom)
+    return std::unexpected(WorkloadError{
+        WorkloadError::Kind::invalid_usage,
+        fmt::format("sweep: the filter '{}' gives another kind of failure; a sweep checks the "
+                    "out-of-memory contract, so its faults are kind=oom (the default)",
+                    spec.to_text()),
+        std::nullopt});
   spec.nth = kNeverNth;
   KILN_ASSIGN_OR_RETURN(RunResult counting, run_once(workload, options, spec));
   if (!counting.run.outcome.error_name.empty())

@@ -89,7 +89,7 @@ check "--fault kind=lost,nth=1: the first request loses the device, injected" \
 check "--fault kind=lost,nth=1: later cases fail fast" \
   grep -q '^matmul/i64/odd: REFUSED DeviceLostError: mock: the device was lost earlier' "$tmp/lost.txt"
 check "--fault kind=lost,nth=1: every case REFUSED" grep -q '^0/66 cases OK, 66 refused, 0 failed' "$tmp/lost.txt"
-for spec in nth=0 nth=1,nth=2 p=2 seed=1 when=3 kind=gone kind=launch,category=staging category=gpu ""; do
+for spec in nth=0 nth=1,nth=2 p=2 seed=1 when=3 kind=gone kind=launch,category=staging kernel=nosuch category=gpu ""; do
   "$ops" --fault "$spec" --list > /dev/null 2> "$tmp/badspec.txt"; rc=$?
   check "--fault '$spec' exits 2" test "$rc" -eq 2
   check "--fault '$spec' says what is wrong" grep -Eq -- "--fault( needs|: fault spec)" "$tmp/badspec.txt"

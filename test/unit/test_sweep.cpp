@@ -193,3 +193,12 @@ TEST_CASE("sweep refuses a filter with its own trigger", "[sweep][bad-input]") {
   CHECK(report.error().kind == WorkloadError::Kind::invalid_usage);
   CHECK_THAT(report.error().describe(), Catch::StartsWith("InvalidUsageError: sweep:"));
 }
+
+TEST_CASE("sweep refuses a filter of another failure kind than oom", "[sweep][bad-input]") {
+  SweepOptions options = mock_options();
+  options.filter = value_or_throw(runtime::FaultSpec::parse("kind=lost,category=ndarray"));
+  auto report = kiln::testing::sweep(tiny_workload, options);
+  REQUIRE_FALSE(report);
+  CHECK(report.error().kind == WorkloadError::Kind::invalid_usage);
+  CHECK_THAT(report.error().describe(), Catch::Contains("kind=oom"));
+}

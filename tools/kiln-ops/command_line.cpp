@@ -114,6 +114,8 @@ void add_options(CLI::App &app, CommandLine &cl, bool &version) {
             [&cl](const std::string &value) {
               auto spec = runtime::FaultSpec::parse(value);
               if (!spec) bad_value(fmt::format("--fault: {}", spec.error().detail));
+              if (auto known = check_fault_kernel(*spec); !known)
+                bad_value(fmt::format("--fault: {}", known.error().detail));
               cl.suite.fault = *spec;
             });
   add_value(app, "--threads", "N", "CPU worker threads (default: all cores; at most 4096)",

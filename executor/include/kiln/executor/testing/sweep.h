@@ -42,8 +42,9 @@ struct SweepReport {
 struct SweepOptions {
   ExecutorConfig config;             ///< each run gets a fresh executor made from it
   std::shared_ptr<Program> program;  ///< shared by the runs; null: as LlvmRuntimeExecutor::create
-  /// Only the requests this spec selects are counted and failed (its category= and min_bytes=
-  /// terms); its trigger must be unset (nth == 0, no probability). None: every request.
+  /// Only the requests this spec selects are counted and failed (its category=, min_bytes= and
+  /// kernel= terms); its trigger must be unset (nth == 0, no probability) and its kind oom.
+  /// None: every request.
   std::optional<runtime::FaultSpec> filter;
   /// Told of each faulted run as it ends, before the next starts (progress output). Optional.
   std::function<void(const SweepRun &)> on_run;
@@ -60,7 +61,8 @@ struct SweepOptions {
 /// create() is replaced. Runs: N + 1 executors and workload calls.
 ///
 /// Returns the report even when runs broke the contract: check `broken()` (Python raises
-/// SweepError instead). Errors (WorkloadError): invalid_usage (filter with nth or p),
+/// SweepError instead). Errors (WorkloadError): invalid_usage (filter with nth or p, or a kind
+/// other than oom),
 /// setup_failed (an executor could not be made), fails_without_fault (the counting run did not
 /// succeed: "SweepError"), nondeterministic (run k made fewer than k selected requests:
 /// "NondeterministicWorkloadError"). Nothing stays armed after it returns: each run's plan is
