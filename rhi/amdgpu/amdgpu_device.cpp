@@ -33,7 +33,7 @@ class AmdgpuDevice final : public GpuDevice {
   /// what another executor of this process holds on the device, all of it lost with the device.)
   ~AmdgpuDevice() override {
     unload_all_modules("~AmdgpuDevice");
-    if (!is_lost() || crossed_fork()) return;
+    if (!resources_lost() || crossed_fork()) return;  // an injected loss resets nothing
     (void)runtime_->hipSetDevice(ordinal_);  // may answer the sticky fault: reset anyway
     (void)runtime_->hipDeviceReset();
   }
@@ -89,7 +89,7 @@ RhiExpected<uint64_t> AmdgpuDevice::driver_allocate(const LlvmRuntimeAllocParams
 }
 
 RhiStatus AmdgpuDevice::driver_free(uint64_t address, uint64_t) {
-  KILN_RETURN_IF_ERROR(enter("hipFree"));
+  KILN_RETURN_IF_ERROR(enter_to_release("hipFree"));
   return check(runtime_->hipFree(pointer(address)), "hipFree");
 }
 

@@ -82,7 +82,7 @@ RhiExpected<uint64_t> CudaDevice::driver_allocate(const LlvmRuntimeAllocParams &
 }
 
 RhiStatus CudaDevice::driver_free(uint64_t address, uint64_t) {
-  KILN_RETURN_IF_ERROR(enter("cuMemFree_v2"));
+  KILN_RETURN_IF_ERROR(enter_to_release("cuMemFree_v2"));
   return check(driver_->cuMemFree_v2(address), "cuMemFree_v2");
 }
 

@@ -22,6 +22,14 @@ RhiStatus GpuDevice::enter(const char *site) {
   return make_current();
 }
 
+RhiStatus GpuDevice::enter_to_release(const char *site) {
+  if (is_lost() && !resources_lost()) {  // an injected loss: the driver still holds it all
+    if (crossed_fork()) return enter(site);
+    return make_current();
+  }
+  return enter(site);
+}
+
 RhiExpected<uint64_t> GpuDevice::allocated(int code, const char *site, uint64_t address,
                                                  const LlvmRuntimeAllocParams &params) {
   auto status = check(code, site);
@@ -35,7 +43,7 @@ RhiExpected<uint64_t> GpuDevice::allocated(int code, const char *site, uint64_t 
 }
 
 void GpuDevice::unload_all_modules(const char *site) {
-  if (is_lost() || crossed_fork() || !enter(site)) return;
+  if (resources_lost() || crossed_fork() || !enter_to_release(site)) return;
   std::lock_guard lock(modules_mutex_);
   for (auto &[id, module] : modules_) (void)module_unload(module.handle);
   modules_.clear();
@@ -68,8 +76,8 @@ RhiStatus GpuDevice::unload_module(uint64_t module) {
     handle = it->second.handle;
     modules_.erase(it);
   }
-  if (is_lost()) return {};  // the module went with the device
-  KILN_RETURN_IF_ERROR(enter(names_.module_unload));
+  if (resources_lost()) return {};  // the module went with the device
+  KILN_RETURN_IF_ERROR(enter_to_release(names_.module_unload));
   return check(module_unload(handle), names_.module_unload);
 }
 

@@ -32,6 +32,7 @@ void LlvmDevice::mark_lost(const Failure &cause) {
   std::lock_guard lock(mutex_);
   if (lost_.load()) return;
   lost_cause_ = cause.message();
+  loss_injected_.store(cause.injected, std::memory_order_relaxed);
   lost_.store(true, std::memory_order_release);
 }
 
@@ -64,7 +65,7 @@ RhiExpected<DeviceAllocation> LlvmDevice::allocate_runtime(const LlvmRuntimeAllo
     if (auto cleared = driver_memset_zero(address, params.size_bytes); !cleared) {
       // The memset failure is the answer; a free that fails too is kept for synchronize().
       // On a lost device the memory went with it, as in dealloc_memory.
-      if (!is_lost()) defer_if_failed(driver_free(address, params.size_bytes));
+      if (!resources_lost()) defer_if_failed(driver_free(address, params.size_bytes));
       return std::unexpected(std::move(cleared).error());
     }
   }
@@ -127,7 +128,7 @@ RhiStatus LlvmDevice::dealloc_memory(DeviceAllocation alloc) {
     live_bytes_.store(live_bytes_.load(std::memory_order_relaxed) - entry.size_bytes,
                       std::memory_order_relaxed);
   }
-  if (is_lost()) return {};  // the memory went with the device
+  if (resources_lost()) return {};  // the memory went with the device
   auto freed = driver_free(entry.address, entry.size_bytes);
   defer_if_failed(freed);
   return freed;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kiln/executor/errors.h"
+#include "kiln/rhi/mock_device.h"
 #include "kiln/runtime/memory/fault_spec.h"
 #include "test_support.h"
 
@@ -161,6 +162,24 @@ TEST_CASE("kind=lost fails the request device_lost, marks the device lost for ev
   REQUIRE(recreate_executor(ex, config));
   CHECK_FALSE(ex->device().is_lost());
   CHECK(download<float>(*ex, upload<float>(*ex, DataType::f32, {4.0f})) == std::vector<float>{4.0f});
+}
+
+TEST_CASE("an injected loss keeps the device: what is freed after it still reaches the driver",
+          "[fault_spec][fault_kinds][lost]") {
+  auto ex = executor_on(Backend::mock);
+  auto &mock = dynamic_cast<MockDevice &>(ex->device());
+  (void)ex->memory().release_cached();
+  const uint64_t held_at_start = mock.held_bytes();
+  const int64_t shape[1] = {1 << 18};
+  Ndarray kept = value_or_throw(ex->ndarray(DataType::f32, shape));
+  REQUIRE(mock.held_bytes() > held_at_start);
+  REQUIRE(ex->arm_fault(parsed("kind=lost,nth=1")));
+  REQUIRE_FALSE(ex->ndarray(DataType::f32, shape));
+  REQUIRE(ex->device().is_lost());
+  CHECK_FALSE(ex->device().resources_lost());  // a real sticky fault's memory is gone; not this
+  value_or_throw(ex->free(kept));
+  (void)ex->memory().release_cached();
+  CHECK(mock.held_bytes() == held_at_start);  // freed at the driver, not only forgotten
 }
 
 TEST_CASE("kind=launch,kernel=axpy fails axpy launches only, as a launch failure, nothing leaked",

@@ -131,8 +131,15 @@ class LlvmDevice {
 
   /// Marks the device lost after a sticky fault: every later call fails fast with device_lost
   /// naming `cause`; frees only forget their allocation (its memory went with the device).
+  /// An injected loss (`cause.injected`, FaultSpec kind=lost) refuses new work the same way but
+  /// keeps the device: frees and module unloads still reach the driver (resources_lost()).
   void mark_lost(const Failure &cause);
   [[nodiscard]] bool is_lost() const { return lost_.load(std::memory_order_acquire); }
+  /// Whether the device's memory and modules went with it: lost by a real sticky fault, not an
+  /// injected one. Releases skip the driver only then.
+  [[nodiscard]] bool resources_lost() const {
+    return is_lost() && !loss_injected_.load(std::memory_order_acquire);
+  }
   /// Success, or the device_lost failure when the device is lost.
   [[nodiscard]] RhiStatus check_alive(const char *site) const;
 
@@ -173,6 +180,7 @@ class LlvmDevice {
   std::string name_;
   FaultPlan fault_plan_;
   std::atomic<bool> lost_{false};
+  std::atomic<bool> loss_injected_{false};  // set with lost_, before it
   std::string lost_cause_;  // written once, before lost_ is set
   std::optional<Failure> deferred_;  // the first failed free not yet reported (guarded by mutex_)
   // A leaf lock (map updates only): held across fork() so the child sees live_ whole.

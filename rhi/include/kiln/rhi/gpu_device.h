@@ -67,6 +67,9 @@ class GpuDevice : public LlvmDevice {
   /// was made (a driver context does not cross fork()); then makes the device current on the
   /// calling thread.
   [[nodiscard]] RhiStatus enter(const char *site);
+  /// enter() for a release (free, module unload): after an injected loss it enters anyway, since
+  /// the driver still holds what is released; a real loss fails as enter() does.
+  [[nodiscard]] RhiStatus enter_to_release(const char *site);
   /// Whether this process was forked from the one that made the device: the driver's context
   /// belongs to the parent, and no driver call may be made with it here (not even a release).
   [[nodiscard]] bool crossed_fork() const { return fork_generation() != fork_generation_; }
@@ -74,7 +77,7 @@ class GpuDevice : public LlvmDevice {
   /// failure with the request's category and size.
   [[nodiscard]] RhiExpected<uint64_t> allocated(int code, const char *site, uint64_t address,
                                                 const LlvmRuntimeAllocParams &params);
-  /// Unloads every module still loaded, unless the device is lost or cannot be entered. For the
+  /// Unloads every module still loaded, unless its resources are lost or it cannot be entered. For the
   /// derived destructor (virtual calls do not reach it from ours).
   void unload_all_modules(const char *site);
 
