@@ -218,8 +218,9 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
   template <class Result>
   [[nodiscard]] Result allocate_admitted(std::span<const AllocRequest> requests,
                                          std::span<Slot> slots, std::span<CategoryRequest> growth);
-  /// Takes cached blocks for the requests it can (one lock for all); returns how many.
-  [[nodiscard]] std::size_t take_cached(Cache *cache, std::span<const AllocRequest> requests,
+  /// Takes cached blocks for the requests it can (one lock for all); returns how many. Defined,
+  /// always inlined, in allocation_path.cpp, its only user.
+  [[nodiscard]] inline std::size_t take_cached(Cache *cache, std::span<const AllocRequest> requests,
                                         std::span<Slot> slots);
   /// Hands the hits back to the cache (a failure path: not a free).
   void give_back_hits(Cache *cache, std::span<const AllocRequest> requests,
