@@ -120,7 +120,7 @@ KitExpected<SweepReport> sweep(const Workload &workload, const SweepOptions &opt
     return std::unexpected(WorkloadError{
         WorkloadError::Kind::invalid_usage,
         fmt::format("sweep: the filter '{}' has a trigger (nth= or p=); a sweep sets nth itself, "
-                    "give only category= and min_bytes=", spec.to_text()),
+                    "give only category=, min_bytes= and kernel=", spec.to_text()),
         std::nullopt});
   if (spec.kind != runtime::FaultKind::oom)
     return std::unexpected(WorkloadError{
@@ -129,6 +129,10 @@ KitExpected<SweepReport> sweep(const Workload &workload, const SweepOptions &opt
                     "out-of-memory contract, so its faults are kind=oom (the default)",
                     spec.to_text()),
         std::nullopt});
+  if (auto known = check_fault_kernel(spec); !known)
+    return std::unexpected(WorkloadError{WorkloadError::Kind::invalid_usage,
+                                         fmt::format("sweep: {}", known.error().detail),
+                                         std::nullopt});
   spec.nth = kNeverNth;
   KILN_ASSIGN_OR_RETURN(RunResult counting, run_once(workload, options, spec));
   if (!counting.run.outcome.error_name.empty())

@@ -384,6 +384,27 @@ check "--junit - sends the verdict lines to stderr" grep -q 'fill/f32/tiny: OK' 
 "$ops" --junit /dev/full --filter fill/f32/tiny > /dev/null 2> "$tmp/junit_full.txt"; rc=$?
 check "--junit into a full device exits 1 (got $rc)" test "$rc" -eq 1
 check "--junit into a full device says so" grep -q 'cannot write /dev/full' "$tmp/junit_full.txt"
+# The JSON is written last, with the status kiln-ops exits with: an output that failed before it
+# (the JUnit report, stdout) makes both 1, never a JSON saying 0 beside exit 1.
+"$ops" --junit /dev/full --json "$tmp/after_junit.json" --filter fill/f32/tiny > /dev/null 2>&1; rc=$?
+check "--junit failing before --json exits 1 (got $rc)" test "$rc" -eq 1
+check "--junit failing: the JSON's exit_status is 1 too" $py -c \
+  'import json, sys; d = json.load(open(sys.argv[1])); assert d["exit_status"] == 1 and d["status"] == "failed", d["status"]' \
+  "$tmp/after_junit.json"
+"$ops" --json "$tmp/after_stdout.json" --filter fill/f32/tiny > /dev/full 2> /dev/null; rc=$?
+check "stdout failing before --json exits 1 (got $rc)" test "$rc" -eq 1
+check "stdout failing: the JSON's exit_status is 1 too" $py -c \
+  'import json, sys; d = json.load(open(sys.argv[1])); assert d["exit_status"] == 1, d["exit_status"]' \
+  "$tmp/after_stdout.json"
+# A usage error found after the report paths were checked leaves no report file behind.
+"$ops" --json "$tmp/never.json" --junit "$tmp/never.xml" --fault nth=1 --fault-at 2 > /dev/null 2>&1; rc=$?
+check "a usage error after --json/--junit exits 2 (got $rc)" test "$rc" -eq 2
+check "a usage error leaves no empty report files" test ! -e "$tmp/never.json" -a ! -e "$tmp/never.xml"
+check "--json into a folder that does not exist is a usage error" \
+  test "$("$ops" --json "$tmp/no/such/dir/r.json" --filter fill/f32/tiny > /dev/null 2>&1; echo $?)" -eq 2
+"$ops" --budget-mb 0 --filter fill/f32/tiny > /dev/null 2> "$tmp/budget0.txt"; rc=$?
+check "--budget-mb 0 is a usage error (exit 2, got $rc), not a budget refusal" test "$rc" -eq 2
+check "--budget-mb 0 says the range" grep -q -- '--budget-mb 0 is out of range (1 to' "$tmp/budget0.txt"
 
 # --sweep (issue 14): one counting run, then one run per allocation request with that one
 # failing; every request of the run fails once, no case FAILs, memory is back at the baseline
@@ -470,9 +491,16 @@ done <<'ARGS'
 --sweep --fault-at 3|--sweep and --fault-at cannot both be given
 --min-budget --fault-at 3|--min-budget and --fault-at cannot both be given
 --min-budget --fault category=staging|--min-budget and --fault cannot both be given
---sweep --fault nth=2,category=staging|--sweep takes --fault with category= and min_bytes= terms only
---sweep --fault p=0.5,seed=1|--sweep takes --fault with category= and min_bytes= terms only
+--sweep --fault nth=2,category=staging|--sweep takes --fault with category=, min_bytes= and kernel= terms only
+--sweep --fault p=0.5,seed=1|--sweep takes --fault with category=, min_bytes= and kernel= terms only
+--sweep --fault kind=lost,category=ndarray|--sweep takes --fault of kind=oom only
+--sweep --fault kind=launch,kernel=axpy|--sweep takes --fault of kind=oom only
 ARGS
+# KILN_FAULT's kernel= is checked as --fault's is: a usage error, not a set-up failure.
+KILN_FAULT=kernel=axpyy "$ops" --filter fill/f32/tiny > /dev/null 2> "$tmp/envkernel.txt"; rc=$?
+check "KILN_FAULT=kernel=axpyy exits 2 (got $rc)" test "$rc" -eq 2
+check "KILN_FAULT=kernel=axpyy names the variable and the ops" \
+  grep -q 'KILN_FAULT: .*kernel=axpyy names no kernel; the ops are' "$tmp/envkernel.txt"
 "$ops" --help > "$tmp/help.txt" 2>&1
 for word in '--sweep' '--min-budget' '^  3 '; do
   check "--help documents '$word'" grep -q -- "$word" "$tmp/help.txt"

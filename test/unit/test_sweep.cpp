@@ -202,3 +202,12 @@ TEST_CASE("sweep refuses a filter of another failure kind than oom", "[sweep][ba
   CHECK(report.error().kind == WorkloadError::Kind::invalid_usage);
   CHECK_THAT(report.error().describe(), Catch::Contains("kind=oom"));
 }
+
+TEST_CASE("sweep refuses a filter whose kernel= names no kernel", "[sweep][bad-input]") {
+  SweepOptions options = mock_options();
+  options.filter = value_or_throw(runtime::FaultSpec::parse("kernel=axpyy"));
+  auto report = kiln::testing::sweep(tiny_workload, options);
+  REQUIRE_FALSE(report);  // not a sweep of 0 requests that passes having tested nothing
+  CHECK(report.error().kind == WorkloadError::Kind::invalid_usage);
+  CHECK_THAT(report.error().describe(), Catch::Contains("kernel=axpyy names no kernel"));
+}

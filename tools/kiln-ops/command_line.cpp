@@ -63,11 +63,12 @@ CLI::Option *add_value(CLI::App &app, const std::string &flag, const std::string
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
-/// Adds an option taking a size in MiB; `store` receives bytes (at most 2**64 - 1).
+/// Adds an option taking a size in MiB, at least `min_mib`; `store` receives bytes (at most
+/// 2**64 - 1).
 void add_mib(CLI::App &app, const std::string &flag, const std::string &help,
-             std::function<void(uint64_t)> store) {
-  add_value(app, flag, "N", help, [flag, store](const std::string &value) {
-    store(checked_integer(flag, value, 0, UINT64_MAX >> 20) << 20);
+             std::function<void(uint64_t)> store, uint64_t min_mib = 0) {
+  add_value(app, flag, "N", help, [flag, store, min_mib](const std::string &value) {
+    store(checked_integer(flag, value, min_mib, UINT64_MAX >> 20) << 20);
   });
 }
 
@@ -83,7 +84,8 @@ void add_options(CLI::App &app, CommandLine &cl, bool &version) {
             });
   add_mib(app, "--budget-mb",
           "fixed memory budget in MiB (else KILN_POOL_LIMIT_MB, else device total minus reserve)",
-          [&config](uint64_t bytes) { config.budget.limit_bytes = bytes; });
+          // A budget of 0 holds nothing, not even the runtime: a usage mistake, not a refusal.
+          [&config](uint64_t bytes) { config.budget.limit_bytes = bytes; }, /*min_mib=*/1);
   add_mib(app, "--heap-mb",
           "device heap chunk for kernels that allocate while running (default 16)",
           [&config](uint64_t bytes) { config.device_heap_bytes = bytes; });
@@ -132,7 +134,7 @@ void add_options(CLI::App &app, CommandLine &cl, bool &version) {
   app.add_flag("--sweep", cl.sweep,
                "run the cases once to count their allocation requests, then once per request "
                "with that one failing; one line per run (exit 1 if a run broke the contract: a "
-               "case FAILed or memory was left held). --fault with category=/min_bytes= sweeps "
+               "case FAILed or memory was left held). --fault with category=/min_bytes=/kernel= sweeps "
                "only the requests it selects. Runs: 1 + requests (about 430 on cpu for all "
                "cases; use --filter)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -180,8 +182,11 @@ std::string method_conflict(const CommandLine &cl, const CLI::App &app) {
                                 : "a fault would refuse every budget");
   if (cl.min_budget && app.count("--fault") != 0)
     return "--min-budget and --fault cannot both be given (a fault would refuse every budget)";
+  if (cl.sweep && cl.suite.fault && cl.suite.fault->kind != runtime::FaultKind::oom)
+    return fmt::format("--sweep takes --fault of kind=oom only (the sweep checks the "
+                       "out-of-memory contract), got '{}'", cl.suite.fault->to_text());
   if (cl.sweep && cl.suite.fault && (cl.suite.fault->nth != 0 || cl.suite.fault->probability))
-    return fmt::format("--sweep takes --fault with category= and min_bytes= terms only (the "
+    return fmt::format("--sweep takes --fault with category=, min_bytes= and kernel= terms only (the "
                        "sweep sets nth itself), got '{}'", cl.suite.fault->to_text());
   return {};
 }
@@ -201,6 +206,9 @@ std::string finish(CommandLine &cl, const CLI::App &app) {
   // KILN_FAULT is checked even when a flag overrides it: every executor checks it too.
   auto env_fault = runtime::fault_spec_from_env();
   if (!env_fault) return env_fault.error().detail;
+  if (*env_fault)
+    if (auto known = check_fault_kernel(**env_fault); !known)
+      return fmt::format("KILN_FAULT: {}", known.error().detail);
   const bool method = cl.sweep || cl.min_budget;  // they arm or clear the plan themselves
   if (app.count("--fault") == 0 && app.count("--fault-at") == 0 && !method)
     cl.suite.fault = *env_fault;

@@ -18,6 +18,7 @@ namespace {
 
 /// The status for a method's named error (kiln::testing::WorkloadError).
 ExitStatus status_of(const testing::WorkloadError &error) {
+  if (error.kind == testing::WorkloadError::Kind::invalid_usage) return ExitStatus::usage;
   if (error.kind != testing::WorkloadError::Kind::setup_failed) return ExitStatus::no_answer;
   return error.cause && classify(*error.cause) == ErrorKind::not_supported
              ? ExitStatus::backend_unavailable

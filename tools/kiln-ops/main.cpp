@@ -16,13 +16,22 @@
 namespace kiln::ops {
 namespace {
 
-/// Writes the reports asked for. Errors: the first that could not be written.
-RhiStatus write_reports(const CommandLine &cl, const SuiteReport &report, const RunInfo &info) {
-  if (!cl.json_path.empty())
-    KILN_RETURN_IF_ERROR(write_text(json_report(report, info), cl.json_path));
-  if (!cl.junit_path.empty())
-    KILN_RETURN_IF_ERROR(write_text(junit_report(report, info), cl.junit_path));
-  return {};
+bool stdout_ok();
+
+/// Delivers the run: the verdict lines already printed (stdout flushed), the JUnit report, then
+/// the JSON report last, so that its exit_status is the one kiln-ops exits with even when an
+/// earlier output failed (a full disk, a closed pipe). Returns that status: failed when any
+/// output could not be written (said on stderr), else `info.exit_status`.
+ExitStatus deliver(const CommandLine &cl, const SuiteReport &report, RunInfo &info) {
+  const auto failed = [&info](const RhiStatus &written) {
+    if (written) return;
+    fmt::print(stderr, "kiln-ops: {}\n", written.error().message());
+    info.exit_status = ExitStatus::failed;
+  };
+  if (!stdout_ok()) info.exit_status = ExitStatus::failed;
+  if (!cl.junit_path.empty()) failed(write_text(junit_report(report, info), cl.junit_path));
+  if (!cl.json_path.empty()) failed(write_text(json_report(report, info), cl.json_path));
+  return info.exit_status;
 }
 
 /// --sweep or --min-budget over `cases` (methods.h): prints its lines, says a named error on
@@ -51,11 +60,7 @@ ExitStatus run_method(const CommandLine &cl, const std::vector<Case> &cases) {
                                  to_string(cl.suite.config.backend),
                                  describe(*error->cause, kKilnOpsKnobs))
                    : error->describe());
-  if (auto written = write_reports(cl, first, info); !written) {
-    fmt::print(stderr, "kiln-ops: {}\n", written.error().message());
-    return ExitStatus::failed;
-  }
-  return info.exit_status;
+  return deliver(cl, first, info);
 }
 
 ExitStatus run(int argc, char **argv) {
@@ -88,11 +93,7 @@ ExitStatus run(int argc, char **argv) {
                       : fmt::format("could not set up the {} backend", backend),
                describe(*report.setup_failure, kKilnOpsKnobs));
   }
-  if (auto written = write_reports(cl, report, info); !written) {
-    fmt::print(stderr, "kiln-ops: {}\n", written.error().message());
-    return ExitStatus::failed;
-  }
-  return info.exit_status;
+  return deliver(cl, report, info);
 }
 
 /// Flushes stdout and says whether everything printed reached it: a full disk or a closed

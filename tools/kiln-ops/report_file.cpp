@@ -1,7 +1,11 @@
 // Where kiln-ops' reports go: a file, or stdout for "-".
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -16,14 +20,23 @@ std::string system_reason(int error) { return std::strerror(error != 0 ? error :
 
 RhiStatus check_writable(std::string_view flag, const std::string &path) {
   if (path == "-") return {};
+  // Asked, not tried: nothing is created or truncated before the run, so a usage error found
+  // later leaves no empty report behind. An existing path must be a writable file; a new one
+  // needs a writable, searchable folder.
+  std::error_code ec;
+  const std::filesystem::path file(path);
+  const bool exists = std::filesystem::exists(file, ec);
+  std::filesystem::path folder = file.parent_path();
+  if (folder.empty()) folder = ".";
   errno = 0;
-  std::FILE *probe = std::fopen(path.c_str(), "a");  // "a": an existing report stays as it is
-  if (probe == nullptr)
-    return std::unexpected(invalid_usage(
-        "kiln-ops", "check_writable",
-        fmt::format("{} {}: cannot write there ({})", flag, path, system_reason(errno))));
-  std::fclose(probe);
-  return {};
+  const bool ok = exists ? !std::filesystem::is_directory(file, ec) && access(path.c_str(), W_OK) == 0
+                         : access(folder.c_str(), W_OK | X_OK) == 0;
+  if (ok) return {};
+  const std::string why = exists && std::filesystem::is_directory(file, ec)
+                              ? system_reason(EISDIR)
+                              : system_reason(errno);
+  return std::unexpected(invalid_usage(
+      "kiln-ops", "check_writable", fmt::format("{} {}: cannot write there ({})", flag, path, why)));
 }
 
 RhiStatus write_text(const std::string &text, const std::string &path) {
