@@ -177,14 +177,16 @@ def _fake_block(api: _Api, capacity_bytes: int, other_process_bytes: int | Seque
         raise InvalidUsageError(f"kiln.testing.{api.title}: kiln's executor is on "
                                 f"{_kiln.device()}; entering resets the fake under it: call "
                                 f"kiln.init(arch='cpu') first")
+    other_bytes = (_non_negative(other_process_bytes, "other_process_bytes")
+                   if isinstance(other_process_bytes, int) else None)  # checked before any reset
     fake = FakeDriver(api, find_library(api, library))
     complaint = fake._reset(settings)
     if complaint:
         fake._reset({})  # nothing of the refused configuration stays
         raise InvalidUsageError(f"kiln.testing.{api.title}: {complaint}")
     fake.set_capacity_bytes(capacity_bytes)
-    if isinstance(other_process_bytes, int):
-        fake.set_other_process_bytes(_non_negative(other_process_bytes, "other_process_bytes"))
+    if other_bytes is not None:
+        fake.set_other_process_bytes(other_bytes)
     saved_driver = os.environ.get(api.driver_env)
     os.environ[api.driver_env] = fake.library
     _open_blocks[api.arch] = fake.library
@@ -227,6 +229,8 @@ def fake_cuda(capacity_bytes: int = 1 << 30, *, other_process_bytes: int | Seque
     be entered while kiln's executor is on cuda (InvalidUsageError: kiln.init(arch="cpu")
     first). On exit KILN_CUDA_DRIVER is restored and an executor left on cuda is replaced by a
     CPU one; arrays made on the fake stay safe to free, but a later block resets the fake under
+    them. The block's settings (capacity, fault plan) stay in the loaded library after it, until
+    the next block resets it: code that later points KILN_CUDA_DRIVER at the same file sees
     them. Errors on entry: NotSupportedError when the library is not found or does not load;
     InvalidUsageError for a bad value (the fake's own words for a malformed fault plan), with
     nothing set. Not thread-safe (it sets environment variables and kiln's global executor)."""
