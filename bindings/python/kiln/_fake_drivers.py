@@ -201,8 +201,8 @@ def _fake_block(api: _Api, capacity_bytes: int, devices: int,
     settings = _settings(api, devices, other_process_bytes, faults, arch, mode)
     if api.arch in _open_blocks:
         raise InvalidUsageError(f"kiln.testing.{api.title}: a block is already open (on "
-                                f"{_open_blocks[api.arch]}); the fake has one device state per "
-                                f"process: close that block first")
+                                f"{_open_blocks[api.arch]}); the fake has one state (all its "
+                                f"devices) per process: close that block first")
     if _kiln.device().startswith(api.arch):
         raise InvalidUsageError(f"kiln.testing.{api.title}: kiln's executor is on "
                                 f"{_kiln.device()}; entering resets the fake under it: call "
