@@ -236,3 +236,20 @@ def test_cpu_and_mock_have_only_device_0(name):
     kiln.init(arch=name.replace(":1", ":0"))
     assert kiln.device() == name.split(":")[0]
     kiln.init(arch="cpu")
+
+
+def test_the_fake_refuses_an_ordinal_it_lacks_as_the_real_driver():
+    import ctypes
+    with kiln.testing.fake_hip(devices=2) as fake:
+        hip = ctypes.CDLL(fake.library)
+        assert hip.hipInit(0) == 0
+        assert hip.hipSetDevice(1) == 0
+        assert hip.hipSetDevice(2) == 101  # hipErrorInvalidDevice
+        assert hip.hipSetDevice(0) == 0
+    with kiln.testing.fake_cuda(devices=2) as fake:
+        cuda = ctypes.CDLL(fake.library)
+        assert cuda.cuInit(0) == 0
+        count, device = ctypes.c_int(0), ctypes.c_int(-1)
+        assert cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value == 2
+        assert cuda.cuDeviceGet(ctypes.byref(device), 1) == 0 and device.value == 1
+        assert cuda.cuDeviceGet(ctypes.byref(device), 2) == 101  # CUDA_ERROR_INVALID_DEVICE
