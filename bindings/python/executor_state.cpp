@@ -101,11 +101,13 @@ ExecutorConfig to_config(py::handle arch, const py::object &budget_bytes,
                          const py::object &device_heap_bytes, const py::object &mock_capacity_bytes,
                          const py::object &mock_other_process_bytes, const py::object &num_threads) {
   if (!py::isinstance<py::str>(arch))
-    raise_invalid_type("init", fmt::format("init: arch must be a str (\"cpu\", \"mock\", \"cuda\" "
-                                           "or \"amdgpu\"), got {} {}",
+    raise_invalid_type("init", fmt::format("init: arch must be a str (\"cpu\", \"mock\", \"cuda\", "
+                                           "\"amdgpu\", or \"cuda:1\" ...), got {} {}",
                                            type_name(arch), std::string(py::repr(arch))));
   ExecutorConfig config;
-  config.backend = check(parse_backend(arch.cast<std::string>()));
+  const DeviceName device = check(parse_device_name(arch.cast<std::string>()));
+  config.backend = device.backend;
+  config.device_ordinal = device.ordinal;
   config.budget.limit_bytes = to_optional_bytes(budget_bytes, "budget_bytes");
   config.budget.reserve_bytes = to_optional_bytes(reserve_bytes, "reserve_bytes");
   config.budget.live_check = to_flag(live_check, "live_check", "init");

@@ -70,7 +70,8 @@ RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> LlvmRuntimeExecutor::create_un
   }
   auto context = std::make_shared<DeviceContext>();
   KILN_ASSIGN_OR_RETURN(context->device,
-                        create_device(config.backend, DeviceOptions{.mock = config.mock}));
+                        create_device(config.backend, DeviceOptions{.ordinal = config.device_ordinal,
+                                                                     .mock = config.mock}));
   KILN_ASSIGN_OR_RETURN(context->memory, runtime::DeviceMemory::create(*context->device, config.budget));
   const CodegenArch arch = codegen_arch(*context->device);
   // A GPU gets the code of its own processor (sm_90 PTX for an H200, gfx942 for an MI300).

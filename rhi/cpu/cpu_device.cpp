@@ -4,10 +4,13 @@
 #include <cstring>
 
 #include "kiln/rhi/backend_registry.h"
+#include "kiln/rhi/failures.h"
 #include "kiln/rhi/cpu_device.h"
 #include "kiln/rhi/coarse_clock.h"
 
 #include <algorithm>
+
+#include <fmt/format.h>
 
 #include "cgroup_memory.h"
 #include "meminfo.h"
@@ -67,7 +70,12 @@ RhiExpected<LlvmDevice::MemoryInfo> CpuDevice::read_memory_info() {
 }
 
 /// The registry's factory for Backend::cpu (backends.inc): the one host CPU.
-RhiExpected<std::unique_ptr<LlvmDevice>> make_cpu_device(const DeviceOptions &) {
+/// Errors: invalid_usage for an ordinal other than 0 (the host is one device).
+RhiExpected<std::unique_ptr<LlvmDevice>> make_cpu_device(const DeviceOptions &options) {
+  if (options.ordinal != 0)
+    return std::unexpected(invalid_usage(
+        fmt::format("cpu:{}", options.ordinal), "create_device",
+        fmt::format("the cpu backend has one device, cpu:0; there is no ordinal {}", options.ordinal)));
   return std::make_unique<CpuDevice>();
 }
 

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "kiln/rhi/mock_device.h"
+#include "kiln/rhi/failures.h"
 
 namespace kiln {
 
@@ -67,7 +68,12 @@ RhiStatus MockDevice::driver_free(uint64_t address, uint64_t size_bytes) {
 }
 
 /// The registry's factory for Backend::mock (backends.inc).
+/// Errors: invalid_usage for an ordinal other than 0 (the mock is one device).
 RhiExpected<std::unique_ptr<LlvmDevice>> make_mock_device(const DeviceOptions &options) {
+  if (options.ordinal != 0)
+    return std::unexpected(invalid_usage(
+        fmt::format("mock:{}", options.ordinal), "create_device",
+        fmt::format("the mock backend has one device, mock:0; there is no ordinal {}", options.ordinal)));
   return std::make_unique<MockDevice>(options.mock);
 }
 

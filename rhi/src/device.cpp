@@ -1,3 +1,5 @@
+#include <charconv>
+
 #include <fmt/format.h>
 
 #include "kiln/rhi/device.h"
@@ -33,6 +35,22 @@ RhiExpected<Backend> parse_backend(std::string_view name) {
   return std::unexpected(invalid_usage(
       "kiln", "parse_backend",
       fmt::format("unknown backend '{}'; kiln knows {}", name, known)));
+}
+
+RhiExpected<DeviceName> parse_device_name(std::string_view name) {
+  const std::size_t colon = name.find(':');
+  KILN_ASSIGN_OR_RETURN(const Backend backend, parse_backend(name.substr(0, colon)));
+  DeviceName parsed{.backend = backend};
+  if (colon == std::string_view::npos) return parsed;
+  const std::string_view digits = name.substr(colon + 1);
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), parsed.ordinal);
+  if (digits.empty() || digits.size() > 4 || ec != std::errc() || end != digits.data() + digits.size() ||
+      digits.front() == '-' || digits.front() == '+')
+    return std::unexpected(invalid_usage(
+        "kiln", "parse_device_name",
+        fmt::format("'{}' is not a device name: after '{}:' comes a device ordinal from 0 to 9999",
+                    name, to_string(backend))));
+  return parsed;
 }
 
 RhiResult LlvmDevice::get_memory_info(uint64_t *free_bytes, uint64_t *total_bytes) {

@@ -3,6 +3,8 @@
 #include "gpu_backend_matrix.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <map>
 
 #include "test_support.h"
@@ -212,6 +214,96 @@ void recreate_releases_a_lost_executor_first(const GpuBackendCase &b) {
   CHECK(value_or_throw(ex->reduce_sum(c)).f64 == 6.0);
   c = Ndarray();
   ex.reset();
+  CHECK(fake->held_bytes() == 0);
+}
+
+namespace {
+
+/// Sets the fake's KILN_FAKE_<API>_<suffix> variables to `settings` and resets it; unsets them
+/// (and resets again) when it goes away, so later cases see one device.
+class FakeSettings {
+ public:
+  FakeSettings(const GpuBackendCase &b, FakeGpu &fake,
+               const std::vector<std::pair<std::string, std::string>> &settings)
+      : fake_(fake) {
+    std::string prefix = b.fake_prefix;  // kiln_fake_cuda_ -> KILN_FAKE_CUDA_
+    std::transform(prefix.begin(), prefix.end(), prefix.begin(),
+                   [](char c) { return static_cast<char>(std::toupper(static_cast<unsigned char>(c))); });
+    for (const auto &[suffix, value] : settings) {
+      names_.push_back(prefix + suffix);
+      setenv(names_.back().c_str(), value.c_str(), 1);
+    }
+    fake_.reset();
+  }
+  ~FakeSettings() {
+    for (const std::string &name : names_) unsetenv(name.c_str());
+    fake_.reset();
+  }
+  FakeSettings(const FakeSettings &) = delete;
+  FakeSettings &operator=(const FakeSettings &) = delete;
+
+ private:
+  FakeGpu &fake_;
+  std::vector<std::string> names_;
+};
+
+}  // namespace
+
+void two_devices_at_once(const GpuBackendCase &b) {
+  FakeGpu *fake = b.fake_or_skip();
+  if (fake == nullptr) return;
+  const FakeSettings two(b, *fake, {{"DEVICES", "2"}, {"CAPACITY_MB", "512,128"}});
+  ExecutorConfig config;
+  config.backend = b.backend;
+  config.device_heap_bytes = 1_MiB;
+  auto first = value_or_throw(LlvmRuntimeExecutor::create(config));
+  config.device_ordinal = 1;
+  auto second = value_or_throw(LlvmRuntimeExecutor::create(config));
+  CHECK(first->device().name() == std::string(b.name) + ":0");
+  CHECK(second->device().name() == std::string(b.name) + ":1");
+
+  // Ops on both, interleaved: each executor makes its own device current before each call.
+  const std::vector<int64_t> shape{1000};
+  Ndarray x0 = value_or_throw(first->ndarray(DataType::i64, shape));
+  Ndarray x1 = value_or_throw(second->ndarray(DataType::i64, shape));
+  REQUIRE(first->fill(x0, Scalar::of_int(2)));
+  REQUIRE(second->fill(x1, Scalar::of_int(3)));
+  REQUIRE(first->axpy(Scalar::of_int(1), x0, x0));
+  CHECK(value_or_throw(first->reduce_sum(x0)).i64 == 4000);
+  CHECK(value_or_throw(second->reduce_sum(x1)).i64 == 3000);
+  const uint64_t held0 = fake->device_held_bytes(0);
+  const uint64_t held1 = fake->device_held_bytes(1);
+  CHECK(held0 > 0);
+  CHECK(held1 > 0);
+
+  // Out of memory on device 1 names it and its own figures (128 MiB); device 0 is untouched.
+  const std::vector<int64_t> big{int64_t{200} << 17};  // 200 MiB of i64
+  auto refused = second->ndarray(DataType::i64, big);
+  REQUIRE_FALSE(refused);
+  CHECK(is_out_of_memory(classify(refused.error())));
+  const std::string message = refused.error().message();
+  INFO(message);
+  CHECK_THAT(message, Catch::Contains(std::string(b.name) + ":1"));
+  CHECK_THAT(message, Catch::Contains("128") && !Catch::Contains("512"));
+  CHECK(fake->device_held_bytes(0) == held0);
+  CHECK(fake->device_held_bytes(1) == held1);
+  // Device 0 (512 MiB) takes what device 1 refused.
+  Ndarray on_first = value_or_throw(first->ndarray(DataType::i64, big));
+  CHECK(fake->device_held_bytes(0) >= held0 + 200_MiB);
+  CHECK(fake->device_held_bytes(1) == held1);
+  REQUIRE(first->free(on_first));
+
+  // There is no device 2 of 2.
+  config.device_ordinal = 2;
+  auto missing = LlvmRuntimeExecutor::create(config);
+  REQUIRE_FALSE(missing);
+  CHECK(classify(missing.error()) == ErrorKind::not_supported);
+  CHECK_THAT(missing.error().message(),
+             Catch::Contains("reports 2 device(s)") && Catch::Contains(std::string(b.name) + ":2"));
+  REQUIRE(first->free(x0));
+  REQUIRE(second->free(x1));
+  first.reset();
+  second.reset();
   CHECK(fake->held_bytes() == 0);
 }
 

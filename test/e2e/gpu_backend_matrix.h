@@ -56,6 +56,7 @@ void sticky_fault_fails_fast(const GpuBackendCase &b);
 void no_device_is_not_supported(const GpuBackendCase &b);
 void lost_device_recovers_once_arrays_let_go(const GpuBackendCase &b);
 void recreate_releases_a_lost_executor_first(const GpuBackendCase &b);
+void two_devices_at_once(const GpuBackendCase &b);
 }  // namespace gpu_matrix
 
 }  // namespace kiln::test
@@ -90,6 +91,11 @@ void recreate_releases_a_lost_executor_first(const GpuBackendCase &b);
   TEST_CASE(tag ": recreate_executor releases a lost executor before making the new one",           \
             "[" tag "][e2e][lost]") {                                                               \
     ::kiln::test::gpu_matrix::recreate_releases_a_lost_executor_first(backend_fn());                \
+  }                                                                                                 \
+  TEST_CASE(tag ": executors on devices 0 and 1 at once, each with its own memory; device 2 of 2 " \
+                "is NotSupported",                                                                  \
+            "[" tag "][e2e][devices]") {                                                            \
+    ::kiln::test::gpu_matrix::two_devices_at_once(backend_fn());                                    \
   }
 
 #endif  // KILN_TEST_E2E_GPU_BACKEND_MATRIX_H_

@@ -202,7 +202,21 @@ check "cuda with a stub driver exits 77 (backend unavailable)" test "$rc" -eq 77
 check "cuda with a stub driver is NotSupportedError naming CUDA_ERROR_STUB_LIBRARY" \
   grep -q 'NotSupportedError: .*CUDA_ERROR_STUB_LIBRARY' "$tmp/stub.txt"
 
-# AMDGPU against the fake HIP runtime: every case OK; an injected hipErrorOutOfMemory is refused
+# --backend cuda:1 picks the driver's device 1; one it lacks is NotSupportedError naming the count.
+KILN_CUDA_DRIVER="$fake_cuda" KILN_FAKE_CUDA_DEVICES=2 "$ops" --backend cuda:1 --max-array-mb 4 \
+  --filter '^(fill|axpy)/' > "$tmp/cuda1.txt" 2>&1; rc=$?
+check "cuda:1 of 2 fake devices exits 0" test "$rc" -eq 0
+check "cuda:1 of 2 fake devices: all cases OK" grep -Eq '^[0-9]+/[0-9]+ cases OK, 0 refused, 0 failed$' "$tmp/cuda1.txt"
+KILN_CUDA_DRIVER="$fake_cuda" "$ops" --backend cuda:1 > "$tmp/cuda1of1.txt" 2>&1; rc=$?
+check "cuda:1 of 1 device exits 77 (not available here)" test "$rc" -eq 77
+check "cuda:1 of 1 device is NotSupportedError naming the device count" \
+  grep -q 'NotSupportedError: .*reports 1 device(s)' "$tmp/cuda1of1.txt"
+"$ops" --backend cuda:x > "$tmp/badordinal.txt" 2>&1; rc=$?
+check "a malformed --backend ordinal exits 2" test "$rc" -eq 2
+check "a malformed --backend ordinal is named" grep -q "'cuda:x' is not a device name" "$tmp/badordinal.txt"
+"$ops" --backend cpu:1 > "$tmp/cpu1.txt" 2>&1; rc=$?
+check "--backend cpu:1 is InvalidUsageError, not a crash" grep -q 'InvalidUsageError: .*cpu backend has one device' "$tmp/cpu1.txt"
+ an injected hipErrorOutOfMemory is refused
 # by name; without a runtime, and on this machine's real HIP runtime (Debian's libamdhip64, which
 # finds no GPU): NotSupportedError carrying the runtime's own answer, exit 77, no crash.
 KILN_HIP_RUNTIME="$fake_hip" "$ops" --backend amdgpu --max-array-mb 4 > "$tmp/amdgpu.txt" 2>&1; rc=$?

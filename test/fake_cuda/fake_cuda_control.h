@@ -23,7 +23,7 @@ extern "C" {
 /// device pointers handed out before are invalid afterwards.
 void kiln_fake_cuda_reset(void);
 
-/// Device memory capacity (what cuMemGetInfo_v2 reports as total). Default 1 GiB
+/// Every device's memory capacity (what cuMemGetInfo_v2 reports as total). Default 1 GiB
 /// (KILN_FAKE_CUDA_CAPACITY_MB). Memory already held stays held, even if over the new capacity.
 void kiln_fake_cuda_set_capacity_bytes(size_t capacity_bytes);
 
@@ -80,6 +80,18 @@ int kiln_fake_cuda_set_arch(const char *arch);
 /// The `.target` of the PTX module loaded last since the last reset ("sm_90"; "" before any):
 /// copied NUL-terminated into `target` (at most length - 1 characters); returns its length.
 size_t kiln_fake_cuda_last_module_target(char *target, size_t length);
+
+/// The number of devices the fake offers (KILN_FAKE_CUDA_DEVICES, 1 to 8; default 1). The
+/// counters above sum over the devices (high_water_bytes: the most held on all at once).
+int kiln_fake_cuda_device_count(void);
+
+/// Device `device`'s own counters (the ones above, for that device alone) and capacity; 0 for an
+/// ordinal the fake does not have.
+size_t kiln_fake_cuda_device_held_bytes(int device);
+size_t kiln_fake_cuda_device_high_water_bytes(int device);
+size_t kiln_fake_cuda_device_capacity_bytes(int device);
+unsigned long long kiln_fake_cuda_device_oom_count(int device);
+unsigned long long kiln_fake_cuda_device_launch_count(int device);
 
 typedef void (*kiln_fake_cuda_reset_fn)(void);
 typedef void (*kiln_fake_cuda_set_capacity_bytes_fn)(size_t);

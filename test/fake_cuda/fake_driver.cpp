@@ -80,7 +80,7 @@ constexpr NamedCode kCodes[] = {
     {999, "CUDA_ERROR_UNKNOWN"},
 };
 
-CUctx_st primary_context;  // the one device's primary context; live while retained
+CUctx_st primary_contexts[kMaxDevices];  // device i's primary context; live while retained
 
 /// The context current on this thread (cuCtxSetCurrent), or nullptr.
 CUcontext &current_context() {
@@ -90,8 +90,24 @@ CUcontext &current_context() {
 
 bool is_sticky(int result) { return result == 214 || result == 700 || (result >= 714 && result <= 719); }
 
+/// The ordinal of `context` (a primary context of one of the state's devices), or -1.
+int ordinal_of(const State &state, CUcontext context) {
+  for (int i = 0; i < state.device_count(); ++i) {
+    if (context == &primary_contexts[i]) return i;
+  }
+  return -1;
+}
+
+int current_device(const State &state) { return ordinal_of(state, current_context()); }
+
 bool has_current(const State &state) {
-  return current_context() == &primary_context && state.context_retain_count > 0;
+  const int ordinal = current_device(state);
+  return ordinal >= 0 && state.devices[static_cast<std::size_t>(ordinal)].context_retain_count > 0;
+}
+
+/// Device `device` of `state` when the fake has it (not in nodevice mode), else nullptr.
+Device *find_device(State &state, CUdevice device) {
+  return state.mode == Mode::nodevice ? nullptr : state.device(device);
 }
 
 void on_reset() { current_context() = nullptr; }
@@ -131,6 +147,7 @@ constexpr Dialect kDialect{
     .is_sticky = is_sticky,
     .has_current = has_current,
     .on_reset = on_reset,
+    .current_device = current_device,
     .default_arch = "sm_80",
     .is_valid_arch = is_valid_arch,
 };
@@ -226,7 +243,7 @@ KILN_FAKE_GPU_EXPORT CUresult cuGetErrorName(CUresult error, const char **name) 
 KILN_FAKE_GPU_EXPORT CUresult cuDeviceGetCount(int *count) {
   KILN_FAKE_BEGIN("cuDeviceGetCount", Needs::init);
   if (count == nullptr) return kInvalidValue;
-  *count = call.state->mode == Mode::nodevice ? 0 : 1;
+  *count = call.state->mode == Mode::nodevice ? 0 : call.state->device_count();
   return kSuccess;
 }
 
@@ -234,17 +251,17 @@ KILN_FAKE_GPU_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
   KILN_FAKE_BEGIN("cuDeviceGet", Needs::init);
   if (device == nullptr) return kInvalidValue;
   if (call.state->mode == Mode::nodevice) return kNoDevice;
-  if (ordinal != 0) return kInvalidDevice;
-  *device = 0;
+  if (call.state->device(ordinal) == nullptr) return kInvalidDevice;
+  *device = ordinal;
   return kSuccess;
 }
 
 KILN_FAKE_GPU_EXPORT CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
   KILN_FAKE_BEGIN("cuDeviceGetName", Needs::init);
   if (name == nullptr || length <= 0) return kInvalidValue;
-  if (device != 0 || call.state->mode == Mode::nodevice) return kInvalidDevice;
-  const std::string text = "kiln fake CUDA device (" +
-                           std::to_string(call.state->capacity_bytes >> 20) + " MiB)";
+  const Device *found = find_device(*call.state.state, device);
+  if (found == nullptr) return kInvalidDevice;
+  const std::string text = "kiln fake CUDA device (" + std::to_string(found->capacity_bytes >> 20) + " MiB)";
   const std::size_t n = std::min(text.size(), static_cast<std::size_t>(length) - 1);
   std::memcpy(name, text.data(), n);
   name[n] = '\0';
@@ -254,7 +271,7 @@ KILN_FAKE_GPU_EXPORT CUresult cuDeviceGetName(char *name, int length, CUdevice d
 KILN_FAKE_GPU_EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device) {
   KILN_FAKE_BEGIN("cuDeviceGetAttribute", Needs::init);
   if (value == nullptr) return kInvalidValue;
-  if (device != 0 || call.state->mode == Mode::nodevice) return kInvalidDevice;
+  if (find_device(*call.state.state, device) == nullptr) return kInvalidDevice;
   const int sm = sm_number(call.state->arch);  // KILN_FAKE_CUDA_ARCH, checked when read
   switch (attribute) {
     case 75: *value = sm / 10; return kSuccess;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
@@ -268,20 +285,22 @@ KILN_FAKE_GPU_EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, CU
 KILN_FAKE_GPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
   KILN_FAKE_BEGIN("cuDevicePrimaryCtxRetain", Needs::init);
   if (context == nullptr) return kInvalidValue;
-  if (device != 0 || call.state->mode == Mode::nodevice) return kInvalidDevice;
-  ++call.state->context_retain_count;
-  *context = &primary_context;
+  Device *found = find_device(*call.state.state, device);
+  if (found == nullptr) return kInvalidDevice;
+  ++found->context_retain_count;
+  *context = &primary_contexts[device];
   return kSuccess;
 }
 
 KILN_FAKE_GPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
   KILN_FAKE_BEGIN("cuDevicePrimaryCtxRelease_v2", Needs::teardown);
-  if (device != 0 || call.state->mode == Mode::nodevice) return kInvalidDevice;
-  if (call.state->context_retain_count == 0) return kInvalidContext;
+  Device *found = find_device(*call.state.state, device);
+  if (found == nullptr) return kInvalidDevice;
+  if (found->context_retain_count == 0) return kInvalidContext;
   // The last release destroys the primary context and everything allocated in it; a sticky
   // error belonged to that context, so the next retained context starts clean.
-  if (--call.state->context_retain_count == 0) {
-    call.state->release_device_memory();
+  if (--found->context_retain_count == 0) {
+    found->release_device_memory();
     call.state->sticky_error = kSuccess;
   }
   return kSuccess;
@@ -289,8 +308,11 @@ KILN_FAKE_GPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
 
 KILN_FAKE_GPU_EXPORT CUresult cuCtxSetCurrent(CUcontext context) {
   KILN_FAKE_BEGIN("cuCtxSetCurrent", Needs::init);
-  if (context != nullptr && (context != &primary_context || call.state->context_retain_count == 0)) {
-    return kInvalidContext;
+  if (context != nullptr) {
+    const int ordinal = ordinal_of(*call.state.state, context);
+    if (ordinal < 0 || call.state->devices[static_cast<std::size_t>(ordinal)].context_retain_count == 0) {
+      return kInvalidContext;
+    }
   }
   current_context() = context;
   return kSuccess;

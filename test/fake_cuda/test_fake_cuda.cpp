@@ -41,6 +41,10 @@ struct Fake {
   kiln_fake_cuda_count_fn launch_count = nullptr;
   kiln_fake_cuda_sticky_error_fn sticky_error = nullptr;
   size_t (*config_error)(char *, size_t) = nullptr;
+  int (*device_count)() = nullptr;
+  size_t (*device_held_bytes)(int) = nullptr;
+  size_t (*device_capacity_bytes)(int) = nullptr;
+  unsigned long long (*device_oom_count)(int) = nullptr;
 };
 
 template <class Fn>
@@ -71,6 +75,10 @@ Fake &fake() {
     resolve(handle, "kiln_fake_cuda_launch_count", &f.launch_count);
     resolve(handle, "kiln_fake_cuda_sticky_error", &f.sticky_error);
     resolve(handle, "kiln_fake_cuda_config_error", &f.config_error);
+    resolve(handle, "kiln_fake_cuda_device_count", &f.device_count);
+    resolve(handle, "kiln_fake_cuda_device_held_bytes", &f.device_held_bytes);
+    resolve(handle, "kiln_fake_cuda_device_capacity_bytes", &f.device_capacity_bytes);
+    resolve(handle, "kiln_fake_cuda_device_oom_count", &f.device_oom_count);
     // The kernels compiled into the fake must not leak into the process's symbol space.
     if (dlsym(handle, "kiln_axpy_f32") != nullptr) FAIL("the fake exports its host kernels");
     return f;
@@ -81,7 +89,7 @@ Fake &fake() {
 /// Clears the KILN_FAKE_CUDA_* environment, resets the fake, and sets `env` (name=value pairs).
 Fake &fresh(std::vector<std::pair<const char *, const char *>> env = {}) {
   for (const char *name : {"KILN_FAKE_CUDA_CAPACITY_MB", "KILN_FAKE_CUDA_OTHER_MB",
-                           "KILN_FAKE_CUDA_FAULTS", "KILN_FAKE_CUDA_MODE"}) {
+                           "KILN_FAKE_CUDA_FAULTS", "KILN_FAKE_CUDA_MODE", "KILN_FAKE_CUDA_DEVICES"}) {
     unsetenv(name);
   }
   for (const auto &[name, value] : env) setenv(name, value, 1);
@@ -467,4 +475,78 @@ TEST_CASE("fake cuda: releasing the primary context frees what it held", "[fake_
   CUdeviceptr ptr = 0;
   CHECK(f.cuMemAlloc_v2(&ptr, 64) == kErrorInvalidContext);
   CHECK(f.cuDevicePrimaryCtxRelease_v2(0) == kErrorInvalidContext);
+}
+
+/// Retains device `ordinal`'s primary context and makes it current (after cuInit).
+CUcontext use_device(Fake &f, int ordinal) {
+  CUdevice device = -1;
+  REQUIRE(f.cuDeviceGet(&device, ordinal) == kSuccess);
+  CHECK(device == ordinal);
+  CUcontext context = nullptr;
+  REQUIRE(f.cuDevicePrimaryCtxRetain(&context, device) == kSuccess);
+  REQUIRE(f.cuCtxSetCurrent(context) == kSuccess);
+  return context;
+}
+
+TEST_CASE("fake cuda: KILN_FAKE_CUDA_DEVICES offers several devices, each with its own memory",
+          "[fake_cuda]") {
+  Fake &f = fresh({{"KILN_FAKE_CUDA_DEVICES", "2"}, {"KILN_FAKE_CUDA_CAPACITY_MB", "64,128"}});
+  REQUIRE(f.cuInit(0) == kSuccess);
+  int count = 0;
+  REQUIRE(f.cuDeviceGetCount(&count) == kSuccess);
+  CHECK(count == 2);
+  CHECK(f.device_count() == 2);
+  CUdevice device = -1;
+  CHECK(f.cuDeviceGet(&device, 2) == kErrorInvalidDevice);  // as the real driver answers
+  CUcontext context = nullptr;
+  CHECK(f.cuDevicePrimaryCtxRetain(&context, 2) == kErrorInvalidDevice);
+  CHECK(f.device_capacity_bytes(0) == 64 * kMiB);
+  CHECK(f.device_capacity_bytes(1) == 128 * kMiB);
+
+  const CUcontext first = use_device(f, 0);
+  const CUcontext second = use_device(f, 1);
+  CHECK(first != second);
+  std::size_t free_bytes = 0, total_bytes = 0;
+  REQUIRE(f.cuMemGetInfo_v2(&free_bytes, &total_bytes) == kSuccess);
+  CHECK(total_bytes == 128 * kMiB);  // device 1's, its context being current
+  const CUdeviceptr on_second = alloc(f, 100 * kMiB);
+  CHECK(f.device_held_bytes(1) == 100 * kMiB);
+  CHECK(f.device_held_bytes(0) == 0);  // held by device 1 only
+  CHECK(f.held_bytes() == 100 * kMiB);
+  CHECK(f.device_held_bytes(5) == 0);
+
+  REQUIRE(f.cuCtxSetCurrent(first) == kSuccess);
+  REQUIRE(f.cuMemGetInfo_v2(&free_bytes, &total_bytes) == kSuccess);
+  CHECK(total_bytes == 64 * kMiB);
+  CHECK(free_bytes == 64 * kMiB);
+  CUdeviceptr ptr = 0;
+  CHECK(f.cuMemAlloc_v2(&ptr, 100 * kMiB) == kErrorOutOfMemory);  // device 0's capacity
+  CHECK(f.device_oom_count(0) == 1);
+  CHECK(f.device_oom_count(1) == 0);
+  CHECK(f.cuMemFree_v2(on_second) == kErrorInvalidValue);  // not device 0's allocation
+
+  // Releasing device 1's context frees device 1's memory only.
+  const CUdeviceptr on_first = alloc(f, kMiB);
+  REQUIRE(f.cuDevicePrimaryCtxRelease_v2(1) == kSuccess);
+  CHECK(f.device_held_bytes(1) == 0);
+  CHECK(f.device_held_bytes(0) == kMiB);
+  CHECK(f.cuCtxSetCurrent(second) == kErrorInvalidContext);  // destroyed with its last release
+  CHECK(f.cuMemFree_v2(on_first) == kSuccess);
+}
+
+TEST_CASE("fake cuda: a malformed KILN_FAKE_CUDA_DEVICES or capacity list fails cuInit",
+          "[fake_cuda]") {
+  for (const char *devices : {"0", "9", "two", "-1"}) {
+    Fake &f = fresh({{"KILN_FAKE_CUDA_DEVICES", devices}});
+    CHECK(f.cuInit(0) == kErrorInvalidValue);
+    char text[256] = {};
+    f.config_error(text, sizeof text);
+    CHECK(std::string(text).find("KILN_FAKE_CUDA_DEVICES") != std::string::npos);
+  }
+  Fake &f = fresh({{"KILN_FAKE_CUDA_DEVICES", "2"}, {"KILN_FAKE_CUDA_CAPACITY_MB", "64,128,256"}});
+  CHECK(f.cuInit(0) == kErrorInvalidValue);
+  char text[256] = {};
+  f.config_error(text, sizeof text);
+  CHECK(std::string(text).find("one per device (2)") != std::string::npos);
+  fresh();  // later tests see one device again
 }

@@ -48,6 +48,9 @@ struct Dialect {
   bool (*has_current)(const State &state);
   /// Called with the lock held by kiln_fake_<api>_reset, after the state was reset.
   void (*on_reset)();
+  /// The ordinal of the calling thread's device (CUDA: its current context's; HIP: its
+  /// hipSetDevice's, 0 until then), or -1 when it has none. Memory operations act on it.
+  int (*current_device)(const State &state);
   /// The processor the device reports unless KILN_FAKE_<API>_ARCH says otherwise ("sm_80",
   /// "gfx90a"), and the check of such a value (set_arch and the environment refuse others).
   const char *default_arch;
@@ -95,23 +98,16 @@ struct Module {
   std::map<std::string, std::unique_ptr<Function>, std::less<>> functions;
 };
 
-/// Everything a fake knows. Access only through lock_state().
-struct State {
-  // configuration
-  Mode mode = Mode::normal;
+/// The most devices a fake offers (KILN_FAKE_<API>_DEVICES).
+constexpr int kMaxDevices = 8;
+
+/// One device of a fake: its memory, the code loaded on it, its primary context and counters.
+struct Device {
   std::size_t capacity_bytes = std::size_t{1024} << 20;
   std::vector<std::size_t> other_script{0};  ///< other processes' usage, one per memory-info call
   std::size_t other_index = 0;               ///< next script entry memory-info consumes
   std::size_t other_bytes = 0;               ///< the value last reported (what allocation sees)
-  std::string config_error;  ///< a malformed variable: the init entry point fails
-  std::string arch;          ///< the processor the device reports (dialect().default_arch)
-
-  // driver state
-  bool initialized = false;
-  int sticky_error = 0;
   int context_retain_count = 0;  ///< CUDA's primary context (the HIP layer has none)
-  std::map<std::string, uint64_t, std::less<>> call_counts;
-  std::map<std::string, std::vector<Fault>, std::less<>> faults;
   std::map<uint64_t, Allocation> allocations;
   std::size_t held_bytes = 0;
   std::size_t high_water_bytes = 0;
@@ -119,22 +115,61 @@ struct State {
   uint64_t oom_count = 0;
   uint64_t launch_count = 0;
   std::map<const Module *, std::unique_ptr<Module>> modules;
-  std::string last_module_target;  ///< the target of the module loaded last ("" before any)
-  std::string pause_entry;  ///< the next call of this entry waits, holding the lock (a test hook)
-  unsigned pause_ms = 0;    ///< for how long
 
   /// Frees every allocation and module (the context went away, or a reset).
   void release_device_memory();
-  /// Re-reads the KILN_FAKE_<API>_* environment into the configuration.
-  void load_environment();
   /// Free device memory now: capacity - held - modules - other processes, never below 0.
   [[nodiscard]] std::size_t free_bytes() const;
   /// True if [address, address + size_bytes) lies inside one live allocation.
   [[nodiscard]] bool device_range_ok(uint64_t address, uint64_t size_bytes) const;
+};
+
+/// Everything a fake knows. Access only through lock_state().
+struct State {
+  // configuration
+  Mode mode = Mode::normal;
+  std::string config_error;  ///< a malformed variable: the init entry point fails
+  std::string arch;          ///< the processor every device reports (dialect().default_arch)
+
+  // driver state
+  bool initialized = false;
+  int sticky_error = 0;      ///< one for the whole fake, whichever device raised it
+  std::vector<Device> devices = std::vector<Device>(1);  ///< KILN_FAKE_<API>_DEVICES of them
+  std::map<std::string, uint64_t, std::less<>> call_counts;
+  std::map<std::string, std::vector<Fault>, std::less<>> faults;
+  std::size_t high_water_bytes = 0;  ///< the most bytes held on all devices together
+  std::string last_module_target;  ///< the target of the module loaded last ("" before any)
+  std::string pause_entry;  ///< the next call of this entry waits, holding the lock (a test hook)
+  unsigned pause_ms = 0;    ///< for how long
+
+  /// The number of devices (cuDeviceGetCount's answer in normal mode).
+  [[nodiscard]] int device_count() const { return static_cast<int>(devices.size()); }
+  /// Device `ordinal`, or nullptr when there is none such.
+  [[nodiscard]] Device *device(int ordinal);
+  /// The calling thread's device (dialect().current_device); only called once the entry point
+  /// checked Needs::context, so there is one.
+  [[nodiscard]] Device &current();
+  [[nodiscard]] const Device &current() const;
+  /// Frees every allocation and module of every device.
+  void release_device_memory();
+  /// Re-reads the KILN_FAKE_<API>_* environment into the configuration.
+  void load_environment();
+  /// The current device's free bytes and range check (Device::free_bytes, device_range_ok).
+  [[nodiscard]] std::size_t free_bytes() const { return current().free_bytes(); }
+  [[nodiscard]] bool device_range_ok(uint64_t address, uint64_t size_bytes) const {
+    return current().device_range_ok(address, size_bytes);
+  }
   /// The fault planned for this call of `entry` (whose count was just incremented), or success.
   [[nodiscard]] int planned_fault(std::string_view entry);
   /// Adds a fault `nth_call` calls of `entry` from now; false if `entry` is unknown.
   bool add_fault(std::string_view entry, uint64_t nth_call, int result);
+  /// A counter summed over the devices (`field` a Device member such as &Device::held_bytes).
+  template <class T>
+  [[nodiscard]] T total(T Device::*field) const {
+    T sum{};
+    for (const Device &d : devices) sum += d.*field;
+    return sum;
+  }
 };
 
 /// The state, locked for the lifetime of the returned guard; created (and the environment read)

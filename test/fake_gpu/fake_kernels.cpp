@@ -119,7 +119,7 @@ int run_launch(State &state, const Function &function, unsigned grid_x, unsigned
       !state.device_range_ok(runtime->heap_base, runtime->heap_size_bytes)) {
     return illegal_address(kernel, "the device heap (KilnRuntime::heap_base)");
   }
-  ++state.launch_count;
+  ++state.current().launch_count;
 
   const int64_t threads = int64_t{grid_x} * int64_t{block_x};
   const int64_t tasks = std::max<int64_t>(0, std::min<int64_t>(threads, args->num_tasks));
@@ -161,7 +161,7 @@ int launch(State &state, const Function *f, unsigned grid_x, unsigned grid_y, un
            const void *stream, void **params, void **extra) {
   const Dialect &d = dialect();
   const Function *function = nullptr;
-  for (const auto &[handle, loaded] : state.modules) {
+  for (const auto &[handle, loaded] : state.current().modules) {
     for (const auto &[name, candidate] : loaded->functions) {
       if (candidate.get() == f) function = candidate.get();
     }

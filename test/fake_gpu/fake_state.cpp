@@ -9,6 +9,7 @@
 #include <cstring>
 #include <pthread.h>
 #include <thread>
+#include <utility>
 
 #include "fake_gpu.h"
 
@@ -53,12 +54,31 @@ EnvVar env(const char *suffix) {
 /// Reads the environment into `state`; returns a description of the first malformed variable.
 std::string read_environment(State &state) {
   constexpr uint64_t kMiB = uint64_t{1} << 20;
-  if (const EnvVar capacity = env("CAPACITY_MB"); !capacity.value.empty()) {
-    uint64_t mib = 0;
-    if (!parse_u64(trim(capacity.value), &mib) || mib > (uint64_t{1} << 40)) {
-      return capacity.name + "='" + std::string(capacity.value) + "' is not a MiB count";
+  if (const EnvVar devices = env("DEVICES"); !devices.value.empty()) {
+    uint64_t count = 0;
+    if (!parse_u64(trim(devices.value), &count) || count < 1 || count > kMaxDevices) {
+      return devices.name + "='" + std::string(devices.value) + "' is not a device count from 1 to " +
+             std::to_string(kMaxDevices);
     }
-    state.capacity_bytes = static_cast<std::size_t>(mib * kMiB);
+    state.devices = std::vector<Device>(count);
+  }
+  if (const EnvVar capacity = env("CAPACITY_MB"); !capacity.value.empty()) {
+    // One MiB count for every device, or one per device ("256,512").
+    std::vector<std::size_t> capacities;
+    const bool ok = for_each_item(capacity.value, [&](std::string_view item) {
+      uint64_t mib = 0;
+      if (!parse_u64(item, &mib) || mib > (uint64_t{1} << 40)) return false;
+      capacities.push_back(static_cast<std::size_t>(mib * kMiB));
+      return true;
+    });
+    if (!ok || (capacities.size() != 1 && capacities.size() != state.devices.size())) {
+      return capacity.name + "='" + std::string(capacity.value) +
+             "' is not a MiB count, or a list of one per device (" +
+             std::to_string(state.devices.size()) + ")";
+    }
+    for (std::size_t i = 0; i < state.devices.size(); ++i) {
+      state.devices[i].capacity_bytes = capacities[std::min(i, capacities.size() - 1)];
+    }
   }
   if (const EnvVar other = env("OTHER_MB"); !other.value.empty()) {
     std::vector<std::size_t> script;
@@ -72,8 +92,10 @@ std::string read_environment(State &state) {
       return other.name + "='" + std::string(other.value) +
              "' is not a comma-separated list of MiB counts";
     }
-    state.other_script = std::move(script);
-    state.other_bytes = state.other_script.front();
+    for (Device &device : state.devices) {  // each device follows the script on its own
+      device.other_script = script;
+      device.other_bytes = script.front();
+    }
   }
   if (const EnvVar faults = env("FAULTS"); !faults.value.empty()) {
     std::string bad;
@@ -166,12 +188,40 @@ bool parse_result(std::string_view text, int *result) {
   return true;
 }
 
-void State::release_device_memory() {
+void Device::release_device_memory() {
   for (auto &[address, allocation] : allocations) std::free(allocation.host);
   allocations.clear();
   held_bytes = 0;
   modules.clear();
   module_bytes = 0;
+}
+
+std::size_t Device::free_bytes() const {
+  const std::size_t used = held_bytes + module_bytes + other_bytes;
+  return used >= capacity_bytes ? 0 : capacity_bytes - used;
+}
+
+bool Device::device_range_ok(uint64_t address, uint64_t size_bytes) const {
+  auto it = allocations.upper_bound(address);
+  if (it == allocations.begin()) return false;
+  --it;
+  const uint64_t offset = address - it->first;
+  return offset <= it->second.size_bytes && size_bytes <= it->second.size_bytes - offset;
+}
+
+Device *State::device(int ordinal) {
+  return ordinal >= 0 && ordinal < device_count() ? &devices[static_cast<std::size_t>(ordinal)] : nullptr;
+}
+
+const Device &State::current() const {
+  const int ordinal = dialect().current_device(*this);
+  return devices[ordinal >= 0 && ordinal < device_count() ? static_cast<std::size_t>(ordinal) : 0];
+}
+
+Device &State::current() { return const_cast<Device &>(std::as_const(*this).current()); }
+
+void State::release_device_memory() {
+  for (Device &device : devices) device.release_device_memory();
 }
 
 void State::load_environment() {
@@ -181,19 +231,6 @@ void State::load_environment() {
     std::fprintf(stderr, "%s: %s; %s will fail with %s\n", dialect().title, config_error.c_str(),
                  dialect().init_entry, invalid != nullptr ? invalid : "invalid value");
   }
-}
-
-std::size_t State::free_bytes() const {
-  const std::size_t used = held_bytes + module_bytes + other_bytes;
-  return used >= capacity_bytes ? 0 : capacity_bytes - used;
-}
-
-bool State::device_range_ok(uint64_t address, uint64_t size_bytes) const {
-  auto it = allocations.upper_bound(address);
-  if (it == allocations.begin()) return false;
-  --it;
-  const uint64_t offset = address - it->first;
-  return offset <= it->second.size_bytes && size_bytes <= it->second.size_bytes - offset;
 }
 
 int State::planned_fault(std::string_view entry) {
@@ -268,41 +305,45 @@ int Call::result(int code) {
 
 int memory_info(State &state, std::size_t *free_bytes, std::size_t *total_bytes) {
   if (free_bytes == nullptr || total_bytes == nullptr) return dialect().invalid_value;
+  Device &device = state.current();
   // Other processes' usage follows the script: one value per call, the last one stays.
-  state.other_bytes = state.other_script[std::min(state.other_index, state.other_script.size() - 1)];
-  if (state.other_index < state.other_script.size()) ++state.other_index;
-  *free_bytes = state.free_bytes();
-  *total_bytes = state.capacity_bytes;
+  device.other_bytes = device.other_script[std::min(device.other_index, device.other_script.size() - 1)];
+  if (device.other_index < device.other_script.size()) ++device.other_index;
+  *free_bytes = device.free_bytes();
+  *total_bytes = device.capacity_bytes;
   return dialect().success;
 }
 
 int allocate(State &state, std::size_t size_bytes, uint64_t *address) {
   if (address == nullptr || size_bytes == 0) return dialect().invalid_value;
-  if (size_bytes > state.free_bytes()) {
-    ++state.oom_count;
+  Device &device = state.current();
+  if (size_bytes > device.free_bytes()) {
+    ++device.oom_count;
     return dialect().out_of_memory;
   }
   const std::size_t rounded = (size_bytes + kAllocationAlignment - 1) / kAllocationAlignment *
                               kAllocationAlignment;
   void *host = std::aligned_alloc(kAllocationAlignment, rounded);
   if (host == nullptr) {
-    ++state.oom_count;
+    ++device.oom_count;
     return dialect().out_of_memory;
   }
   const auto at = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(host));
-  state.allocations[at] = Allocation{host, size_bytes};
-  state.held_bytes += size_bytes;
-  state.high_water_bytes = std::max(state.high_water_bytes, state.held_bytes);
+  device.allocations[at] = Allocation{host, size_bytes};
+  device.held_bytes += size_bytes;
+  device.high_water_bytes = std::max(device.high_water_bytes, device.held_bytes);
+  state.high_water_bytes = std::max(state.high_water_bytes, state.total(&Device::held_bytes));
   *address = at;
   return dialect().success;
 }
 
 int free_allocation(State &state, uint64_t address) {
-  const auto it = state.allocations.find(address);
-  if (it == state.allocations.end()) return dialect().invalid_value;  // not a live allocation's start
+  Device &device = state.current();
+  const auto it = device.allocations.find(address);
+  if (it == device.allocations.end()) return dialect().invalid_value;  // not a live allocation's start
   std::free(it->second.host);
-  state.held_bytes -= it->second.size_bytes;
-  state.allocations.erase(it);
+  device.held_bytes -= it->second.size_bytes;
+  device.allocations.erase(it);
   return dialect().success;
 }
 
@@ -340,27 +381,29 @@ int memset8(State &state, uint64_t dst, unsigned char value, std::size_t count) 
 // --- modules -------------------------------------------------------------------------------------
 
 int add_module(State &state, std::unique_ptr<Module> module, std::size_t size_bytes, Module **handle) {
-  if (size_bytes > state.free_bytes()) return dialect().out_of_memory;  // code lives in device memory too
+  Device &device = state.current();
+  if (size_bytes > device.free_bytes()) return dialect().out_of_memory;  // code lives in device memory too
   module->charged_bytes = size_bytes;
   state.last_module_target = module->target;
-  state.module_bytes += size_bytes;
+  device.module_bytes += size_bytes;
   *handle = module.get();
-  state.modules.emplace(module.get(), std::move(module));
+  device.modules.emplace(module.get(), std::move(module));
   return dialect().success;
 }
 
 int unload_module(State &state, Module *module) {
-  const auto it = state.modules.find(module);
-  if (it == state.modules.end()) return dialect().invalid_handle;
-  state.module_bytes -= it->second->charged_bytes;
-  state.modules.erase(it);  // its functions go with it
+  Device &device = state.current();
+  const auto it = device.modules.find(module);
+  if (it == device.modules.end()) return dialect().invalid_handle;
+  device.module_bytes -= it->second->charged_bytes;
+  device.modules.erase(it);  // its functions go with it
   return dialect().success;
 }
 
 int get_function(State &state, Module *module, const char *name, Function **function) {
   if (function == nullptr || name == nullptr) return dialect().invalid_value;
-  const auto it = state.modules.find(module);
-  if (it == state.modules.end()) return dialect().invalid_handle;
+  const auto it = state.current().modules.find(module);
+  if (it == state.current().modules.end()) return dialect().invalid_handle;
   Module &loaded = *it->second;
   if (const auto known = loaded.functions.find(std::string_view(name)); known != loaded.functions.end()) {
     *function = known->second.get();

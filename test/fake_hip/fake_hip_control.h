@@ -44,6 +44,15 @@ size_t kiln_fake_hip_last_module_target(char *target, size_t length);
 /// length. For callers that configure the fake through the environment and then reset it.
 size_t kiln_fake_hip_config_error(char *text, size_t length);
 
+/// The number of devices (KILN_FAKE_HIP_DEVICES), and one device's own counters and capacity (0
+/// for an ordinal the fake lacks); the counters above sum over the devices.
+int kiln_fake_hip_device_count(void);
+size_t kiln_fake_hip_device_held_bytes(int device);
+size_t kiln_fake_hip_device_high_water_bytes(int device);
+size_t kiln_fake_hip_device_capacity_bytes(int device);
+unsigned long long kiln_fake_hip_device_oom_count(int device);
+unsigned long long kiln_fake_hip_device_launch_count(int device);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif

@@ -75,8 +75,18 @@ bool is_sticky(int result) {
          result == 710 || result == 719;
 }
 
-bool has_current(const State &) { return true; }  // device 0 is current until hipSetDevice
-void on_reset() {}
+/// The calling thread's device (hipSetDevice; 0 until then).
+int &thread_device() {
+  thread_local int ordinal = 0;
+  return ordinal;
+}
+
+int current_device(const State &state) {
+  return thread_device() < state.device_count() ? thread_device() : -1;
+}
+
+bool has_current(const State &state) { return current_device(state) >= 0; }
+void on_reset() { thread_device() = 0; }
 
 /// The processor of a gcnArchName, "gfx942" for "gfx942:sramecc+:xnack-".
 std::string_view processor(std::string_view arch) { return arch.substr(0, arch.find(':')); }
@@ -107,6 +117,7 @@ constexpr Dialect kDialect{
     .is_sticky = is_sticky,
     .has_current = has_current,
     .on_reset = on_reset,
+    .current_device = current_device,
     .default_arch = "gfx90a:sramecc+:xnack-",
     .is_valid_arch = is_valid_arch,
 };
@@ -176,7 +187,7 @@ KILN_FAKE_GPU_EXPORT const char *hipGetErrorName(hipError_t error) {
 KILN_FAKE_GPU_EXPORT hipError_t hipGetDeviceCount(int *count) {
   KILN_FAKE_BEGIN("hipGetDeviceCount", Needs::init);
   if (count == nullptr) return kInvalidValue;
-  *count = call.state->mode == Mode::nodevice ? 0 : 1;
+  *count = call.state->mode == Mode::nodevice ? 0 : call.state->device_count();
   return call.state->mode == Mode::nodevice ? kNoDevice : kSuccess;
 }
 
@@ -185,7 +196,7 @@ KILN_FAKE_GPU_EXPORT hipError_t hipGetDeviceCount(int *count) {
 KILN_FAKE_GPU_EXPORT hipError_t hipGetDeviceProperties(void *properties, int ordinal) {
   KILN_FAKE_BEGIN("hipGetDeviceProperties", Needs::init);
   if (properties == nullptr) return kInvalidValue;
-  if (call.state->mode == Mode::nodevice || ordinal != 0) return kInvalidDevice;
+  if (call.state->mode == Mode::nodevice || call.state->device(ordinal) == nullptr) return kInvalidDevice;
   constexpr std::size_t kHip5PropertiesBytes = 792;  // sizeof(hipDeviceProp_t) in HIP 5.2
   auto *bytes = static_cast<char *>(properties);
   std::memset(bytes, 0, kHip5PropertiesBytes);
@@ -196,7 +207,8 @@ KILN_FAKE_GPU_EXPORT hipError_t hipGetDeviceProperties(void *properties, int ord
 
 KILN_FAKE_GPU_EXPORT hipError_t hipSetDevice(int ordinal) {
   KILN_FAKE_BEGIN("hipSetDevice", Needs::init);
-  if (call.state->mode == Mode::nodevice || ordinal != 0) return kInvalidDevice;
+  if (call.state->mode == Mode::nodevice || call.state->device(ordinal) == nullptr) return kInvalidDevice;
+  thread_device() = ordinal;
   return kSuccess;
 }
 
@@ -207,10 +219,10 @@ KILN_FAKE_GPU_EXPORT hipError_t hipDeviceSynchronize() {
 }
 
 KILN_FAKE_GPU_EXPORT hipError_t hipDeviceReset() {
-  // Destroys everything this process made on the device; a sticky error belonged to it, so the
-  // device starts clean (what recovers a real device after a fault).
+  // Destroys everything this process made on the current device; a sticky error belonged to
+  // it, so the device starts clean (what recovers a real device after a fault).
   KILN_FAKE_BEGIN("hipDeviceReset", Needs::teardown);
-  call.state->release_device_memory();
+  call.state->current().release_device_memory();
   call.state->sticky_error = kSuccess;
   return kSuccess;
 }

@@ -171,3 +171,85 @@ def test_the_processor_the_device_reports(api):
         kiln.init(arch=arch)  # kiln loads code for that processor
         a = kiln.from_numpy(np.arange(4, dtype=np.float32))
         assert kiln.reduce_sum(a) == 6.0
+
+
+def test_several_devices_each_with_its_own_memory(api):
+    fake_gpu, arch, _, _, _ = api
+    dlpack_type = 2 if arch == "cuda" else 10  # kDLCUDA, kDLROCM
+    with fake_gpu(capacity_bytes=256 * MiB, devices=2) as fake:
+        assert fake.device_count() == 2
+        assert fake.capacity_bytes(1) == 256 * MiB
+        kiln.init(arch=f"{arch}:0", budget_bytes=1 << 30, live_check=False)
+        kept = kiln.ndarray(kiln.f32, 200 * MiB // 4)  # stays on device 0 after the next init
+        assert kept.device == f"{arch}:0"
+        assert kept.__dlpack_device__() == (dlpack_type, 0)
+        kiln.init(arch=f"{arch}:1", budget_bytes=1 << 30, live_check=False)
+        assert kiln.device() == f"{arch}:1"
+        a = kiln.from_numpy(np.arange(4, dtype=np.float32))
+        assert a.device == f"{arch}:1"
+        assert a.__dlpack_device__() == (dlpack_type, 1)
+        assert kiln.reduce_sum(a) == 6.0
+        assert fake.held_bytes(device=0) >= 200 * MiB
+        assert 0 < fake.held_bytes(device=1) < 200 * MiB
+        assert fake.held_bytes() == fake.held_bytes(device=0) + fake.held_bytes(device=1)
+        assert fake.launch_count(device=1) > 0
+        # Device 1's own memory refuses: the error names it and its figures, not device 0's.
+        with pytest.raises(kiln.DeviceOutOfMemoryError) as caught:
+            kiln.ndarray(kiln.f32, 250 * MiB // 4)
+        assert caught.value.device == f"{arch}:1"
+        assert f"{arch}:1" in str(caught.value)
+        assert caught.value.total_bytes == 256 * MiB
+        assert caught.value.free_bytes > 200 * MiB  # device 0's 200 MiB are not device 1's
+        assert fake.oom_count(device=1) >= 1 and fake.oom_count(device=0) == 0  # kiln may retry
+        del kept
+        with pytest.raises(kiln.InvalidUsageError, match="device must be an int from 0 to 1"):
+            fake.held_bytes(device=2)
+
+
+def test_a_device_the_fake_does_not_have_is_not_supported(api):
+    fake_gpu, arch, _, _, _ = api
+    with fake_gpu(devices=2):
+        with pytest.raises(kiln.NotSupportedError, match=r"reports 2 device\(s\)"):
+            kiln.init(arch=f"{arch}:2")
+    with fake_gpu():
+        with pytest.raises(kiln.NotSupportedError, match=r"reports 1 device\(s\)"):
+            kiln.init(arch=f"{arch}:1")
+    for bad in (0, 9, True, "2"):
+        with pytest.raises(kiln.InvalidUsageError, match="devices must be an int from 1 to 8"):
+            with fake_gpu(devices=bad):
+                pass
+
+
+@pytest.mark.parametrize("name", ["cuda:", "cuda:x", "cuda:-1", "cuda:+1", "cuda:1:2", "tpu:0",
+                                  "cuda:99999"])
+def test_a_malformed_device_name_is_invalid_usage(name):
+    kiln.init(arch="cpu")
+    with pytest.raises(kiln.InvalidUsageError):
+        kiln.init(arch=name)
+    assert kiln.device() == "cpu"
+
+
+@pytest.mark.parametrize("name", ["cpu:1", "mock:1"])
+def test_cpu_and_mock_have_only_device_0(name):
+    with pytest.raises(kiln.InvalidUsageError, match="has one device"):
+        kiln.init(arch=name)
+    kiln.init(arch=name.replace(":1", ":0"))
+    assert kiln.device() == name.split(":")[0]
+    kiln.init(arch="cpu")
+
+
+def test_the_fake_refuses_an_ordinal_it_lacks_as_the_real_driver():
+    import ctypes
+    with kiln.testing.fake_hip(devices=2) as fake:
+        hip = ctypes.CDLL(fake.library)
+        assert hip.hipInit(0) == 0
+        assert hip.hipSetDevice(1) == 0
+        assert hip.hipSetDevice(2) == 101  # hipErrorInvalidDevice
+        assert hip.hipSetDevice(0) == 0
+    with kiln.testing.fake_cuda(devices=2) as fake:
+        cuda = ctypes.CDLL(fake.library)
+        assert cuda.cuInit(0) == 0
+        count, device = ctypes.c_int(0), ctypes.c_int(-1)
+        assert cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value == 2
+        assert cuda.cuDeviceGet(ctypes.byref(device), 1) == 0 and device.value == 1
+        assert cuda.cuDeviceGet(ctypes.byref(device), 2) == 101  # CUDA_ERROR_INVALID_DEVICE

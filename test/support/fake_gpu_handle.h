@@ -23,6 +23,7 @@ struct FakeGpu {
   int (*set_mode)(const char *) = nullptr;
   int (*set_arch)(const char *) = nullptr;
   size_t (*last_module_target_into)(char *, size_t) = nullptr;
+  size_t (*device_held_bytes)(int) = nullptr;  ///< device `ordinal`'s held bytes (0: none such)
 
   /// The target of the module loaded last ("sm_90", "gfx942"; "" before any).
   [[nodiscard]] std::string last_module_target() const {
@@ -71,6 +72,7 @@ struct FakeGpu {
     get(f.set_mode, "set_mode");
     get(f.set_arch, "set_arch");
     get(f.last_module_target_into, "last_module_target");
+    get(f.device_held_bytes, "device_held_bytes");
     if (!ok) return std::nullopt;
     return f;
   }

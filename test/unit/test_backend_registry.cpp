@@ -70,3 +70,36 @@ TEST_CASE("backend names come from the one list", "[rhi][registry]") {
   CHECK_THAT(unknown.error().message(),
              Catch::Contains("unknown backend 'tpu'; kiln knows cpu, mock, cuda, amdgpu"));
 }
+
+TEST_CASE("cpu and mock have only device 0: another ordinal is invalid usage", "[rhi][registry]") {
+  for (Backend backend : {Backend::cpu, Backend::mock}) {
+    DeviceOptions options;
+    options.ordinal = 1;
+    auto device = kiln::create_device(backend, options);
+    REQUIRE_FALSE(device);
+    CHECK(device.error().result == RhiResult::invalid_usage);
+    CHECK_THAT(device.error().message(),
+               Catch::Contains("has one device") && Catch::Contains(std::string(kiln::to_string(backend)) + ":1"));
+  }
+}
+
+TEST_CASE("a device name is a backend and an optional ordinal", "[rhi][registry]") {
+  const auto parsed = [](const char *name) { return kiln::parse_device_name(name); };
+  REQUIRE(parsed("cuda"));
+  CHECK(parsed("cuda")->backend == Backend::cuda);
+  CHECK(parsed("cuda")->ordinal == 0);
+  REQUIRE(parsed("amdgpu:3"));
+  CHECK(parsed("amdgpu:3")->backend == Backend::amdgpu);
+  CHECK(parsed("amdgpu:3")->ordinal == 3);
+  CHECK(parsed("cpu:0")->backend == Backend::cpu);
+  for (const char *bad : {"cuda:", "cuda:x", "cuda:-1", "cuda:+1", "cuda:1:2", "cuda:10000", "cuda: 1"}) {
+    INFO(bad);
+    auto refused = parsed(bad);
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().result == RhiResult::invalid_usage);
+    CHECK_THAT(refused.error().message(), Catch::Contains("is not a device name"));
+  }
+  auto unknown = parsed("tpu:1");
+  REQUIRE_FALSE(unknown);
+  CHECK_THAT(unknown.error().message(), Catch::Contains("unknown backend 'tpu'"));
+}

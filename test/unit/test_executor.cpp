@@ -155,6 +155,19 @@ TEST_CASE("an unknown kernel and an unknown backend are InvalidUsage", "[executo
   CHECK_THAT(backend.error().message(), Catch::Contains("tpu"));
 }
 
+TEST_CASE("the executor opens the device_ordinal it is given: mock:1 is InvalidUsage",
+          "[executor][bad-input]") {
+  ExecutorConfig config;
+  config.backend = Backend::mock;
+  config.device_ordinal = 1;
+  auto ex = LlvmRuntimeExecutor::create(config);
+  REQUIRE_FALSE(ex);
+  CHECK(kind_of(ex.error()) == ErrorKind::invalid_usage);
+  CHECK_THAT(ex.error().message(), Catch::Contains("mock:1"));
+  config.device_ordinal = 0;
+  CHECK(LlvmRuntimeExecutor::create(config));
+}
+
 TEST_CASE("a GPU backend without its driver library is NotSupported", "[executor]") {
   const char *saved = std::getenv("KILN_CUDA_DRIVER");
   const std::string restore = saved != nullptr ? saved : "";

@@ -74,13 +74,14 @@ void add_mib(CLI::App &app, const std::string &flag, const std::string &help,
 
 void add_options(CLI::App &app, CommandLine &cl, bool &version) {
   ExecutorConfig &config = cl.suite.config;
-  add_value(app, "--backend", "cpu|mock|cuda|amdgpu",
+  add_value(app, "--backend", "cpu|mock|cuda[:N]|amdgpu[:N]",
             "device to run on (default cpu; cuda loads KILN_CUDA_DRIVER or libcuda.so.1, amdgpu "
-            "KILN_HIP_RUNTIME or libamdhip64.so)",
+            "KILN_HIP_RUNTIME or libamdhip64.so; :N picks the driver's device N, default 0)",
             [&config](const std::string &value) {
-              auto backend = parse_backend(value);
-              if (!backend) bad_value(backend.error().detail);
-              config.backend = *backend;
+              auto device = parse_device_name(value);
+              if (!device) bad_value(device.error().detail);
+              config.backend = device->backend;
+              config.device_ordinal = device->ordinal;
             });
   add_mib(app, "--budget-mb",
           "fixed memory budget in MiB (else KILN_POOL_LIMIT_MB, else device total minus reserve)",

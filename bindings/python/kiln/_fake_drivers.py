@@ -1,6 +1,6 @@
 """kiln.testing.fake_cuda / fake_hip: kiln's cuda and amdgpu backends on kiln's fake GPU drivers
-(test/fake_cuda, test/fake_hip: one device over host memory, with a capacity, other processes'
-use, a fault plan per driver entry point; kernels really run), configured from Python."""
+(test/fake_cuda, test/fake_hip: 1 to 8 devices over host memory, each with a capacity, other
+processes' use; a fault plan per driver entry point; kernels really run), configured from Python."""
 
 import contextlib
 import ctypes
@@ -73,6 +73,12 @@ class FakeDriver:
                 ("held_bytes", ctypes.c_size_t, []), ("high_water_bytes", ctypes.c_size_t, []),
                 ("oom_count", ctypes.c_ulonglong, []), ("sticky_error", ctypes.c_int, []),
                 ("launch_count", ctypes.c_ulonglong, []), ("reset", None, []),
+                ("device_count", ctypes.c_int, []),
+                ("device_held_bytes", ctypes.c_size_t, [ctypes.c_int]),
+                ("device_high_water_bytes", ctypes.c_size_t, [ctypes.c_int]),
+                ("device_capacity_bytes", ctypes.c_size_t, [ctypes.c_int]),
+                ("device_oom_count", ctypes.c_ulonglong, [ctypes.c_int]),
+                ("device_launch_count", ctypes.c_ulonglong, [ctypes.c_int]),
                 ("config_error", ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t])):
             fn = self._fn(name)
             fn.restype, fn.argtypes = restype, argtypes
@@ -80,8 +86,26 @@ class FakeDriver:
     def _fn(self, name: str) -> Any:  # a ctypes function of the library
         return getattr(self._lib, self._prefix + name)
 
+    def _counter(self, name: str, device: int | None) -> int:
+        """Counter `name` summed over the devices (device None), or device `device`'s own."""
+        if device is None:
+            return int(self._fn(name)())
+        if isinstance(device, bool) or not isinstance(device, int) or not (
+                0 <= device < self.device_count()):
+            raise InvalidUsageError(f"{name}: device must be an int from 0 to "
+                                    f"{self.device_count() - 1}, not {device!r}")
+        return int(self._fn("device_" + name)(device))
+
+    def device_count(self) -> int:
+        """The number of devices the fake offers (the block's devices=)."""
+        return int(self._fn("device_count")())
+
+    def capacity_bytes(self, device: int = 0) -> int:
+        """Device `device`'s total memory."""
+        return self._counter("capacity_bytes", device)
+
     def set_capacity_bytes(self, capacity_bytes: int) -> None:
-        """The device's total memory from now on (memory already held stays held)."""
+        """Every device's total memory from now on (memory already held stays held)."""
         self._fn("set_capacity_bytes")(_non_negative(capacity_bytes, "capacity_bytes"))
 
     def set_other_process_bytes(self, other_bytes: int) -> None:
@@ -101,25 +125,27 @@ class FakeDriver:
         """Calls of driver entry point `entry`, failed ones included."""
         return int(self._fn("call_count")(entry.encode()))
 
-    def held_bytes(self) -> int:
-        """Device memory allocated and not freed (loaded code not included)."""
-        return int(self._fn("held_bytes")())
+    def held_bytes(self, device: int | None = None) -> int:
+        """Device memory allocated and not freed (loaded code not included): on all devices
+        (device None), or on device `device` (InvalidUsageError for one the fake lacks)."""
+        return self._counter("held_bytes", device)
 
-    def high_water_bytes(self) -> int:
-        """The most device memory held at once."""
-        return int(self._fn("high_water_bytes")())
+    def high_water_bytes(self, device: int | None = None) -> int:
+        """The most device memory held at once, on all devices together or on `device`."""
+        return self._counter("high_water_bytes", device)
 
-    def oom_count(self) -> int:
-        """Allocations the capacity refused (injected faults not counted)."""
-        return int(self._fn("oom_count")())
+    def oom_count(self, device: int | None = None) -> int:
+        """Allocations the capacity refused (injected faults not counted), on all devices or on
+        `device`."""
+        return self._counter("oom_count", device)
 
     def sticky_error(self) -> int:
         """The sticky driver status every call now returns (a lost device), or 0."""
         return int(self._fn("sticky_error")())
 
-    def launch_count(self) -> int:
-        """Kernel launches that ran."""
-        return int(self._fn("launch_count")())
+    def launch_count(self, device: int | None = None) -> int:
+        """Kernel launches that ran, on all devices or on `device`."""
+        return self._counter("launch_count", device)
 
     def _reset(self, settings: dict[str, str]) -> str:
         """Resets the fake with its KILN_FAKE_* variables set to `settings` (the others unset)
@@ -147,11 +173,15 @@ def _non_negative(value: int, name: str) -> int:
     return value
 
 
-def _settings(api: _Api, other_process_bytes: int | Sequence[int], faults: str, arch: str | None,
-              mode: str) -> dict[str, str]:
-    """The fake's environment variables for what can only be set through them (a script of
-    other processes' use, the fault plan by names, the processor, the mode)."""
+def _settings(api: _Api, devices: int, other_process_bytes: int | Sequence[int], faults: str,
+              arch: str | None, mode: str) -> dict[str, str]:
+    """The fake's environment variables for what can only be set through them (the device
+    count, a script of other processes' use, the fault plan by names, the processor, the mode)."""
+    if isinstance(devices, bool) or not isinstance(devices, int) or not 1 <= devices <= 8:
+        raise InvalidUsageError(f"devices must be an int from 1 to 8, not {devices!r}")
     settings = {api.env_prefix + "MODE": mode, api.env_prefix + "FAULTS": faults}
+    if devices != 1:
+        settings[api.env_prefix + "DEVICES"] = str(devices)
     if arch is not None:
         settings[api.env_prefix + "ARCH"] = arch
     if not isinstance(other_process_bytes, int):
@@ -164,15 +194,15 @@ def _settings(api: _Api, other_process_bytes: int | Sequence[int], faults: str, 
 
 
 @contextlib.contextmanager
-def _fake_block(api: _Api, capacity_bytes: int, other_process_bytes: int | Sequence[int],
-                faults: str, arch: str | None, mode: str,
+def _fake_block(api: _Api, capacity_bytes: int, devices: int,
+                other_process_bytes: int | Sequence[int], faults: str, arch: str | None, mode: str,
                 library: str | None) -> Iterator[FakeDriver]:
     capacity_bytes = _non_negative(capacity_bytes, "capacity_bytes")
-    settings = _settings(api, other_process_bytes, faults, arch, mode)
+    settings = _settings(api, devices, other_process_bytes, faults, arch, mode)
     if api.arch in _open_blocks:
         raise InvalidUsageError(f"kiln.testing.{api.title}: a block is already open (on "
-                                f"{_open_blocks[api.arch]}); the fake has one device state per "
-                                f"process: close that block first")
+                                f"{_open_blocks[api.arch]}); the fake has one state (all its "
+                                f"devices) per process: close that block first")
     if _kiln.device().startswith(api.arch):
         raise InvalidUsageError(f"kiln.testing.{api.title}: kiln's executor is on "
                                 f"{_kiln.device()}; entering resets the fake under it: call "
@@ -202,7 +232,8 @@ def _fake_block(api: _Api, capacity_bytes: int, other_process_bytes: int | Seque
             _kiln.init(arch="cpu")  # no executor outlives the block on the fake
 
 
-def fake_cuda(capacity_bytes: int = 1 << 30, *, other_process_bytes: int | Sequence[int] = 0,
+def fake_cuda(capacity_bytes: int = 1 << 30, *, devices: int = 1,
+              other_process_bytes: int | Sequence[int] = 0,
               faults: str = "", arch: str | None = None,
               mode: Literal["normal", "stub", "nodevice"] = "normal",
               library: str | None = None) -> contextlib.AbstractContextManager[FakeDriver]:
@@ -210,8 +241,10 @@ def fake_cuda(capacity_bytes: int = 1 << 30, *, other_process_bytes: int | Seque
     CUDA driver (test/fake_cuda/README.md), reset on entry to these settings. It yields the
     FakeDriver (counters, and set_capacity_bytes / inject_fault ... for later changes).
 
-    capacity_bytes: the device's total memory (default 1 GiB); kiln's budget is derived from it
+    capacity_bytes: each device's total memory (default 1 GiB); kiln's budget is derived from it
       as from a real device's (total - reserve, the reserve at least 64 MiB).
+    devices: how many devices the fake offers, 1 to 8 (cuda:0 ... cuda:7, each with its own
+      memory, primary context and counters): kiln.init(arch="cuda:1") picks one.
     other_process_bytes: memory other processes hold (an int), or a script (a sequence of whole
       MiB: one value per free-memory reading, the last one stays).
     faults: the fake's fault plan, "entry@N=result,...": the N-th call of driver entry point
@@ -224,8 +257,8 @@ def fake_cuda(capacity_bytes: int = 1 << 30, *, other_process_bytes: int | Seque
     library: the fake's path; default $KILN_FAKE_CUDA_LIBRARY, else kiln/_fake/ beside the
       package (a build with kiln's tests puts it there).
 
-    One device (cuda:0). The library is loaded once per process and stays loaded; its one
-    device state is reset on each entry, so blocks cannot nest (InvalidUsageError) and none may
+    The library is loaded once per process and stays loaded; its state (all its devices) is
+    reset on each entry, so blocks cannot nest (InvalidUsageError) and none may
     be entered while kiln's executor is on cuda (InvalidUsageError: kiln.init(arch="cpu")
     first). On exit KILN_CUDA_DRIVER is restored and an executor left on cuda is replaced by a
     CPU one; arrays made on the fake stay safe to free, but a later block resets the fake under
@@ -234,18 +267,22 @@ def fake_cuda(capacity_bytes: int = 1 << 30, *, other_process_bytes: int | Seque
     them. Errors on entry: NotSupportedError when the library is not found or does not load;
     InvalidUsageError for a bad value (the fake's own words for a malformed fault plan), with
     nothing set. Not thread-safe (it sets environment variables and kiln's global executor)."""
-    return _fake_block(_CUDA, capacity_bytes, other_process_bytes, faults, arch, mode, library)
+    return _fake_block(_CUDA, capacity_bytes, devices, other_process_bytes, faults, arch, mode,
+                       library)
 
 
-def fake_hip(capacity_bytes: int = 1 << 30, *, other_process_bytes: int | Sequence[int] = 0,
+def fake_hip(capacity_bytes: int = 1 << 30, *, devices: int = 1,
+             other_process_bytes: int | Sequence[int] = 0,
              faults: str = "", arch: str | None = None,
              mode: Literal["normal", "stub", "nodevice"] = "normal",
              library: str | None = None) -> contextlib.AbstractContextManager[FakeDriver]:
     """fake_cuda's twin for kiln.init(arch="amdgpu") on kiln's fake HIP runtime
     (test/fake_hip/README.md): the same settings and rules, with HIP's names (faults
     "hipMalloc@3=hipErrorOutOfMemory", arch a gcnArchName such as "gfx942:sramecc+:xnack-",
-    library $KILN_FAKE_HIP_LIBRARY), restoring KILN_HIP_RUNTIME on exit. One device (amdgpu:0)."""
-    return _fake_block(_HIP, capacity_bytes, other_process_bytes, faults, arch, mode, library)
+    library $KILN_FAKE_HIP_LIBRARY), restoring KILN_HIP_RUNTIME on exit; devices=2 offers
+    amdgpu:0 and amdgpu:1 (kiln.init(arch="amdgpu:1"))."""
+    return _fake_block(_HIP, capacity_bytes, devices, other_process_bytes, faults, arch, mode,
+                       library)
 
 
 FakeDriver.__module__ = "kiln.testing"  # where users import it from

@@ -223,7 +223,7 @@ class ndarray:
 
 
 def init(
-    arch: Literal["cpu", "mock", "cuda", "amdgpu"] = "cpu",
+    arch: Literal["cpu", "mock", "cuda", "amdgpu"] | str = "cpu",
     *,
     budget_bytes: _Int | None = None,
     reserve_bytes: _Int | None = None,
@@ -239,7 +239,10 @@ def init(
     """Makes the one global executor (device + memory budget + kernels), replacing the current
     one. Without a call, the first use makes one with arch="cpu".
 
-    arch: "cpu", "mock" (a host-memory device with a capacity, for tests), "cuda", "amdgpu".
+    arch: "cpu", "mock" (a host-memory device with a capacity, for tests), "cuda", "amdgpu";
+      "cuda:1" / "amdgpu:1" pick the driver's device 1 ("cuda" is "cuda:0"). A device the
+      driver does not have raises NotSupportedError naming its device count; "cpu" and "mock"
+      have only device 0 (InvalidUsageError for "cpu:1").
     budget_bytes: kiln's memory limit (None: KILN_POOL_LIMIT_MB if set, else total - reserve).
     reserve_bytes: headroom kept free on the device (None: max(64 MiB, total / 20)).
     live_check: ask the device for its live free memory whenever kiln must grow.
@@ -257,16 +260,16 @@ def init(
     raise InvalidUsageError. Its OOM observers and fail_allocation blocks are dropped. After a
     DeviceLostError, init releases the lost executor before making the new one.
 
-    Errors: InvalidTypeError (wrong types), InvalidUsageError (an unknown arch, values out of
-    range, called inside an OOM observer), NotSupportedError (no driver for arch on this machine
-    or in this build), an OutOfMemoryError subclass (the device heap or code does not fit;
+    Errors: InvalidTypeError (wrong types), InvalidUsageError (an unknown arch, a malformed
+    device ordinal, values out of range, called inside an OOM observer), NotSupportedError (no
+    driver, or no such device, for arch on this machine or in this build), an OutOfMemoryError subclass (the device heap or code does not fit;
     HostOutOfMemoryError when the host cannot compile the kernels), DeviceLostError (arrays of a
     lost executor still hold its context). The JIT runs with the GIL released.
     """
 
 
 def device() -> str:
-    """The current executor's device name: "cpu", "mock", "cuda:0", "amdgpu:0" (makes the default
+    """The current executor's device name: "cpu", "mock", "cuda:0", "amdgpu:1" (makes the default
     executor if there is none)."""
 
 

@@ -25,6 +25,10 @@ namespace kiln {
 /// Everything an executor is made from. Sizes in bytes.
 struct ExecutorConfig {
   Backend backend = Backend::cpu;
+  /// Which device of the backend: cuda:N, amdgpu:N (the driver's ordinal). cpu and mock have
+  /// only device 0 (invalid_usage otherwise); a GPU ordinal the driver does not have is
+  /// not_supported naming its device count.
+  int device_ordinal = 0;
   runtime::BudgetConfig budget;
   /// The device heap chunk kernels allocate from while they run (e.g. compact_positive).
   uint64_t device_heap_bytes = 16ull << 20;

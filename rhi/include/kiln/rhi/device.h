@@ -33,6 +33,17 @@ enum class Backend : uint8_t {
 /// "cpu" -> Backend::cpu, ...; anything else -> invalid_usage naming the backends kiln knows.
 [[nodiscard]] RhiExpected<Backend> parse_backend(std::string_view name);
 
+/// A device as a user names it: a backend and the backend's device ordinal.
+struct DeviceName {
+  Backend backend = Backend::cpu;
+  int ordinal = 0;
+};
+/// "cuda" -> {cuda, 0}, "cuda:1" -> {cuda, 1} (any backend, optionally ":<ordinal>", the
+/// ordinal a decimal from 0 to 9999). Errors: invalid_usage naming the backends kiln knows (an
+/// unknown backend) or saying the ordinal is malformed. Whether the device exists is decided
+/// when it is created (create_device). Thread-safe.
+[[nodiscard]] RhiExpected<DeviceName> parse_device_name(std::string_view name);
+
 /// A handle to one live allocation on a device. It names memory only after a successful
 /// allocation wrote it; a failed allocation never produces one (there is no "invalid" value to
 /// check). Copyable; it does not own the memory: free it with LlvmDevice::dealloc_memory.
