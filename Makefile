@@ -49,6 +49,8 @@ test-tsan: deps
 
 bench: build
 	$(BUILD)/bin/kiln-bench
+	$(BUILD)/bin/kiln-memory-bench
+	PYTHONPATH=$(BUILD)/python /usr/bin/python3 bench/python_overhead.py
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
