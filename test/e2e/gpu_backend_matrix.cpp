@@ -217,6 +217,36 @@ void recreate_releases_a_lost_executor_first(const GpuBackendCase &b) {
   CHECK(fake->held_bytes() == 0);
 }
 
+// An injected loss is a test of the user's DeviceLostError handling, not a real fault: the
+// device refuses new work, but kiln still gives its memory and module back to the driver (a real
+// sticky fault would make those calls fail), and HIP's last user does not reset the device (that
+// would destroy other libraries' memory on a device that is fine).
+void injected_loss_gives_everything_back(const GpuBackendCase &b) {
+  FakeGpu *fake = b.fake_or_skip();
+  if (fake == nullptr) return;
+  const size_t held_before = fake->held_bytes();
+  auto ex = make_gpu_executor(b.backend);
+  Ndarray a = upload<float>(*ex, DataType::f32, {1, 2, 3});
+  REQUIRE(fake->held_bytes() > held_before);
+  REQUIRE(ex->arm_fault(value_or_throw(runtime::FaultSpec::parse("kind=lost,nth=1"))));
+  const int64_t shape[1] = {16};
+  auto lost = ex->ndarray(DataType::f32, shape);
+  REQUIRE_FALSE(lost);
+  CHECK(classify(lost.error()) == ErrorKind::device_lost);
+  CHECK(lost.error().injected);
+  REQUIRE(ex->device().is_lost());
+
+  const unsigned long long unloads = fake->call_count(b.module_unload_entry);
+  const unsigned long long resets =
+      b.device_reset_entry != nullptr ? fake->call_count(b.device_reset_entry) : 0;
+  a = Ndarray();
+  ex.reset();
+  CHECK(fake->held_bytes() == held_before);
+  CHECK(fake->call_count(b.module_unload_entry) == unloads + 1);
+  if (b.device_reset_entry != nullptr) CHECK(fake->call_count(b.device_reset_entry) == resets);
+  CHECK(fake->call_count(b.alloc_entry) > 0);
+}
+
 namespace {
 
 /// Sets the fake's KILN_FAKE_<API>_<suffix> variables to `settings` and resets it; unsets them

@@ -33,6 +33,7 @@ struct GpuBackendCase {
   const char *launch_entry;  // cuLaunchKernel, hipModuleLaunchKernel
   const char *context_entry; // the call made before every driver use: cuCtxSetCurrent, hipSetDevice
   const char *device_reset_entry;  // called when the last user of a lost device lets go (or nullptr)
+  const char *module_unload_entry; // cuModuleUnload, hipModuleUnload
   int out_of_memory_code;
   const char *out_of_memory_status;
   int illegal_address_code;
@@ -56,6 +57,7 @@ void sticky_fault_fails_fast(const GpuBackendCase &b);
 void no_device_is_not_supported(const GpuBackendCase &b);
 void lost_device_recovers_once_arrays_let_go(const GpuBackendCase &b);
 void recreate_releases_a_lost_executor_first(const GpuBackendCase &b);
+void injected_loss_gives_everything_back(const GpuBackendCase &b);
 void two_devices_at_once(const GpuBackendCase &b);
 }  // namespace gpu_matrix
 
@@ -91,6 +93,11 @@ void two_devices_at_once(const GpuBackendCase &b);
   TEST_CASE(tag ": recreate_executor releases a lost executor before making the new one",           \
             "[" tag "][e2e][lost]") {                                                               \
     ::kiln::test::gpu_matrix::recreate_releases_a_lost_executor_first(backend_fn());                \
+  }                                                                                                 \
+  TEST_CASE(tag ": an injected kind=lost still frees every block and unloads the module, with no " \
+                "device reset",                                                                     \
+            "[" tag "][e2e][lost][fault_kinds]") {                                                  \
+    ::kiln::test::gpu_matrix::injected_loss_gives_everything_back(backend_fn());                    \
   }                                                                                                 \
   TEST_CASE(tag ": executors on devices 0 and 1 at once, each with its own memory; device 2 of 2 " \
                 "is NotSupported",                                                                  \

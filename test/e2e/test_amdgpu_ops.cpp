@@ -33,6 +33,7 @@ const GpuBackendCase &amdgpu() {
       .launch_entry = "hipModuleLaunchKernel",
       .context_entry = "hipSetDevice",
       .device_reset_entry = "hipDeviceReset",  // by the last user of a lost device
+      .module_unload_entry = "hipModuleUnload",
       .out_of_memory_code = 2,                 // hipErrorOutOfMemory
       .out_of_memory_status = "hipErrorOutOfMemory",
       .illegal_address_code = 700,

@@ -32,6 +32,7 @@ const GpuBackendCase &cuda() {
       .launch_entry = "cuLaunchKernel",
       .context_entry = "cuCtxSetCurrent",
       .device_reset_entry = nullptr,  // the primary context goes with its last user
+      .module_unload_entry = "cuModuleUnload",
       .out_of_memory_code = 2,        // CUDA_ERROR_OUT_OF_MEMORY
       .out_of_memory_status = "CUDA_ERROR_OUT_OF_MEMORY",
       .illegal_address_code = 700,

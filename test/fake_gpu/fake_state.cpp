@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <pthread.h>
 #include <thread>
 #include <utility>
@@ -40,6 +41,21 @@ bool for_each_item(std::string_view list, Fn fn) {
   }
 }
 
+/// A comma-separated list of MiB counts (each at most 2^40) as byte counts; nullopt if any item
+/// is not a decimal count.
+std::optional<std::vector<std::size_t>> parse_mib_list(std::string_view list) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  std::vector<std::size_t> bytes;
+  const bool ok = for_each_item(list, [&](std::string_view item) {
+    uint64_t mib = 0;
+    if (!parse_u64(item, &mib) || mib > (uint64_t{1} << 40)) return false;
+    bytes.push_back(static_cast<std::size_t>(mib * kMiB));
+    return true;
+  });
+  if (!ok) return std::nullopt;
+  return bytes;
+}
+
 /// The variable KILN_FAKE_<API>_<suffix> and its value ("" when unset).
 struct EnvVar {
   std::string name;
@@ -53,7 +69,6 @@ EnvVar env(const char *suffix) {
 
 /// Reads the environment into `state`; returns a description of the first malformed variable.
 std::string read_environment(State &state) {
-  constexpr uint64_t kMiB = uint64_t{1} << 20;
   if (const EnvVar devices = env("DEVICES"); !devices.value.empty()) {
     uint64_t count = 0;
     if (!parse_u64(trim(devices.value), &count) || count < 1 || count > kMaxDevices) {
@@ -64,37 +79,25 @@ std::string read_environment(State &state) {
   }
   if (const EnvVar capacity = env("CAPACITY_MB"); !capacity.value.empty()) {
     // One MiB count for every device, or one per device ("256,512").
-    std::vector<std::size_t> capacities;
-    const bool ok = for_each_item(capacity.value, [&](std::string_view item) {
-      uint64_t mib = 0;
-      if (!parse_u64(item, &mib) || mib > (uint64_t{1} << 40)) return false;
-      capacities.push_back(static_cast<std::size_t>(mib * kMiB));
-      return true;
-    });
-    if (!ok || (capacities.size() != 1 && capacities.size() != state.devices.size())) {
+    const std::optional<std::vector<std::size_t>> capacities = parse_mib_list(capacity.value);
+    if (!capacities || (capacities->size() != 1 && capacities->size() != state.devices.size())) {
       return capacity.name + "='" + std::string(capacity.value) +
              "' is not a MiB count, or a list of one per device (" +
              std::to_string(state.devices.size()) + ")";
     }
     for (std::size_t i = 0; i < state.devices.size(); ++i) {
-      state.devices[i].capacity_bytes = capacities[std::min(i, capacities.size() - 1)];
+      state.devices[i].capacity_bytes = (*capacities)[std::min(i, capacities->size() - 1)];
     }
   }
   if (const EnvVar other = env("OTHER_MB"); !other.value.empty()) {
-    std::vector<std::size_t> script;
-    const bool ok = for_each_item(other.value, [&](std::string_view item) {
-      uint64_t mib = 0;
-      if (!parse_u64(item, &mib) || mib > (uint64_t{1} << 40)) return false;
-      script.push_back(static_cast<std::size_t>(mib * kMiB));
-      return true;
-    });
-    if (!ok) {
+    const std::optional<std::vector<std::size_t>> script = parse_mib_list(other.value);
+    if (!script) {
       return other.name + "='" + std::string(other.value) +
              "' is not a comma-separated list of MiB counts";
     }
     for (Device &device : state.devices) {  // each device follows the script on its own
-      device.other_script = script;
-      device.other_bytes = script.front();
+      device.other_script = *script;
+      device.other_bytes = script->front();
     }
   }
   if (const EnvVar faults = env("FAULTS"); !faults.value.empty()) {
