@@ -121,6 +121,34 @@ HostArrays &host_arrays(uint64_t size_bytes) {
   return cache.emplace(size_bytes, std::move(arrays)).first->second;
 }
 
+// The read and axpy loops run at the widest vector ISA the CPU has, as kiln's JIT compiles for
+// the host CPU: GCC emits one clone per target and picks one at load time (an ifunc).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KILN_BENCH_HOST_ISA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define KILN_BENCH_HOST_ISA_CLONES
+#endif
+
+/// Sum of x[begin, end) with 32 independent accumulators (four AVX-512 vectors in flight, so the
+/// loop is bound by the read bandwidth, not by add latency), combined in a fixed order.
+KILN_BENCH_HOST_ISA_CLONES double read_sum(const double *__restrict x, uint64_t begin,
+                                           uint64_t end) {
+  constexpr int kLanes = 32;
+  double lanes[kLanes] = {};
+  uint64_t i = begin;
+  for (; i + kLanes <= end; i += kLanes)
+    for (int lane = 0; lane < kLanes; ++lane) lanes[lane] += x[i + lane];
+  double sum = 0.0;
+  for (; i < end; ++i) sum += x[i];
+  for (const double lane : lanes) sum += lane;
+  return sum;
+}
+
+KILN_BENCH_HOST_ISA_CLONES void axpy(double alpha, const double *__restrict x, double *__restrict y,
+                                     uint64_t begin, uint64_t end) {
+  for (uint64_t i = begin; i < end; ++i) y[i] = alpha * x[i] + y[i];
+}
+
 }  // namespace
 
 void bench_triad(benchmark::State &state, uint64_t size_bytes) {
@@ -151,6 +179,34 @@ void bench_memcpy(benchmark::State &state, uint64_t size_bytes) {
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * 2 * size_bytes));
+}
+
+void bench_read_sum(benchmark::State &state, uint64_t size_bytes) {
+  HostArrays &arrays = host_arrays(size_bytes);
+  std::vector<double> sums(host_team().num_threads());  // one slot per thread, read after
+  const HostTeam::Job sum = [&](unsigned index, unsigned count) {
+    const auto [begin, end] = slice(arrays.num_elements, index, count);
+    sums[index] = read_sum(arrays.b.get(), begin, end);
+  };
+  for (auto _ : state) {
+    host_team().run(sum);
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * size_bytes));
+}
+
+void bench_axpy(benchmark::State &state, uint64_t size_bytes) {
+  HostArrays &arrays = host_arrays(size_bytes);
+  // a grows by 1e-6 * 2 per iteration: far from overflow for any run length.
+  const HostTeam::Job job = [&](unsigned index, unsigned count) {
+    const auto [begin, end] = slice(arrays.num_elements, index, count);
+    axpy(1e-6, arrays.c.get(), arrays.a.get(), begin, end);
+  };
+  for (auto _ : state) {
+    host_team().run(job);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * 3 * size_bytes));
 }
 
 }  // namespace kiln::bench

@@ -1,4 +1,4 @@
-// kiln-bench's baseline: a STREAM triad and a memcpy over host arrays, split over persistent
+// kiln-bench's baselines: a STREAM triad, a memcpy, a read-only sum and an axpy over host arrays, split over persistent
 // host threads (as kiln's worker pool is), measured in the same run as kiln's kernels.
 #ifndef KILN_BENCH_HOST_BASELINE_H_
 #define KILN_BENCH_HOST_BASELINE_H_
@@ -15,6 +15,13 @@ namespace kiln::bench {
 void bench_triad(benchmark::State &state, uint64_t size_bytes);
 /// std::memcpy of `size_bytes`, split over the same threads; bytes counted: 2 * size.
 void bench_memcpy(benchmark::State &state, uint64_t size_bytes);
+/// The read roofline: sum of one f64 array of `size_bytes` over the same threads, 32
+/// independent accumulators per thread (as kiln's reduce_sum), built for the best of
+/// AVX-512 / AVX2 / SSE2 this CPU has (GCC target_clones). Bytes counted: size.
+void bench_read_sum(benchmark::State &state, uint64_t size_bytes);
+/// y[i] = alpha * x[i] + y[i] over two f64 arrays of `size_bytes`, the same threads and ISA
+/// choice; bytes counted as kiln's axpy: 3 * size (x read, y read, y written).
+void bench_axpy(benchmark::State &state, uint64_t size_bytes);
 
 }  // namespace kiln::bench
 

@@ -11,20 +11,29 @@
 //                                   baseline. Bytes counted: 3 * size (two reads, one write; as in
 //                                   STREAM, write-allocate traffic is not counted).
 //   baseline_memcpy/<size>          std::memcpy, split over the same threads. Bytes: 2 * size.
+//   baseline_read_sum/<size>        the read roofline: a sum over one f64 host array, 32
+//                                   accumulators per thread, built at -O3 for the widest vector
+//                                   ISA this CPU has (GCC target_clones), same threads. Bytes: size.
+//   baseline_axpy/<size>            the axpy roofline: y[i] = alpha * x[i] + y[i] over two f64
+//                                   host arrays, same threads and ISA choice. Bytes: 3 * size.
 //   kiln_axpy/<dtype>/<size>        LlvmRuntimeExecutor::axpy, y[i] = alpha * x[i] + y[i].
 //                                   Bytes: 3 * size (x read, y read, y written).
 //   kiln_reduce_sum/<dtype>/<size>  LlvmRuntimeExecutor::reduce_sum(x). Bytes: size.
+//   kiln_launch/fill/f32/1          LlvmRuntimeExecutor::fill of a 1-element array: one whole
+//                                   launch (checks, argument and result buffers, thread pool,
+//                                   device-error check), time per launch.
+//   baseline_jit_call/fill/f32/1    a direct call of the JIT-compiled kiln_fill_f32 on one
+//                                   element: the floor. The difference is kiln's launch overhead.
 //   kiln_cpu_jit_compile            runtime::CpuJit::create(): the CPU JIT's whole compile of the
 //                                   device runtime (parse the embedded bitcode, O3 for this CPU,
 //                                   ORC LLJIT code generation), wall time per compile in ms.
 // Sizes: 64MiB (memory-bound) and 256KiB (cache-resident: the launch overhead shows).
 //
-// Reading the ratio: STREAM counts 3 * size for the triad, but a cache that allocates on write
-// also reads `a` before writing it, so the machine moves ~4 * size; axpy writes the `y` it has
-// just read and moves ~3 * size. A kiln axpy ratio up to ~1.33 is therefore the hardware, not an
-// error. reduce_sum reads one stream only: its ratio says how close one read stream gets to the
-// triad's rate.
-//
+// Reading the ratios: each kernel is compared with its own roofline measured in the same run
+// (axpy with baseline_axpy, reduce_sum with baseline_read_sum); the issue's target is
+// reduce_sum >= 0.90x of the read roofline at 64 MiB. The STREAM triad is printed beside them as
+// the familiar reference (STREAM counts 3 * size for the triad although a write-allocating cache
+// moves ~4 * size, so a kernel may exceed 1.0x of the triad).
 // Units: the table's bytes_per_second column is Google Benchmark's, in binary units
 // (G/s = 2^30 bytes per second). The summary printed after the table is in GB/s = 1e9 bytes per
 // second, with ratio = kiln GB/s / triad GB/s at the same size. Ratios are printed, never
@@ -40,6 +49,7 @@
 #include "bench_main.h"
 #include "summary_reporter.h"
 #include "host_baseline.h"
+#include "launch_overhead.h"
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -66,7 +76,11 @@ namespace {
 using kiln::bench::SummaryReporter;
 
 using kiln::DataType;
+using kiln::bench::bench_axpy;
+using kiln::bench::bench_jit_call_one_element;
+using kiln::bench::bench_launch_one_element;
 using kiln::bench::bench_memcpy;
+using kiln::bench::bench_read_sum;
 using kiln::bench::bench_triad;
 using kiln::bench::host_thread_count;
 
@@ -152,6 +166,11 @@ void bench_cpu_jit_compile(benchmark::State &state) {
 
 // ---------------------------------------------------------------------------------------------
 constexpr const char *kJitCompileName = "kiln_cpu_jit_compile";
+constexpr const char *kLaunchName = "kiln_launch/fill/f32/1";
+constexpr const char *kJitCallName = "baseline_jit_call/fill/f32/1";
+/// The issue's target: reduce_sum at 64 MiB reaches 90% of the read roofline.
+constexpr double kReduceRooflineTarget = 0.90;
+constexpr uint64_t kRooflineTargetSize = 64 * kMiB;
 
 /// GB/s (1e9 bytes per second) of the case named `name`, or a negative number if it did not run.
 double gb_per_s(const SummaryReporter &reporter, const std::string &name) {
@@ -163,6 +182,12 @@ double gb_per_s(const SummaryReporter &reporter, const std::string &name) {
 
 std::string triad_name(uint64_t size) { return "baseline_triad/" + size_label(size); }
 std::string memcpy_name(uint64_t size) { return "baseline_memcpy/" + size_label(size); }
+std::string read_sum_name(uint64_t size) { return "baseline_read_sum/" + size_label(size); }
+std::string axpy_baseline_name(uint64_t size) { return "baseline_axpy/" + size_label(size); }
+/// The roofline case of kiln's `op` at `size`.
+std::string roofline_name(std::string_view op, uint64_t size) {
+  return op == "axpy" ? axpy_baseline_name(size) : read_sum_name(size);
+}
 std::string kiln_name(std::string_view op, DataType dtype, uint64_t size) {
   return "kiln_" + std::string(op) + "/" + std::string(kiln::to_string(dtype)) + "/" +
          size_label(size);
@@ -172,26 +197,50 @@ std::string format_gb_per_s(double gb_per_s) {
   return gb_per_s < 0 ? std::string("n/a") : fmt::format("{:.2f} GB/s", gb_per_s);
 }
 
+std::string ratio_text(double value, double baseline) {
+  return value >= 0 && baseline > 0 ? fmt::format("{:.2f}x", value / baseline) : "n/a";
+}
+
+/// "target >= 0.90x: met" where the issue sets a target for this line, else "".
+std::string target_text(std::string_view op, uint64_t size, double kiln, double roofline) {
+  if (op != "reduce_sum" || size != kRooflineTargetSize || kiln < 0 || roofline <= 0) return "";
+  return fmt::format(", target >= {:.2f}x: {}", kReduceRooflineTarget,
+                     kiln / roofline >= kReduceRooflineTarget ? "met" : "MISSED");
+}
+
+void print_bandwidth_summary(const SummaryReporter &reporter, uint64_t size) {
+  const std::string size_text = size_label(size);
+  const double triad = gb_per_s(reporter, triad_name(size));
+  fmt::print("  baseline {}: triad {}, memcpy {}, read-sum {}, axpy {}\n", size_text,
+             format_gb_per_s(triad), format_gb_per_s(gb_per_s(reporter, memcpy_name(size))),
+             format_gb_per_s(gb_per_s(reporter, read_sum_name(size))),
+             format_gb_per_s(gb_per_s(reporter, axpy_baseline_name(size))));
+  for (const std::string_view op : {"axpy", "reduce_sum"}) {
+    const double roofline = gb_per_s(reporter, roofline_name(op, size));
+    for (const DataType dtype : kDataTypes) {
+      const double kiln = gb_per_s(reporter, kiln_name(op, dtype, size));
+      if (kiln < 0) continue;
+      fmt::print("  {} {} {}: {}, roofline {} ({}), ratio {}{}; triad ratio {}\n", op,
+                 kiln::to_string(dtype), size_text, format_gb_per_s(kiln),
+                 format_gb_per_s(roofline), op == "axpy" ? "axpy loop" : "read-sum loop",
+                 ratio_text(kiln, roofline), target_text(op, size, kiln, roofline),
+                 ratio_text(kiln, triad));
+    }
+  }
+}
+
 void print_summary(const SummaryReporter &reporter, unsigned num_threads) {
-  fmt::print("\nSummary (GB/s = 1e9 bytes/s; ratio = kiln / STREAM triad baseline; {} threads):\n",
+  fmt::print("\nSummary (GB/s = 1e9 bytes/s; ratio = kiln / its roofline measured in this run; "
+             "{} threads):\n",
              num_threads);
-  for (const uint64_t size : kSizesBytes) {
-    const std::string size_text = size_label(size);
-    const double triad = gb_per_s(reporter, triad_name(size));
-    const double copy = gb_per_s(reporter, memcpy_name(size));
-    if (triad >= 0 || copy >= 0) {
-      fmt::print("  baseline {}: triad {}, memcpy {}\n", size_text, format_gb_per_s(triad),
-                 format_gb_per_s(copy));
-    }
-    for (const std::string_view op : {"axpy", "reduce_sum"}) {
-      for (const DataType dtype : kDataTypes) {
-        const double kiln = gb_per_s(reporter, kiln_name(op, dtype, size));
-        if (kiln < 0) continue;
-        const std::string ratio = triad > 0 ? fmt::format("{:.2f}", kiln / triad) : "n/a";
-        fmt::print("  {} {} {}: {}, triad {}, ratio {}\n", op, kiln::to_string(dtype), size_text,
-                   format_gb_per_s(kiln), format_gb_per_s(triad), ratio);
-      }
-    }
+  for (const uint64_t size : kSizesBytes) print_bandwidth_summary(reporter, size);
+  const double launch_s = reporter.seconds(kLaunchName);
+  const double call_s = reporter.seconds(kJitCallName);
+  if (launch_s >= 0 && call_s >= 0) {
+    fmt::print("  launch overhead: a 1-element fill launch {:.0f} ns, a direct call of the JIT'd "
+               "{} {:.1f} ns: kiln's own cost {:.0f} ns per launch ({} the call)\n",
+               launch_s * 1e9, kiln::bench::kLaunchOverheadKernel, call_s * 1e9,
+               (launch_s - call_s) * 1e9, ratio_text(launch_s, call_s));
   }
   if (const double jit_s = reporter.seconds(kJitCompileName); jit_s >= 0)
     fmt::print("  cpu jit compile (CpuJit::create): {:.0f} ms\n", jit_s * 1e3);
@@ -202,6 +251,8 @@ void register_benchmarks() {
   for (const uint64_t size : kSizesBytes) {
     benchmark::RegisterBenchmark(triad_name(size).c_str(), bench_triad, size)->UseRealTime();
     benchmark::RegisterBenchmark(memcpy_name(size).c_str(), bench_memcpy, size)->UseRealTime();
+    benchmark::RegisterBenchmark(read_sum_name(size).c_str(), bench_read_sum, size)->UseRealTime();
+    benchmark::RegisterBenchmark(axpy_baseline_name(size).c_str(), bench_axpy, size)->UseRealTime();
     for (const DataType dtype : kDataTypes) {
       benchmark::RegisterBenchmark(kiln_name("axpy", dtype, size).c_str(), bench_kiln_axpy, dtype,
                                    size)
@@ -211,6 +262,8 @@ void register_benchmarks() {
           ->UseRealTime();
     }
   }
+  benchmark::RegisterBenchmark(kLaunchName, bench_launch_one_element, g_executor)->UseRealTime();
+  benchmark::RegisterBenchmark(kJitCallName, bench_jit_call_one_element)->UseRealTime();
   // A few whole compiles (each takes hundreds of ms), not a min time.
   benchmark::RegisterBenchmark(kJitCompileName, bench_cpu_jit_compile)
       ->Unit(benchmark::kMillisecond)

@@ -199,10 +199,12 @@ void axpy(KilnRuntime *, const KilnKernelArgs *args, int64_t begin, int64_t end,
 template <class T>
 void reduce_sum(KilnRuntime *, const KilnKernelArgs *args, int64_t begin, int64_t end,
                 int64_t task_index) {
-  // Eight independent partial sums break the loop-carried dependency so the lanes vectorize
-  // (strict left-to-right order would leave the loop bound by add latency); they are combined
-  // in a fixed order, so a result is reproducible for a given task split.
-  constexpr int kLanes = 8;
+  // 32 independent partial sums break the loop-carried dependency so the lanes vectorize
+  // (strict left-to-right order would leave the loop bound by add latency): four vectors of
+  // eight doubles in flight even at AVX-512 width, enough to reach the read bandwidth (kiln-bench
+  // baseline_read_sum); they are combined in a fixed order, so a result is reproducible for a
+  // given task split.
+  constexpr int kLanes = 32;
   using Acc = typename SumTraits<T>::Acc;
   const T *__restrict x = operand<T>(args, 0);
   Acc lanes[kLanes] = {};
