@@ -44,9 +44,10 @@ KernelLauncher::~KernelLauncher() = default;
 RhiStatus KernelLauncher::reset_runtime() {
   LlvmDevice &device = memory_.device();
   KilnRuntime state{};
-  if (heap_) {
-    KILN_ASSIGN_OR_RETURN(state.heap_base, device.device_address(*heap_));
+  if (heap_ && heap_base_address_ == 0) {  // the heap lives as long as the launcher: asked once
+    KILN_ASSIGN_OR_RETURN(heap_base_address_, device.device_address(*heap_));
   }
+  state.heap_base = heap_base_address_;
   state.heap_size_bytes = heap_bytes_;
   return device.memcpy_host_to_device(runtime_state_, 0, &state, sizeof state);
 }
@@ -96,6 +97,7 @@ RhiExpected<LaunchResult> KernelLauncher::launch_unguarded(const LaunchSpec &spe
 
   // Pre-flight: everything the launch needs, reserved and allocated in one step.
   std::vector<runtime::AllocRequest> requests;
+  requests.reserve(2 + spec.host_operands.size());
   requests.push_back({MemoryCategory::argument_buffer, sizeof(KilnKernelArgs), false});
   requests.push_back({MemoryCategory::result_buffer,
                       static_cast<uint64_t>(num_tasks) * sizeof(KilnTaskResult), true});

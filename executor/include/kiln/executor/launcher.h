@@ -90,6 +90,7 @@ class KernelLauncher {
   DeviceAllocation runtime_state_;
   std::optional<DeviceAllocation> heap_;
   uint64_t heap_bytes_;
+  uint64_t heap_base_address_ = 0;  ///< device address of *heap_, once asked (0: not yet)
   // One launch at a time. Made anew in a forked child: a launch may hold it while an OOM
   // observer waits for the GIL, which the forking thread holds.
   ForkSafeMutex mutex_{ForkSafeMutex::Policy::reset_in_child};
