@@ -69,6 +69,7 @@ void wait_for_calls_inside() {
 std::shared_ptr<LlvmRuntimeExecutor> g_executor;  // guarded by the GIL
 std::vector<uint64_t> g_observer_ids;              // observers added from Python to g_executor
 std::vector<FaultBlock> g_fault_blocks;            // see fault_blocks()
+uint64_t g_executor_generation = 0;                // see executor_generation()
 
 /// Replaces the global executor. The old one's Python observers are removed first: its device
 /// may live on (arrays keep it), and an observer that refers to such an array would otherwise
@@ -79,6 +80,7 @@ void replace_executor(std::shared_ptr<LlvmRuntimeExecutor> fresh) {
   g_observer_ids.clear();
   g_fault_blocks.clear();  // they armed the old executor's plan
   g_executor = std::move(fresh);
+  ++g_executor_generation;
 }
 
 /// init's mock_other_process_bytes: an int or a list, tuple or 1-D array of ints.
@@ -202,6 +204,8 @@ void forget_observer(uint64_t id) { std::erase(g_observer_ids, id); }
 
 std::vector<FaultBlock> &fault_blocks() { return g_fault_blocks; }
 
+uint64_t executor_generation() { return g_executor_generation; }
+
 void register_executor_state(py::module_ &m) {
   def_typed(m, "init",
             "(arch='cpu', *, budget_bytes=None, reserve_bytes=None, live_check=True, "
@@ -218,6 +222,7 @@ void register_executor_state(py::module_ &m) {
   def_typed(m, "device", "()", [] { return executor()->device().name(); }, doc("device"),
             guarded());
   m.def("_shutdown", &shutdown);
+  m.def("_executor_generation", &executor_generation);
 }
 
 }  // namespace kiln::python

@@ -74,5 +74,9 @@ struct FaultBlock {
 };
 /// The open blocks, innermost last. Guarded by the GIL; cleared when the executor is replaced.
 std::vector<FaultBlock> &fault_blocks();
+/// How many times the global executor has been made or replaced (kiln.init, the first implicit
+/// executor): a change tells kiln.testing that a workload replaced the executor it armed or
+/// measured. Guarded by the GIL.
+uint64_t executor_generation();
 
 }  // namespace kiln::python

@@ -118,3 +118,30 @@ def test_a_workload_that_fails_with_no_fault_is_a_named_error():
         kiln.testing.sweep(broken)
     assert isinstance(caught.value.__cause__, ValueError)
     kiln.ndarray(kiln.f32, 4).free()
+
+
+def test_a_workload_that_calls_init_is_refused_not_passed():
+    # Its faults were armed on the executor it replaces: no run would test anything.
+    kiln.init(arch="cpu")
+
+    def reinit_then_allocate():
+        kiln.init(arch="cpu")
+        kiln.ndarray(kiln.f32, 16).free()
+
+    with pytest.raises(kiln.testing.SweepError, match="the clean run of the workload called "
+                                                      "kiln.init"):
+        kiln.testing.sweep(reinit_then_allocate)
+    kiln.ndarray(kiln.f32, 4).free()  # nothing left armed
+
+
+def test_a_workload_that_calls_init_only_in_a_faulted_run_is_refused():
+    kiln.init(arch="cpu")
+
+    def reinit_when_refused():
+        try:
+            kiln.ndarray(kiln.f32, 16).free()
+        except MemoryError:
+            kiln.init(arch="cpu")  # "recovers" onto a fresh, unarmed executor
+
+    with pytest.raises(kiln.testing.SweepError, match="run 1 of the workload called kiln.init"):
+        kiln.testing.sweep(reinit_when_refused)

@@ -457,6 +457,11 @@ def _throw_cpp_exception(kind: str) -> None:
     raises HostOutOfMemoryError or RuntimeFaultError (the translation under test)."""
 
 
+def _executor_generation() -> int:
+    """How many times the global executor has been made or replaced (kiln.init): kiln.testing
+    compares it before and after a workload to tell that the workload replaced the executor."""
+
+
 def _shutdown() -> None:
     """Interpreter exit (atexit): later calls from other threads park; waits up to 10 s for the
     calls inside kiln, then drops the executor."""

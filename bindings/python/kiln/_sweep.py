@@ -100,6 +100,15 @@ def _run_with_fault(at: int, fn: Callable[..., Any], args: Any, kwargs: Any,
     return SweepRun(at, raised, category, detail, _held_above(baseline), oom), count
 
 
+def _check_same_executor(generation: int, run: str, report: SweepReport) -> None:
+    """Raises SweepError when kiln.init replaced the executor since `generation` was read."""
+    if _kiln._executor_generation() != generation:
+        raise SweepError(
+            f"sweep: {run} of the workload called kiln.init: the sweep's fault was armed on the "
+            f"executor it replaced, so the run tested nothing; make the executor before the sweep "
+            f"(the kiln_backend fixture does)", report)
+
+
 def sweep(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SweepReport:
     """Runs fn(*args, **kwargs) once to count its allocation requests (N), then N more times,
     the i-th time with request i failing (kiln.DeviceOutOfMemoryError, as
@@ -113,8 +122,11 @@ def sweep(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SweepReport:
     when the clean run itself raises (from that exception); NondeterministicWorkloadError when a
     run made fewer than i requests (the workload does not allocate the same way each time).
     Nothing stays armed after sweep returns or raises. fn runs on the executor current at the
-    call; it must not call kiln.init. Not thread-safe: no other thread may allocate meanwhile."""
+    call; it must not call kiln.init: a run that replaced the executor raises SweepError (the
+    fault was armed on the executor it replaced, so nothing was tested). Not thread-safe: no
+    other thread may allocate meanwhile."""
     baseline = _held_bytes()
+    generation = _kiln._executor_generation()
     _kiln._push_fault(_NEVER)
     try:
         fn(*args, **kwargs)
@@ -123,9 +135,11 @@ def sweep(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SweepReport:
     finally:
         allocations = _kiln._fault_allocation_count()
         _kiln._pop_fault()
+    _check_same_executor(generation, "the clean run", SweepReport(allocations, ()))
     runs: list[SweepRun] = []
     for at in range(1, allocations + 1):
         run, count = _run_with_fault(at, fn, args, kwargs, baseline)
+        _check_same_executor(generation, f"run {at}", SweepReport(allocations, tuple(runs)))
         if count < at:
             report = SweepReport(allocations, tuple(runs))
             raise NondeterministicWorkloadError(

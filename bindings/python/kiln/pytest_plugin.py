@@ -13,7 +13,8 @@ Options:
 
 Fixture `kiln_backend`: makes the executor (kiln.init) for the test, yields the backend name;
 after the test, the bytes kiln holds per category (the caching pool left out) must be back at
-what they were right after kiln.init, else the test fails naming what was left, by category.
+what they were right after kiln.init, else the test fails naming what was left, by category;
+a test that calls kiln.init itself fails too (the old executor's memory cannot be checked).
 Marker `@pytest.mark.kiln_sweep`: the test body runs under kiln.testing.sweep (once per
 allocation request, that request failing); a run that raised anything but a
 kiln.OutOfMemoryError or left memory held fails the test with the sweep's report.
@@ -61,7 +62,12 @@ def kiln_backend(request: pytest.FixtureRequest) -> Iterator[str]:
     except kiln.NotSupportedError as e:
         pytest.skip(f"kiln backend {backend} is not available here: {e}")
     baseline = _held_bytes()
+    generation = kiln._kiln._executor_generation()
     yield backend
+    if kiln._kiln._executor_generation() != generation:
+        pytest.fail(f"kiln leak check: the test called kiln.init, replacing the {backend} executor "
+                    f"this fixture made; what the old one still holds cannot be checked (use the "
+                    f"fixture's executor, or leave out the kiln_backend fixture)", pytrace=False)
     leaked = _held_above(baseline)
     if leaked:
         what = ", ".join(f"{k} {v} bytes" for k, v in sorted(leaked.items()))
