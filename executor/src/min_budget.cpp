@@ -10,7 +10,8 @@ namespace {
 struct Try {
   std::optional<Failure> refusal;  ///< the out-of-memory error it stopped at; none: succeeded
   CategoryBytes peak_bytes{};      ///< ledger peaks (a successful try)
-  uint64_t limit_bytes = 0;        ///< the budget the executor had
+  uint64_t limit_bytes = 0;        ///< the budget the executor had (0: the device's default)
+  bool setup_refused = false;      ///< the refusal came while making the executor itself
 };
 
 KitExpected<Try> try_budget(const Workload &workload, const MinBudgetOptions &options,
@@ -18,12 +19,13 @@ KitExpected<Try> try_budget(const Workload &workload, const MinBudgetOptions &op
   ExecutorConfig config = options.config;
   if (budget_bytes) config.budget.limit_bytes = *budget_bytes;
   Try result;
-  result.limit_bytes = budget_bytes.value_or(0);
+  result.limit_bytes = config.budget.limit_bytes.value_or(0);
   auto made = LlvmRuntimeExecutor::create(config, options.program);
   if (!made) {
     Failure cause = std::move(made).error();
     if (is_out_of_memory(classify(cause))) {  // the set-up itself did not fit the budget
       result.refusal = std::move(cause);
+      result.setup_refused = true;
       return result;
     }
     std::string message = fmt::format("min_budget: could not make the executor for a try: {}",
@@ -59,6 +61,12 @@ KitExpected<BudgetReport> min_budget(const Workload &workload, const MinBudgetOp
   KILN_ASSIGN_OR_RETURN(Try largest, try_budget(workload, options, options.max_budget_bytes));
   report.runs = 1;
   report.max_budget_bytes = largest.limit_bytes;
+  if (largest.setup_refused)  // the budget is too small for kiln itself, not for the workload
+    return std::unexpected(WorkloadError{
+        WorkloadError::Kind::setup_failed,
+        fmt::format("min_budget: the executor itself does not fit the largest budget, {} bytes: "
+                    "{}", largest.limit_bytes, describe(*largest.refusal)),
+        largest.refusal});
   if (largest.refusal)
     return std::unexpected(WorkloadError{
         WorkloadError::Kind::fails_at_max_budget,

@@ -487,6 +487,10 @@ check "a plain run under ${below} MiB refuses the case" \
 "$ops" --min-budget --backend mock --filter allocate/f32/medium --budget-mb 17 > /dev/null 2> "$tmp/mb_err.txt"; rc=$?
 check "--min-budget of cases refused under the largest budget exits 3 (got $rc)" test "$rc" -eq 3
 check "... and says MinBudgetError" grep -q '^kiln-ops: MinBudgetError: min_budget: the workload fails even under the largest budget, 17825792 bytes: BudgetExceededError' "$tmp/mb_err.txt"
+"$ops" --min-budget --backend mock --filter allocate/f32/medium --budget-mb 1 > /dev/null 2> "$tmp/mb_setup.txt"; rc=$?
+check "--min-budget under a budget the executor itself does not fit exits 1, as a plain run (got $rc)" test "$rc" -eq 1
+check "... and names the set-up, the budget's figure and kiln-ops' own knob" \
+  grep -q '^kiln-ops: could not set up the mock backend: BudgetExceededError: .*budget 1.00 MiB.*(--budget-mb or KILN_POOL_LIMIT_MB)' "$tmp/mb_setup.txt"
 "$ops" --sweep --backend mock --filter allocate/f32/medium --budget-mb 17 > /dev/null 2> "$tmp/sw_err.txt"; rc=$?
 check "--sweep of cases refused without a fault exits 3 (got $rc)" test "$rc" -eq 3
 check "... and says SweepError" grep -q '^kiln-ops: SweepError: sweep: the workload fails without any fault: BudgetExceededError' "$tmp/sw_err.txt"

@@ -78,6 +78,21 @@ TEST_CASE("min_budget of a workload that fails under the largest budget is MinBu
   CHECK_THAT(report.error().message, Catch::Contains("2097152 bytes"));
 }
 
+TEST_CASE("min_budget under a largest budget the executor itself does not fit is its set-up "
+          "failure, with the budget's figure",
+          "[min_budget][bad-input]") {
+  MinBudgetOptions options = mock_options();
+  options.max_budget_bytes = std::nullopt;    // the config's own budget is the largest
+  options.config.budget.limit_bytes = 512_KiB;  // below the 1 MiB device heap
+  auto report = kiln::testing::min_budget(two_arrays, options);
+  REQUIRE_FALSE(report);
+  CHECK(report.error().kind == WorkloadError::Kind::setup_failed);
+  REQUIRE(report.error().cause.has_value());
+  CHECK(is_out_of_memory(classify(*report.error().cause)));
+  CHECK_THAT(report.error().message, Catch::Contains("524288 bytes") &&
+                                         Catch::Contains("the executor itself"));
+}
+
 TEST_CASE("min_budget of a workload that gives another error than OOM is MinBudgetError",
           "[min_budget][bad-input]") {
   const Workload wrapping = [](LlvmRuntimeExecutor &ex) -> RhiStatus {

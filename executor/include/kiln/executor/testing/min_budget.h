@@ -43,7 +43,8 @@ struct MinBudgetOptions {
 /// granularity_bytes. The workload must be deterministic (more budget never hurts). A
 /// KILN_FAULT armed by create() is cleared before each run.
 /// Errors (WorkloadError): invalid_usage (granularity 0, max budget 0), setup_failed (an
-/// executor could not be made for a reason other than out of memory), fails_at_max_budget (the
+/// executor could not be made for a reason other than out of memory, or the executor itself
+/// does not fit the largest budget: the cause is its out-of-memory error), fails_at_max_budget (the
 /// workload fails under the largest budget: "MinBudgetError"), not_out_of_memory (a try gave
 /// another error than OOM: "MinBudgetError", the cause attached). Not thread-safe.
 [[nodiscard]] KitExpected<BudgetReport> min_budget(const Workload &workload,
