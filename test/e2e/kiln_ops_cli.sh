@@ -204,8 +204,11 @@ check "cuda with a stub driver is NotSupportedError naming CUDA_ERROR_STUB_LIBRA
 
 # --backend cuda:1 picks the driver's device 1; one it lacks is NotSupportedError naming the count.
 KILN_CUDA_DRIVER="$fake_cuda" KILN_FAKE_CUDA_DEVICES=2 "$ops" --backend cuda:1 --max-array-mb 4 \
-  --filter '^(fill|axpy)/' > "$tmp/cuda1.txt" 2>&1; rc=$?
+  --filter '^(fill|axpy)/' --json "$tmp/cuda1.json" --junit "$tmp/cuda1.xml" > "$tmp/cuda1.txt" 2>&1; rc=$?
 check "cuda:1 of 2 fake devices exits 0" test "$rc" -eq 0
+check "cuda:1's JSON report names the device it ran on" \
+  test "$($py -c 'import json,sys; print(json.load(open(sys.argv[1]))["backend"])' "$tmp/cuda1.json")" = cuda:1
+check "cuda:1's JUnit report names the device it ran on" grep -q 'testsuite name="kiln-ops.cuda:1"' "$tmp/cuda1.xml"
 check "cuda:1 of 2 fake devices: all cases OK" grep -Eq '^[0-9]+/[0-9]+ cases OK, 0 refused, 0 failed$' "$tmp/cuda1.txt"
 KILN_CUDA_DRIVER="$fake_cuda" "$ops" --backend cuda:1 > "$tmp/cuda1of1.txt" 2>&1; rc=$?
 check "cuda:1 of 1 device exits 77 (not available here)" test "$rc" -eq 77
@@ -215,7 +218,8 @@ check "cuda:1 of 1 device is NotSupportedError naming the device count" \
 check "a malformed --backend ordinal exits 2" test "$rc" -eq 2
 check "a malformed --backend ordinal is named" grep -q "'cuda:x' is not a device name" "$tmp/badordinal.txt"
 "$ops" --backend cpu:1 > "$tmp/cpu1.txt" 2>&1; rc=$?
-check "--backend cpu:1 is InvalidUsageError, not a crash" grep -q 'InvalidUsageError: .*cpu backend has one device' "$tmp/cpu1.txt"
+check "--backend cpu:1 is a usage error, exit 2 (got $rc)" test "$rc" -eq 2
+check "--backend cpu:1 says the cpu backend has one device" grep -q 'cpu:1: the cpu backend has one device, cpu:0' "$tmp/cpu1.txt"
  an injected hipErrorOutOfMemory is refused
 # by name; without a runtime, and on this machine's real HIP runtime (Debian's libamdhip64, which
 # finds no GPU): NotSupportedError carrying the runtime's own answer, exit 77, no crash.

@@ -80,6 +80,10 @@ void add_options(CLI::App &app, CommandLine &cl, bool &version) {
             [&config](const std::string &value) {
               auto device = parse_device_name(value);
               if (!device) bad_value(device.error().detail);
+              const bool one_device = device->backend == Backend::cpu || device->backend == Backend::mock;
+              if (one_device && device->ordinal != 0)  // a bad option value, known before set-up
+                bad_value(fmt::format("{}: the {} backend has one device, {}:0", value,
+                                      to_string(device->backend), to_string(device->backend)));
               config.backend = device->backend;
               config.device_ordinal = device->ordinal;
             });

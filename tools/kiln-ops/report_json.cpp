@@ -1,5 +1,6 @@
 // The JSON report of a kiln-ops run (nlohmann-json). The field names of a failure are those of
 // kiln's Python exceptions (requested_bytes, site, free_bytes, ...): one vocabulary.
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "kiln/executor/errors.h"
@@ -113,6 +114,12 @@ json min_budget_json(const MinBudgetModeReport *found) {
 
 }  // namespace
 
+std::string device_label(const ExecutorConfig &config) {
+  const std::string_view backend = to_string(config.backend);
+  return config.device_ordinal == 0 ? std::string(backend)
+                                    : fmt::format("{}:{}", backend, config.device_ordinal);
+}
+
 std::string json_report(const SuiteReport &report, const RunInfo &info) {
   const SuiteOptions &options = *info.options;
   json cases = json::array();
@@ -121,7 +128,7 @@ std::string json_report(const SuiteReport &report, const RunInfo &info) {
       {"schema_version", kJsonSchemaVersion},
       {"tool", "kiln-ops"},
       {"kiln_version", info.kiln_version},
-      {"backend", to_string(options.config.backend)},
+      {"backend", device_label(options.config)},
       {"status", to_string(info.exit_status)},
       {"exit_status", static_cast<int>(info.exit_status)},
       {"budget", budget_json(report, info)},

@@ -76,7 +76,7 @@ struct Counts {
 /// One <testcase>; `name` gets " (run k)" when the suite ran more than once.
 void add_testcase(std::string &xml, Counts &counts, const RunInfo &info, std::string_view name,
                   int repetition, double seconds, std::string_view body) {
-  const std::string classname = fmt::format("kiln-ops.{}", to_string(info.options->config.backend));
+  const std::string classname = fmt::format("kiln-ops.{}", device_label(info.options->config));
   const std::string run = info.options->repeat > 1 ? fmt::format(" (run {})", repetition) : "";
   xml += fmt::format("    <testcase classname=\"{}\" name=\"{}{}\" time=\"{:.6f}\"",
                      xml_escape(classname), xml_escape(name), run, seconds);
@@ -118,7 +118,7 @@ std::string properties(const SuiteReport &report, const RunInfo &info) {
     xml += fmt::format("      <property name=\"{}\" value=\"{}\"/>\n", name, xml_escape(value));
   };
   add("kiln_version", std::string(info.kiln_version));
-  add("backend", std::string(to_string(info.options->config.backend)));
+  add("backend", device_label(info.options->config));
   add("exit_status", std::to_string(static_cast<int>(info.exit_status)));
   add("budget_source", info.budget_source);
   if (report.budget.known) add("budget_limit_bytes", std::to_string(report.budget.limit_bytes));
@@ -141,7 +141,7 @@ std::string junit_report(const SuiteReport &report, const RunInfo &info) {
   const std::string totals =
       fmt::format("tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" time=\"{:.6f}\"",
                   counts.tests, counts.failures, counts.errors, counts.skipped, counts.seconds);
-  const std::string suite = fmt::format("kiln-ops.{}", to_string(info.options->config.backend));
+  const std::string suite = fmt::format("kiln-ops.{}", device_label(info.options->config));
   return fmt::format(
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"kiln-ops\" {}>\n"
       "  <testsuite name=\"{}\" {}>\n{}{}  </testsuite>\n</testsuites>\n",

@@ -30,6 +30,9 @@ struct RunInfo {
   const MinBudgetModeReport *min_budget = nullptr;  ///< --min-budget's findings, or null
 };
 
+/// The device the run used as a user names it: "cuda", "cuda:1" (the ordinal only when not 0).
+[[nodiscard]] std::string device_label(const ExecutorConfig &config);
+
 /// The JSON report (schema in README.md, "kiln-ops"). Pure. Invalid UTF-8 in a message (a
 /// driver path, say) becomes U+FFFD, never an exception.
 [[nodiscard]] std::string json_report(const SuiteReport &report, const RunInfo &info);
