@@ -262,9 +262,13 @@ void matmul_gpu(Ctx &ctx, KilnRuntime *rt, const KilnKernelArgs *args, KilnKerne
         const int32_t ty = tid / kTile, tx = tid % kTile;
         // The zero padding beyond k would add +0 products; stop at k so the sum is the CPU's.
         const int32_t depth = k - p0 < kTile ? static_cast<int32_t>(k - p0) : kTile;
+        const T *a_row = a_tile + ty * kTile;
+        const T *b_col = b_tile + tx;
         T sum = acc(tid);
-        for (int32_t q = 0; q < depth; ++q) {
-          sum = A::add(sum, A::mul(a_tile[ty * kTile + q], b_tile[q * kTile + tx]));
+        if (depth == kTile) {  // every slab but the last: a constant trip count, fully unrolled
+          for (int32_t q = 0; q < kTile; ++q) sum = A::add(sum, A::mul(a_row[q], b_col[q * kTile]));
+        } else {
+          for (int32_t q = 0; q < depth; ++q) sum = A::add(sum, A::mul(a_row[q], b_col[q * kTile]));
         }
         acc(tid) = sum;
       });
