@@ -44,6 +44,9 @@ function(kiln_device_bitcode name)
     message(FATAL_ERROR "kiln_device_bitcode(${name}): SOURCE and TRIPLE are required")
   endif()
   get_filename_component(source ${ARG_SOURCE} ABSOLUTE)
+  # The headers beside the source (runtime/device/*.h, e.g. gpu_kernels.h) are its includes too.
+  get_filename_component(source_dir ${source} DIRECTORY)
+  file(GLOB source_headers CONFIGURE_DEPENDS ${source_dir}/*.h)
   set(output ${CMAKE_CURRENT_BINARY_DIR}/${name}.bc)
   add_custom_command(
     OUTPUT ${output}
@@ -54,7 +57,8 @@ function(kiln_device_bitcode name)
             -I${KILN_DEVICE_INCLUDE_DIR}
             ${ARG_EXTRA_FLAGS}
             -emit-llvm -c ${source} -o ${output}
-    DEPENDS ${source} ${KILN_DEVICE_INCLUDE_DIR}/kiln/runtime/kernel_abi.h ${ARG_DEPENDS}
+    DEPENDS ${source} ${source_headers} ${KILN_DEVICE_INCLUDE_DIR}/kiln/runtime/kernel_abi.h
+            ${ARG_DEPENDS}
     COMMENT "Compiling device runtime ${name} (${ARG_TRIPLE}) to LLVM bitcode"
     VERBATIM)
   add_custom_target(${name} DEPENDS ${output})

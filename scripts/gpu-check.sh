@@ -5,6 +5,7 @@
 #   scripts/gpu-check.sh build            # here: builds gpu-bundle/ (static LLVM, stripped)
 #   scripts/gpu-check.sh run [OUT_DIR]    # there: runs the bundle, writes OUT_DIR/gpu-check.txt
 #   scripts/gpu-check.sh interop [OUT_DIR]  # there: CuPy/PyTorch interop, OUT_DIR/gpu-interop.txt
+#   scripts/gpu-check.sh timing [OUT_DIR]   # there: kernel timings vs baselines, OUT_DIR/gpu-timing.txt
 #
 # `build` makes gpu-bundle/kiln-gpu-check with LLVM 19 linked statically (x86 + NVPTX; its zstd
 # too), fmt, RE2 and libstdc++ compiled in, and checks it is under 64 MiB and needs only libc,
@@ -20,6 +21,10 @@
 # on KILN_PYTHONPATH (default build/python): zero-copy exchange both ways (DLPack, the CUDA Array
 # Interface) and a kiln OOM naming the free/total CuPy/PyTorch see. Each check says PASS, FAIL or
 # SKIP with its reason (no kiln for this Python, no CUDA, no CuPy/PyTorch).
+# `timing` runs scripts/gpu_timing.py the same way: kiln's axpy and reduce_sum in GB/s against the
+# device's peak (memory clock * bus width * 2, via CuPy) and a measured device-to-device copy, and
+# kiln's f32 matmul in TFLOP/s against cuBLAS (torch.matmul or cupy.matmul), all in the same run,
+# printed as ratios with their targets ("target >= 0.8x: met/MISSED"); results checked first.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bundle="$root/gpu-bundle"
@@ -67,9 +72,22 @@ interop() {
   return "$status"
 }
 
+timing() {
+  local out="${1:-${OUT:-$root/gpu-results}}"
+  mkdir -p "$out"
+  local results="$out/gpu-timing.txt"
+  : > "$results"
+  PYTHONPATH="${KILN_PYTHONPATH:-$root/build/python}${PYTHONPATH:+:$PYTHONPATH}" \
+    timeout 300 "${PYTHON:-python3}" "$root/scripts/gpu_timing.py" "$results"
+  local status=$?
+  echo "gpu_timing.py exit status: $status" >> "$results"
+  return "$status"
+}
+
 case "${1:-}" in
   build) build ;;
   run) shift; run "$@" ;;
   interop) shift; interop "$@" ;;
-  *) sed -n '2,22p' "$0"; exit 2 ;;
+  timing) shift; timing "$@" ;;
+  *) sed -n '2,27p' "$0"; exit 2 ;;
 esac

@@ -1,7 +1,10 @@
 #include "kiln/executor/launcher.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstring>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
@@ -200,15 +203,48 @@ RhiStatus GpuKernelLauncher::check_kernel(const std::string &kernel) {
                                        fmt::format("unknown kernel '{}'", kernel)));
 }
 
+namespace {
+
+/// How a GPU kernel maps onto the grid (see GpuKernelLauncher).
+enum class GpuGridShape { grid_stride, matmul_tiles, thread_per_task };
+
+GpuGridShape gpu_grid_shape(std::string_view kernel) {
+  if (kernel.find("compact_positive") != std::string_view::npos) return GpuGridShape::thread_per_task;
+  if (kernel.find("matmul") != std::string_view::npos) return GpuGridShape::matmul_tiles;
+  return GpuGridShape::grid_stride;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
+}  // namespace
+
 int64_t GpuKernelLauncher::task_count(const LaunchSpec &spec) const {
-  return std::clamp<int64_t>(spec.iteration_size, 1, kMaxTasks);
+  switch (gpu_grid_shape(spec.kernel)) {
+    case GpuGridShape::thread_per_task:
+      return std::clamp<int64_t>(spec.iteration_size, 1, kMaxTasks);
+    case GpuGridShape::matmul_tiles: {
+      constexpr int64_t kTile = 16;  // kiln_gpu::kTile
+      const auto m = static_cast<int64_t>(std::min<uint64_t>(spec.args.dims[0], INT32_MAX));
+      const auto n = static_cast<int64_t>(std::min<uint64_t>(spec.args.dims[1], INT32_MAX));
+      const int64_t tiles = ceil_div(m, kTile) * ceil_div(n, kTile);
+      return std::clamp<int64_t>(tiles, 1, kMaxGridBlocks);
+    }
+    case GpuGridShape::grid_stride:
+      break;
+  }
+  return std::clamp<int64_t>(ceil_div(std::max<int64_t>(spec.iteration_size, 0), kBlockThreads), 1,
+                             kMaxGridBlocks);
 }
 
 RhiStatus GpuKernelLauncher::execute(const std::string &kernel, uint64_t runtime_address,
                                      uint64_t args_address, int64_t num_tasks, int64_t) {
   void *params[2] = {&runtime_address, &args_address};
-  const unsigned block = static_cast<unsigned>(std::min<int64_t>(num_tasks, kBlockThreads));
-  const unsigned grid = static_cast<unsigned>((num_tasks + block - 1) / block);
+  unsigned block = kBlockThreads;
+  auto grid = static_cast<unsigned>(num_tasks);  // grid-stride kernels: one slot per block
+  if (gpu_grid_shape(kernel) == GpuGridShape::thread_per_task) {
+    block = static_cast<unsigned>(std::min<int64_t>(num_tasks, kBlockThreads));
+    grid = static_cast<unsigned>((num_tasks + block - 1) / block);
+  }
   KILN_RETURN_IF_ERROR_CONTEXT(device_.launch_kernel(module_, kernel + "_gpu", grid, block, params),
                                "running {}", kernel);
   return {};

@@ -287,47 +287,100 @@ KILN_FOR_EACH_KERNEL(KILN_RANGE_KERNEL)
 
 // --- GPU entry points ----------------------------------------------------------------------------
 //
-// One kernel entry point kiln_<op>_<dtype>_gpu(rt, args) per range kernel, one GPU thread per
-// task (see kernel_abi.h). They are plain extern "C" functions here, so the bitcode stays generic:
+// One kernel entry point kiln_<op>_<dtype>_gpu(rt, args) per range kernel; its body is the
+// template <op>_gpu of gpu_kernels.h (shared with the fake drivers), run with the hardware
+// context below. Launch geometry (see kernel_abi.h): element-wise kernels and reduce_sum
+// grid-stride over the iteration space, reduce_sum writes one partial per block, matmul
+// grid-strides over 16x16 tiles of C, compact_positive keeps one task per thread.
+// They are plain extern "C" functions here, so the bitcode stays generic:
 // - nvptx64: the PTX emitter (runtime/jit/ptx_codegen.cpp) marks every kiln_*_gpu function as a
 //   kernel in nvvm.annotations and chooses the SM version when it emits PTX;
 // - amdgcn: clang has no attribute for the amdgpu_kernel calling convention outside OpenCL
 //   and HIP, so the build-time code-object generator (runtime/jit/amdgcn_codegen_main.cpp) sets
 //   it on every kiln_*_gpu function in LLVM IR and chooses the gfx processor.
-// Both read the block size from the hardware, not from a constant: the launcher may launch
-// blocks smaller than GpuKernelLauncher::kBlockThreads.
+// Both read the block size from the hardware, not from a constant.
 #if defined(__NVPTX__) || defined(__AMDGCN__)
+
+#include "gpu_kernels.h"
 
 namespace {
 
-/// The global thread index: block id * block size + thread id, in 64 bits (a grid may exceed
-/// 2^31 threads).
-int64_t gpu_task_index() {
+/// Block-shared memory (addrspace(3): PTX .shared, AMDGPU LDS), one array per element type a
+/// kernel stages; loader_uninitialized because shared memory has no initializer on either target.
+template <class T>
+[[clang::loader_uninitialized]] __attribute__((address_space(3))) T
+    gpu_shared_storage[kiln_gpu::kGpuSharedBytes / sizeof(T)];
+
+/// The execution context of gpu_kernels.h on the hardware: indices from the special registers,
+/// each_thread runs the phase once for this thread, barrier() is the block barrier.
+struct HardwareContext {
+  template <class T>
+  struct Private {
+    T value;
+    T &operator()(int32_t) { return value; }
+  };
+
+  static int64_t block() {
 #if defined(__NVPTX__)
-  const uint64_t block = static_cast<uint32_t>(__nvvm_read_ptx_sreg_ctaid_x());
-  const uint64_t block_size = static_cast<uint32_t>(__nvvm_read_ptx_sreg_ntid_x());
-  const uint64_t thread = static_cast<uint32_t>(__nvvm_read_ptx_sreg_tid_x());
+    return static_cast<uint32_t>(__nvvm_read_ptx_sreg_ctaid_x());
 #else
-  // Workgroup id and work-item id come from hardware registers; with code object v5
-  // (-mcode-object-version=5) clang reads the workgroup size from the implicit kernel arguments
-  // (hidden_group_size_x), which hipModuleLaunchKernel fills with the launch's block size.
-  const uint64_t block = __builtin_amdgcn_workgroup_id_x();
-  const uint64_t block_size = __builtin_amdgcn_workgroup_size_x();
-  const uint64_t thread = __builtin_amdgcn_workitem_id_x();
+    return __builtin_amdgcn_workgroup_id_x();
 #endif
-  return static_cast<int64_t>(block * block_size + thread);
-}
+  }
+  static int64_t blocks() {
+#if defined(__NVPTX__)
+    return static_cast<uint32_t>(__nvvm_read_ptx_sreg_nctaid_x());
+#else
+    // grid_size_x counts work-items (the dispatch packet's grid size), not workgroups.
+    return __builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x();
+#endif
+  }
+  static int32_t block_threads() {
+#if defined(__NVPTX__)
+    return __nvvm_read_ptx_sreg_ntid_x();
+#else
+    // With code object v5 (-mcode-object-version=5) clang reads the workgroup size from the
+    // implicit kernel arguments (hidden_group_size_x), which hipModuleLaunchKernel fills.
+    return __builtin_amdgcn_workgroup_size_x();
+#endif
+  }
+  static int32_t thread() {
+#if defined(__NVPTX__)
+    return __nvvm_read_ptx_sreg_tid_x();
+#else
+    return __builtin_amdgcn_workitem_id_x();
+#endif
+  }
+  /// block * block_threads + tid in 64 bits (a grid may exceed 2^31 threads).
+  static int64_t global_index(int32_t tid) { return block() * block_threads() + tid; }
+  static int64_t grid_threads() { return blocks() * block_threads(); }
+
+  template <class F>
+  static void each_thread(F &&phase) {
+    phase(thread());
+  }
+  /// Every thread of the block waits here; shared-memory writes before it are visible after it.
+  static void barrier() {
+#if defined(__NVPTX__)
+    __nvvm_bar_sync(0);  // bar.sync 0 (__syncthreads): a CTA-wide barrier that orders memory
+#else
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+    __builtin_amdgcn_s_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+#endif
+  }
+  template <class T>
+  static T *shared() {
+    return (T *)gpu_shared_storage<T>;  // addrspace(3) -> generic; LLVM infers it back
+  }
+};
 
 }  // namespace
 
 #define KILN_GPU_ENTRY(op, dtype)                                                            \
   extern "C" void kiln_##op##_##dtype##_gpu(KilnRuntime *rt, const KilnKernelArgs *args) {  \
-    const int64_t task = gpu_task_index();                                                   \
-    const int64_t num_tasks = args->num_tasks;                                               \
-    if (task >= num_tasks) return;                                                           \
-    const int64_t size = args->iteration_size;                                               \
-    kiln_##op##_##dtype(rt, args, kiln_task_split_point(size, task, num_tasks),              \
-                        kiln_task_split_point(size, task + 1, num_tasks), task);             \
+    HardwareContext ctx;                                                                     \
+    kiln_gpu::op##_gpu<dtype_##dtype>(ctx, rt, args, &kiln_##op##_##dtype);                 \
   }
 KILN_FOR_EACH_KERNEL(KILN_GPU_ENTRY)
 #undef KILN_GPU_ENTRY

@@ -121,6 +121,12 @@ int annotate_kernels(llvm::Module &module) {
                                   llvm::MDString::get(context, "kernel"),
                                   llvm::ConstantAsMetadata::get(llvm::ConstantInt::get(i32, 1))};
     annotations->addOperand(llvm::MDNode::get(context, operands));
+    // .maxntid 256: GpuKernelLauncher never launches more (kBlockThreads), the kernels' shared
+    // arrays hold 256 per-thread slots (gpu_kernels.h), and ptxas budgets registers for 256.
+    llvm::Metadata *max_threads[] = {llvm::ValueAsMetadata::get(&function),
+                                     llvm::MDString::get(context, "maxntidx"),
+                                     llvm::ConstantAsMetadata::get(llvm::ConstantInt::get(i32, 256))};
+    annotations->addOperand(llvm::MDNode::get(context, max_threads));
   });
 }
 

@@ -65,10 +65,16 @@ enum class Mode { normal, stub, nodevice };
 /// The ops of KILN_FOR_EACH_KERNEL, for the launch-time memory checks.
 enum class Op { fill, copy, axpy, reduce_sum, matmul, compact_positive };
 
+/// One block of a launch run on the host by the emulating context (fake_kernels.cpp).
+struct EmulatedBlock;
+/// Runs block `block` of a launch: the GPU entry point's body (runtime/device/gpu_kernels.h).
+using BlockKernelFn = void (*)(EmulatedBlock &block, KilnRuntime *runtime,
+                               const KilnKernelArgs *args);
+
 /// One host-compiled kernel that a GPU entry point name stands for.
 struct HostKernel {
-  const char *gpu_name;       ///< kiln_<op>_<dtype>_gpu
-  KilnKernelFn range_kernel;  ///< kiln_<op>_<dtype>, compiled for the host into this library
+  const char *gpu_name;         ///< kiln_<op>_<dtype>_gpu
+  BlockKernelFn block_kernel;   ///< kiln_gpu::<op>_gpu<dtype> with the emulating context
   Op op;
   std::size_t element_bytes;
 };

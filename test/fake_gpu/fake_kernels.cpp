@@ -1,8 +1,11 @@
-// Kernel launches of the fake GPU drivers: each GPU entry point name maps to the range kernel of
-// runtime/device/kiln_runtime.cpp compiled for the host into this library (hidden symbols, so
-// they never clash with kiln's JIT-compiled copies). A launch of grid_x * block_x threads runs
-// tasks 0 .. min(threads, num_tasks) - 1 on the ranges kiln_task_split_point() gives, exactly as
-// the nvptx and amdgcn entry points do, on a few host threads.
+// Kernel launches of the fake GPU drivers: each GPU entry point name maps to the same body the
+// GPU runs, kiln_gpu::<op>_gpu<dtype> of runtime/device/gpu_kernels.h, compiled for the host into
+// this library (hidden symbols, so they never clash with kiln's JIT-compiled copies) with an
+// emulating execution context: a launch of grid_x blocks of block_x threads runs every block
+// (several blocks at once on a few host threads); inside a block each phase between two
+// barriers runs for thread 0, 1, ..., block_x - 1 in turn, with a block-local shared array. So
+// the fake honours gridDim and blockDim exactly as a GPU does (a grid-stride kernel launched with
+// a small grid still covers every element) and checks the results of exactly the GPU's code.
 //
 // Before running, the launch checks what a GPU would fault on: the runtime and argument blocks
 // and every array the kernel will touch must lie in live allocations. A host pointer or a freed
@@ -10,14 +13,17 @@
 // hipErrorIllegalAddress), which is sticky, and one line on stderr saying which operand was bad.
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string_view>
 #include <system_error>
 #include <thread>
 #include <vector>
 
 #include "fake_gpu.h"
+#include "gpu_kernels.h"
 
-// The range kernels, compiled from runtime/device/kiln_runtime.cpp into this library.
+// The range kernels, compiled from runtime/device/kiln_runtime.cpp into this library
+// (compact_positive's GPU body calls its range kernel per thread).
 #define KILN_DECLARE_RANGE_KERNEL(op, dtype)                                                  \
   extern "C" void kiln_##op##_##dtype(KilnRuntime *rt, const KilnKernelArgs *args,           \
                                       int64_t begin, int64_t end, int64_t task_index);
@@ -25,7 +31,53 @@ KILN_FOR_EACH_KERNEL(KILN_DECLARE_RANGE_KERNEL)
 #undef KILN_DECLARE_RANGE_KERNEL
 
 namespace kiln::fake_gpu {
+
+/// The execution context of gpu_kernels.h on the host, for one block: each_thread runs a phase
+/// for every thread of the block in turn, so barrier() has nothing left to wait for; per-thread
+/// state and the shared memory are arrays of this block. Not thread-safe: one host thread runs
+/// one block.
+struct EmulatedBlock {
+  int64_t block_index = 0;
+  int64_t grid_blocks = 1;
+  int32_t threads = 1;
+  alignas(16) unsigned char shared_storage[kiln_gpu::kGpuSharedBytes];
+
+  template <class T>
+  struct Private {
+    T values[kiln_gpu::kMaxBlockThreads];
+    T &operator()(int32_t tid) { return values[tid]; }
+  };
+
+  [[nodiscard]] int64_t block() const { return block_index; }
+  [[nodiscard]] int64_t blocks() const { return grid_blocks; }
+  [[nodiscard]] int32_t block_threads() const { return threads; }
+  [[nodiscard]] int64_t global_index(int32_t tid) const { return block_index * threads + tid; }
+  [[nodiscard]] int64_t grid_threads() const { return grid_blocks * threads; }
+  template <class F>
+  void each_thread(F &&phase) {
+    for (int32_t tid = 0; tid < threads; ++tid) phase(tid);
+  }
+  void barrier() {}
+  template <class T>
+  T *shared() {
+    return reinterpret_cast<T *>(shared_storage);
+  }
+};
+
 namespace {
+
+// The C++ type of each dtype name used by KILN_FOR_EACH_KERNEL.
+using dtype_f32 = float;
+using dtype_f64 = double;
+using dtype_i32 = int32_t;
+using dtype_i64 = int64_t;
+
+#define KILN_BLOCK_KERNEL(op, dtype)                                                         \
+  void block_##op##_##dtype(EmulatedBlock &block, KilnRuntime *rt, const KilnKernelArgs *args) { \
+    kiln_gpu::op##_gpu<dtype_##dtype>(block, rt, args, &kiln_##op##_##dtype);               \
+  }
+KILN_FOR_EACH_KERNEL(KILN_BLOCK_KERNEL)
+#undef KILN_BLOCK_KERNEL
 
 constexpr std::size_t kBytes_f32 = 4;
 constexpr std::size_t kBytes_f64 = 8;
@@ -35,7 +87,7 @@ constexpr unsigned kMaxHostThreads = 4;
 
 constexpr HostKernel kHostKernels[] = {
 #define KILN_HOST_KERNEL(op, dtype) \
-  {"kiln_" #op "_" #dtype "_gpu", &kiln_##op##_##dtype, Op::op, kBytes_##dtype},
+  {"kiln_" #op "_" #dtype "_gpu", &block_##op##_##dtype, Op::op, kBytes_##dtype},
     KILN_FOR_EACH_KERNEL(KILN_HOST_KERNEL)
 #undef KILN_HOST_KERNEL
 };
@@ -121,35 +173,37 @@ int run_launch(State &state, const Function &function, unsigned grid_x, unsigned
   }
   ++state.current().launch_count;
 
-  const int64_t threads = int64_t{grid_x} * int64_t{block_x};
-  const int64_t tasks = std::max<int64_t>(0, std::min<int64_t>(threads, args->num_tasks));
-  const auto run_tasks = [&](int64_t first, int64_t last) {
-    for (int64_t task = first; task < last; ++task) {
-      kernel.range_kernel(runtime, args,
-                          kiln_task_split_point(args->iteration_size, task, args->num_tasks),
-                          kiln_task_split_point(args->iteration_size, task + 1, args->num_tasks),
-                          task);
+  // Blocks are independent (they meet only through atomics and distinct outputs), so chunks of
+  // blocks run on a few host threads; each block runs on one.
+  const int64_t blocks = grid_x;
+  const auto run_blocks = [&](int64_t first, int64_t last) {
+    auto block = std::make_unique<EmulatedBlock>();
+    block->grid_blocks = blocks;
+    block->threads = static_cast<int32_t>(block_x);
+    for (int64_t b = first; b < last; ++b) {
+      block->block_index = b;
+      kernel.block_kernel(*block, runtime, args);
     }
   };
   const auto workers = static_cast<int64_t>(
       std::min<unsigned>(kMaxHostThreads, std::max(1u, std::thread::hardware_concurrency())));
-  if (tasks < 2 || workers < 2) {
-    run_tasks(0, tasks);
+  if (blocks < 2 || workers < 2) {
+    run_blocks(0, blocks);
     return dialect().success;
   }
-  // Task chunks on `used` threads; a chunk whose thread cannot start runs here instead.
-  const int64_t used = std::min(workers, tasks);
+  // Block chunks on `used` threads; a chunk whose thread cannot start runs here instead.
+  const int64_t used = std::min(workers, blocks);
   std::vector<std::thread> pool;
   for (int64_t w = 1; w < used; ++w) {
-    const int64_t first = tasks * w / used;
-    const int64_t last = tasks * (w + 1) / used;
+    const int64_t first = blocks * w / used;
+    const int64_t last = blocks * (w + 1) / used;
     try {
-      pool.emplace_back(run_tasks, first, last);
+      pool.emplace_back(run_blocks, first, last);
     } catch (const std::system_error &) {
-      run_tasks(first, last);
+      run_blocks(first, last);
     }
   }
-  run_tasks(0, tasks / used);
+  run_blocks(0, blocks / used);
   for (std::thread &thread : pool) thread.join();
   return dialect().success;
 }
@@ -174,7 +228,10 @@ int launch(State &state, const Function *f, unsigned grid_x, unsigned grid_y, un
       params[1] == nullptr) {
     return d.invalid_value;
   }
-  // kiln's entry points index tasks by x only; the fake runs exactly what kiln launches.
+  // The kernels are built for at most 256 threads a block (.maxntid 256 in the PTX,
+  // amdgpu-flat-work-group-size 1,256), so a GPU refuses a bigger block.
+  if (block_x > static_cast<unsigned>(kiln_gpu::kMaxBlockThreads)) return d.invalid_value;
+  // kiln's entry points index by x only; the fake runs exactly what kiln launches.
   if (grid_y != 1 || grid_z != 1 || block_y != 1 || block_z != 1 || extra != nullptr) {
     return d.not_supported;
   }

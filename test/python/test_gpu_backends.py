@@ -31,6 +31,30 @@ def test_ops_run_against_the_fake(backend):
     assert backend.call_count("launch") >= 2
 
 
+def test_gpu_shaped_kernels_one_reduce_partial_per_block_and_tiled_matmul(backend):
+    """reduce_sum grid-strides over at most 4,224 blocks (GpuKernelLauncher::kMaxGridBlocks) and
+    reads back one 32-byte partial per block, not one per thread (16,384 before); the sums stay
+    exact (wrapping int64 for ints, f64 for floats). The tiled matmul matches numpy on shapes that
+    are not multiples of its 16x16 tile."""
+    kiln.init(arch=backend.name, device_heap_bytes=MiB)
+    n = 4224 * 256 * 2 + 7  # two grid strides and a tail
+    host = (np.arange(n) % 1000).astype(np.int32)
+    x = kiln.from_numpy(host)
+    kiln.reset_peak_memory_stats()
+    assert kiln.reduce_sum(x) == int(host.sum(dtype=np.int64))
+    peak = kiln.memory_stats()["peak_bytes"]["result_buffer"]
+    assert 4224 * 32 <= peak < 16384 * 32 // 2  # the pool may round the size up a little
+    floats = np.linspace(-1.0, 3.0, 100003).astype(np.float32)
+    assert kiln.reduce_sum(kiln.from_numpy(floats)) == pytest.approx(
+        float(floats.astype(np.float64).sum()), rel=1e-9)
+    rng = np.random.default_rng(16)
+    for m, k, cols in ((1, 1, 1), (37, 19, 45), (16, 33, 17)):
+        a = rng.standard_normal((m, k))
+        b = rng.standard_normal((k, cols))
+        c = kiln.matmul(kiln.from_numpy(a), kiln.from_numpy(b)).to_numpy()
+        np.testing.assert_allclose(c, a @ b, rtol=1e-12, atol=1e-12)
+
+
 def test_driver_oom_at_every_allocation_is_a_DeviceOutOfMemoryError(backend):
     kiln.init(arch=backend.name, device_heap_bytes=MiB, caching=False)
     base = backend.call_count("alloc")

@@ -74,6 +74,46 @@ TEST_CASE("generate_ptx emits one .entry per kernel of KILN_FOR_EACH_KERNEL", "[
   CHECK(count == KILN_NUM_KERNELS);
 }
 
+namespace {
+
+/// The text of entry `name` in `ptx`: from its .entry line to the next .entry (or the end).
+std::string entry_text(const std::string &ptx, const std::string &name) {
+  const std::size_t begin = ptx.find(".entry " + name + "(");
+  if (begin == std::string::npos) return {};
+  const std::size_t end = ptx.find(".entry ", begin + 1);
+  return ptx.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+}
+
+}  // namespace
+
+TEST_CASE("generate_ptx: GPU-shaped kernels (grid stride, shared-memory tree and tiles, barriers)",
+          "[ptx]") {
+  const std::string &ptx = ptx_sm80();
+  for (const char *dtype : {"f32", "f64", "i32", "i64"}) {
+    for (const char *op : {"fill", "copy", "axpy", "reduce_sum", "matmul", "compact_positive"}) {
+      const std::string name = std::string("kiln_") + op + "_" + dtype + "_gpu";
+      INFO(name);
+      const std::string text = entry_text(ptx, name);
+      REQUIRE(!text.empty());
+      // The kernels' shared arrays have 256 per-thread slots: the PTX says so to ptxas.
+      CHECK(text.find(".maxntid 256, 1, 1") != std::string::npos);
+      const std::string_view kind = op;
+      if (kind == "reduce_sum" || kind == "matmul") {
+        // Block-shared memory in the .shared state space, written, read, and a barrier between.
+        CHECK(text.find("st.shared.") != std::string::npos);
+        CHECK(text.find("ld.shared.") != std::string::npos);
+        CHECK(text.find("bar.sync") != std::string::npos);
+      } else {
+        CHECK(text.find("bar.sync") == std::string::npos);
+      }
+      if (kind != "compact_positive") {
+        // Grid-stride (and tile-stride) loops step by the grid size, read from %nctaid.x.
+        CHECK(text.find("%nctaid.x") != std::string::npos);
+      }
+    }
+  }
+}
+
 TEST_CASE("generate_ptx writes the requested target and a PTX ISA version it needs", "[ptx]") {
   const std::string &ptx = ptx_sm80();
   CHECK(ptx.find(".target sm_80\n") != std::string::npos);

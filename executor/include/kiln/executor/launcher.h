@@ -114,12 +114,23 @@ class CpuKernelLauncher final : public KernelLauncher {
   std::unique_ptr<runtime::ThreadPool> pool_;
 };
 
-/// Launches the `<kernel>_gpu` entry points of a module loaded on a GpuDevice: one GPU thread per
-/// task, blocks of kBlockThreads.
+/// Launches the `<kernel>_gpu` entry points of a module loaded on a GpuDevice (bodies in
+/// runtime/device/gpu_kernels.h), blocks of kBlockThreads:
+/// - fill, copy, axpy, reduce_sum: min(ceil(n / kBlockThreads), kMaxGridBlocks) blocks that
+///   grid-stride over the n elements; num_tasks (result slots) = blocks, reduce_sum writes one
+///   partial per block;
+/// - matmul: min(16x16 tiles of C, kMaxGridBlocks) blocks that grid-stride over the tiles;
+///   num_tasks = blocks;
+/// - compact_positive: one GPU thread per task, num_tasks = clamp(n, 1, kMaxTasks).
 class GpuKernelLauncher final : public KernelLauncher {
  public:
   static constexpr unsigned kBlockThreads = 256;
-  static constexpr int64_t kMaxTasks = 16384;  ///< caps the result buffer at 512 KiB
+  static constexpr int64_t kMaxTasks = 16384;  ///< compact_positive: caps its result buffer at 512 KiB
+  /// The most blocks of a grid-stride launch: 4 * 132 * 8 = 4,224, four times what an H100/H200
+  /// (132 SMs, 8 resident blocks of 256 threads each) holds at once (an MI300X, 304 CUs, holds
+  /// 2,432), so every SM stays busy on the largest current GPUs, while the per-thread loop does
+  /// several elements on big arrays and reduce_sum's result buffer stays <= 132 KiB.
+  static constexpr int64_t kMaxGridBlocks = 4 * 132 * 8;
   GpuKernelLauncher(runtime::DeviceMemory &memory, GpuDevice &device, Program &program,
                     uint64_t module, DeviceAllocation runtime_state,
                     std::optional<DeviceAllocation> heap, uint64_t heap_bytes);

@@ -6,16 +6,25 @@
 //   extern "C" void kiln_<op>_<dtype>(KilnRuntime *runtime, const KilnKernelArgs *args,
 //                                     int64_t begin, int64_t end, int64_t task_index);
 // and processes the half-open index range [begin, end) of its iteration space. A launcher splits
-// the space into tasks (CPU: one task per worker chunk; GPU: one per block) and gives each task a
-// distinct task_index < args->num_tasks.
+// the space into tasks (CPU: one task per worker chunk) and gives each task a distinct
+// task_index < args->num_tasks.
 //
 // GPU entry points (nvptx64, amdgcn) are
 //   extern "C" kernel void kiln_<op>_<dtype>_gpu(KilnRuntime *runtime, const KilnKernelArgs *args);
-// one GPU thread per task: task = blockIdx.x * blockDim.x + threadIdx.x (tasks >= num_tasks
-// return at once); the thread runs the range kernel on
-//   [iteration_size * task / num_tasks, iteration_size * (task + 1) / num_tasks)
-// computed exactly, without overflow, by kiln_task_split_point() below. Every launcher (CPU,
-// GPU entry points, the fake CUDA driver) splits with that one function, so all agree.
+// with bodies in runtime/device/gpu_kernels.h (the fake drivers run the same templates):
+// - fill, copy, axpy: grid-stride loops over [0, iteration_size): thread g = blockIdx.x *
+//   blockDim.x + threadIdx.x does g, g + G, ... (G = gridDim.x * blockDim.x), so any grid covers
+//   all elements; num_tasks is unused;
+// - reduce_sum: the same grid-stride loop, a tree reduction in shared memory, and ONE partial per
+//   BLOCK, in result slot blockIdx.x: num_tasks (the result slots) must be >= gridDim.x;
+// - matmul: blocks of 256 threads grid-stride over the 16x16 tiles of C (dims), one C element
+//   per thread; iteration_size and num_tasks are unused;
+// - compact_positive: one GPU thread per task, task = blockIdx.x * blockDim.x + threadIdx.x
+//   (tasks >= num_tasks return at once); the thread runs the range kernel on
+//   [iteration_size * task / num_tasks, iteration_size * (task + 1) / num_tasks).
+// Splits are computed exactly, without overflow, by kiln_task_split_point() below. Every
+// launcher (CPU, GPU entry points, the fake CUDA driver) splits with that one function, so all
+// agree.
 #ifndef KILN_RUNTIME_KERNEL_ABI_H_
 #define KILN_RUNTIME_KERNEL_ABI_H_
 
@@ -59,11 +68,12 @@ typedef struct KilnKernelArgs {
   double scalar_f64;       ///< floating scalar operand (fill value, axpy alpha) for f32/f64
   int64_t scalar_i64;      ///< integer scalar operand for i32/i64
   uint64_t result_buffer;  ///< device address of the result buffer (num_tasks KilnTaskResult)
-  int64_t num_tasks;       ///< number of tasks of this launch
+  int64_t num_tasks;       ///< tasks of this launch = result slots (GPU reduce_sum: >= blocks)
   int64_t iteration_size;  ///< size of the iteration space the tasks split (GPU entry points)
 } KilnKernelArgs;
 
-/// One slot of the result buffer, written by task `task_index`. The host clears the buffer before
+/// One slot of the result buffer, written by task `task_index` (GPU reduce_sum: by block
+/// blockIdx.x). The host clears the buffer before
 /// the launch, so a slot that a task never wrote reads as zero.
 typedef struct KilnTaskResult {
   uint64_t value_bits;  ///< reduce_sum: partial sum (bit pattern of the dtype, widened to 64 bits)
