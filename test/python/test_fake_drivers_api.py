@@ -124,9 +124,19 @@ def test_a_bad_setting_is_invalid_usage_and_nothing_stays_configured(api):
     with pytest.raises(kiln.InvalidUsageError, match="ARCH='nonsense' is not a processor"):
         with fake_gpu(arch="nonsense"):
             pass
-    with pytest.raises(kiln.InvalidUsageError, match="capacity_bytes must be >= 0"):
+    with pytest.raises(kiln.InvalidUsageError, match="capacity_bytes must be from 0 to"):
         with fake_gpu(capacity_bytes=-1):
             pass
+    # Beyond what the fake (and ctypes' size_t) holds: refused, not cut to its low bits.
+    for huge in (2**64 + (512 << 20), 2**70):
+        with pytest.raises(kiln.InvalidUsageError, match=f"capacity_bytes must be from 0 to {2**60}, not {huge}"):
+            with fake_gpu(capacity_bytes=huge):
+                pass
+    with fake_gpu() as fake:
+        with pytest.raises(kiln.InvalidUsageError, match="result must be from 0 to"):
+            fake.inject_fault(alloc, 1, 2**40)  # would have been cut to 0: success, no fault
+        with pytest.raises(kiln.InvalidUsageError, match="nth_call must be from 0 to"):
+            fake.inject_fault(alloc, 2**64, 2)
     with fake_gpu():  # the refused plan is gone: kiln's set-up allocates and launches freely
         kiln.init(arch=arch)
         kiln.fill(kiln.ndarray(kiln.f32, 16), 1.0)

@@ -117,8 +117,11 @@ class FakeDriver:
         """The `nth_call`-th call of driver entry point `entry` from now (1: the next; 0: every
         call) returns the driver status `result` (e.g. 2, CUDA_ERROR_OUT_OF_MEMORY; 700,
         CUDA_ERROR_ILLEGAL_ADDRESS, sticky: the device is lost). Errors: InvalidUsageError for an
-        entry point kiln does not load."""
-        if self._fn("inject_fault")(entry.encode(), _non_negative(nth_call, "nth_call"), result):
+        entry point kiln does not load, or a count or status that is not an int in range (a
+        status is a C int from 0 to 2**31 - 1)."""
+        nth = _non_negative(nth_call, "nth_call", (1 << 64) - 1)
+        status = _non_negative(result, "result", (1 << 31) - 1)  # a driver status: a C int
+        if self._fn("inject_fault")(entry.encode(), nth, status):
             raise InvalidUsageError(f"inject_fault: {entry!r} is not an entry point of the fake")
 
     def call_count(self, entry: str) -> int:
@@ -165,11 +168,15 @@ class FakeDriver:
         return text.value.decode(errors="replace")
 
 
-def _non_negative(value: int, name: str) -> int:
+_MAX_BYTES = 1 << 60  # the fake's own bound: its *_MB variables stop at 2**40 MiB
+
+
+def _non_negative(value: int, name: str, limit: int = _MAX_BYTES) -> int:
+    """`value` checked as an int from 0 to `limit` (ctypes would cut a larger one silently)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidUsageError(f"{name} must be an int, not {type(value).__name__}")
-    if value < 0:
-        raise InvalidUsageError(f"{name} must be >= 0, not {value}")
+    if not 0 <= value <= limit:
+        raise InvalidUsageError(f"{name} must be from 0 to {limit}, not {value}")
     return value
 
 
