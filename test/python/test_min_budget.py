@@ -65,3 +65,11 @@ def test_a_workload_raising_something_else_is_a_named_error():
 def test_bad_arguments_are_invalid_usage():
     with pytest.raises(kiln.InvalidUsageError):
         kiln.testing.min_budget(workload, granularity_bytes=0)
+    # The caller's own mistakes are named as such, up front, not blamed on the workload.
+    with pytest.raises(kiln.InvalidTypeError, match="fn must be callable, not int"):
+        kiln.testing.min_budget(3)
+    with pytest.raises(kiln.InvalidUsageError, match="may not set budget_bytes"):
+        kiln.testing.min_budget(workload, init_kwargs={"budget_bytes": 1})
+    with pytest.raises(kiln.InvalidTypeError) as unknown:
+        kiln.testing.min_budget(workload, init_kwargs={"nosuch": 1})
+    assert not isinstance(unknown.value, kiln.testing.MinBudgetError)

@@ -145,3 +145,9 @@ def test_a_workload_that_calls_init_only_in_a_faulted_run_is_refused():
 
     with pytest.raises(kiln.testing.SweepError, match="run 1 of the workload called kiln.init"):
         kiln.testing.sweep(reinit_when_refused)
+
+
+def test_a_callable_is_checked_before_anything_runs():
+    kiln.init(arch="cpu")
+    with pytest.raises(kiln.InvalidTypeError, match="fn must be callable, not int"):
+        kiln.testing.sweep(3)

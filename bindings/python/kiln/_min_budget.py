@@ -5,7 +5,7 @@ import dataclasses
 from typing import Any, Callable
 
 from . import _kiln
-from ._errors import InvalidUsageError, OutOfMemoryError
+from ._errors import InvalidTypeError, InvalidUsageError, OutOfMemoryError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,8 +28,11 @@ class MinBudgetError(AssertionError):
 def _attempt(budget_bytes: int, fn: Callable[..., Any], args: Any, kwargs: Any,
              init_kwargs: dict[str, Any]) -> OutOfMemoryError | None:
     """Runs fn on a fresh executor with `budget_bytes`; its OutOfMemoryError, or None."""
+    try:  # the executor's own set-up counts; another error is the caller's init_kwargs' own
+        _kiln.init(budget_bytes=budget_bytes, **init_kwargs)
+    except OutOfMemoryError as e:
+        return e
     try:
-        _kiln.init(budget_bytes=budget_bytes, **init_kwargs)  # the executor's own set-up counts
         fn(*args, **kwargs)
     except OutOfMemoryError as e:
         return e
@@ -52,11 +55,18 @@ def min_budget(fn: Callable[..., Any], *args: Any, max_budget_bytes: int = 1 << 
     that more budget never hurts). Leaves a fresh executor with the found budget current.
 
     Errors: MinBudgetError when fn fails even under `max_budget_bytes` (say so: raise it), or
-    raises anything but an OutOfMemoryError; InvalidUsageError for a granularity or maximum < 1.
+    raises anything but an OutOfMemoryError; InvalidTypeError when fn is not callable;
+    InvalidUsageError for a granularity or maximum < 1 or init_kwargs naming budget_bytes (the
+    bisection sets it); kiln.init's own errors for other init_kwargs it refuses, as they are.
     Not thread-safe: it replaces the global executor."""
+    if not callable(fn):
+        raise InvalidTypeError(f"min_budget: fn must be callable, not {type(fn).__name__}")
     if granularity_bytes < 1 or max_budget_bytes < 1:
         raise InvalidUsageError("min_budget: granularity_bytes and max_budget_bytes must be >= 1")
     init_kwargs = dict(init_kwargs or {})
+    if "budget_bytes" in init_kwargs:
+        raise InvalidUsageError("min_budget: init_kwargs may not set budget_bytes: the bisection "
+                                "chooses each try's budget")
     runs = 1
     refusal = _attempt(max_budget_bytes, fn, args, kwargs, init_kwargs)
     if refusal is not None:

@@ -6,7 +6,7 @@ import gc
 from typing import Any, Callable
 
 from . import _kiln
-from ._errors import OutOfMemoryError
+from ._errors import InvalidTypeError, OutOfMemoryError
 
 # Armed for the counting run: a request number no workload reaches.
 _NEVER = 1 << 62
@@ -118,13 +118,15 @@ def sweep(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SweepReport:
     before the sweep. Returns a SweepReport (N, and per run the request that failed, its category,
     what was raised, what was left held).
 
-    Errors: SweepError (with .report) when a run broke the contract, raised after every run, or
-    when the clean run itself raises (from that exception); NondeterministicWorkloadError when a
-    run made fewer than i requests (the workload does not allocate the same way each time).
+    Errors: InvalidTypeError when fn is not callable; SweepError (with .report) when a run broke
+    the contract, raised after every run, or when the clean run itself raises (from that
+    exception); NondeterministicWorkloadError when a run made fewer than i requests (the workload does not allocate the same way each time).
     Nothing stays armed after sweep returns or raises. fn runs on the executor current at the
     call; it must not call kiln.init: a run that replaced the executor raises SweepError (the
     fault was armed on the executor it replaced, so nothing was tested). Not thread-safe: no
     other thread may allocate meanwhile."""
+    if not callable(fn):
+        raise InvalidTypeError(f"sweep: fn must be callable, not {type(fn).__name__}")
     baseline = _held_bytes()
     generation = _kiln._executor_generation()
     _kiln._push_fault(_NEVER)
