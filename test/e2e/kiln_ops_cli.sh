@@ -7,6 +7,7 @@ ops="$1"
 fake_cuda="$2"
 fake_hip="$3"
 tmp=$(mktemp -d)
+py=/usr/bin/python3
 trap 'rm -rf "$tmp"' EXIT
 failures=0
 check() {  # check <description> <command...>: the command must succeed
@@ -249,7 +250,6 @@ fi
 # blanked before each verdict and the summary: the screen shows the verdict lines and the summary
 # alone, nothing left over from "[i/M] case".
 here=$(cd "$(dirname "$0")" && pwd)
-py=/usr/bin/python3
 $py "$here/tty_screen.py" 120 "$ops" --filter '^(axpy_staged/f32/medium|fill/f32/tiny|copy/f32/tiny|fill/i64/tiny)$' \
   > "$tmp/tty.txt" 2>&1; rc=$?
 check "kiln-ops on a terminal exits 0 (got $rc)" test "$rc" -eq 0
@@ -498,6 +498,12 @@ check "... and names the set-up, the budget's figure and kiln-ops' own knob" \
 "$ops" --sweep --backend mock --filter allocate/f32/medium --budget-mb 17 > /dev/null 2> "$tmp/sw_err.txt"; rc=$?
 check "--sweep of cases refused without a fault exits 3 (got $rc)" test "$rc" -eq 3
 check "... and says SweepError" grep -q '^kiln-ops: SweepError: sweep: the workload fails without any fault: BudgetExceededError' "$tmp/sw_err.txt"
+"$ops" --sweep --backend mock --filter allocate/f32/medium --budget-mb 17 --junit "$tmp/sw_err.xml" > /dev/null 2>&1
+check "--sweep with no answer is an <error> in the JUnit report, not all skipped" \
+  bash -c "grep -A1 'name=\"sweep\"' '$tmp/sw_err.xml' | grep -q '<error type=\"SweepError\"' && grep -q 'errors=\"1\"' '$tmp/sw_err.xml'"
+"$ops" --min-budget --backend mock --filter allocate/f32/medium --budget-mb 17 --junit "$tmp/mb_err.xml" > /dev/null 2>&1
+check "--min-budget with no answer is an <error> in the JUnit report" \
+  bash -c "grep -A1 'name=\"min-budget\"' '$tmp/mb_err.xml' | grep -q '<error type=\"MinBudgetError\"'"
 
 # Exclusive options: usage errors naming the conflict, nothing run.
 while IFS='|' read -r args words; do

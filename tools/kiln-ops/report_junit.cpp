@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "kiln/executor/errors.h"
+#include "methods.h"
 #include "reports.h"
 
 namespace kiln::ops {
@@ -112,6 +113,35 @@ std::string not_run_body(const Failure &setup, const RunInfo &info, Counts &coun
                      xml_escape(error_name(classify(setup))), xml_escape(why));
 }
 
+/// The testcase of --sweep / --min-budget itself, so a CI reading only the JUnit sees what the
+/// exit status says: an <error> when the method had no answer (exit 3), a <failure> when runs of
+/// the sweep broke the contract (exit 1), else passed. Nothing when no method ran.
+void add_method_testcase(std::string &xml, Counts &counts, const RunInfo &info) {
+  const std::optional<testing::WorkloadError> *error = nullptr;
+  std::string failure;
+  if (info.sweep != nullptr) {
+    error = &info.sweep->error;
+    if (info.sweep->broken != 0)
+      failure = fmt::format("{} of {} sweep run(s) broke the contract", info.sweep->broken,
+                            info.sweep->runs.size());
+  } else if (info.min_budget != nullptr) {
+    error = &info.min_budget->error;
+  } else {
+    return;
+  }
+  const std::string_view name = info.sweep != nullptr ? "sweep" : "min-budget";
+  std::string body;
+  if (error->has_value()) {
+    counts.errors += 1;
+    body = fmt::format("<error type=\"{}\" message=\"{}\"/>", xml_escape((*error)->name()),
+                       xml_escape((*error)->message));
+  } else if (!failure.empty()) {
+    counts.failures += 1;
+    body = fmt::format("<failure type=\"SweepError\" message=\"{}\"/>", xml_escape(failure));
+  }
+  add_testcase(xml, counts, info, name, 1, 0.0, body);
+}
+
 std::string properties(const SuiteReport &report, const RunInfo &info) {
   std::string xml = "    <properties>\n";
   const auto add = [&](std::string_view name, const std::string &value) {
@@ -138,6 +168,7 @@ std::string junit_report(const SuiteReport &report, const RunInfo &info) {
       add_testcase(cases, counts, info, name, repetition, 0.0,
                    not_run_body(*report.setup_failure, info, counts));
   }
+  add_method_testcase(cases, counts, info);
   const std::string totals =
       fmt::format("tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" time=\"{:.6f}\"",
                   counts.tests, counts.failures, counts.errors, counts.skipped, counts.seconds);
