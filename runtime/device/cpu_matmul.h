@@ -1,4 +1,4 @@
-// The CPU matmul of the device runtime: cache-blocked, packed and register-tiled, for f32 and f64.
+// The CPU matmul of the device runtime: cache-blocked and register-tiled, for f32 and f64.
 //
 // Freestanding C++17 (no libc, no std, no allocation): included by kiln_runtime.cpp, which is
 // compiled by clang-19 to bitcode for the host (JIT-compiled later for the exact host CPU) and by
@@ -8,20 +8,21 @@
 // Algorithm: the layered blocking of K. Goto and R. A. van de Geijn, "Anatomy of
 // High-Performance Matrix Multiplication", ACM TOMS 34(3), 2008, as structured by BLIS
 // (F. G. Van Zee and R. A. van de Geijn, "BLIS: A Framework for Rapidly Instantiating BLAS
-// Functionality", ACM TOMS 41(3), 2015): for each kc-deep slab of the k dimension, an mc x kc
-// block of A is packed into MR-row slivers (L2-resident), and for each NR-wide column strip a
-// kc x NR micro-panel of B is packed (L1-resident); an MR x NR micro-kernel keeps its tile of C
-// in registers for the whole kc loop (MR * NR / lanes vector accumulators, NR / lanes vector
-// loads of B and MR broadcasts of A per step). Written from the papers' description.
+// Functionality", ACM TOMS 41(3), 2015): for each kc-deep slab of the k dimension and each
+// block of mc rows of A (kept in L2), each NR-wide column strip of B is packed into a kc x NR
+// micro-panel (L1-resident), and an MR x NR micro-kernel sweeps the block's rows, keeping its
+// tile of C in registers for the whole kc loop (MR * NR / lanes vector accumulators, NR / lanes
+// vector loads of B and MR broadcasts of A per step). Written from the papers' description. One
+// departure: A is not packed but read in place (MR row streams), which keeps the stack to the B
+// micro-panel; measured as fast as packing A into a 96 KiB stack buffer on this machine
+// (kiln-matmul-bench, AMD EPYC, 2 threads).
 //
-// Vectorization: the micro-kernel uses GCC/clang vector types of 64 bytes (16 f32 / 8 f64).
-// The host bitcode is compiled for generic x86-64, whose vectorizers work at SSE width (and mark
-// loops as vectorized, so the JIT's O3 does not vectorize them again for the host's AVX-512);
-// explicit vector types keep their width in the IR, and the JIT lowers each 64-byte operation to
-// one AVX-512 instruction, two AVX2 ones or four SSE ones, whatever the host has; a*b+c is
-// contracted to llvm.fmuladd, an FMA on a host that has one. The tile (6 x 32 f32, 6 x 16 f64:
-// 12 accumulators of 64 bytes) is sized for AVX-512's 32 vector registers; an AVX2 host runs it
-// correctly, with some register spills.
+// Vectorization: the micro-kernel uses GCC/clang vector types of 64 bytes (16 f32 / 8 f64),
+// which keep their width in the IR wherever vectorization happens; the JIT lowers each 64-byte
+// operation to one AVX-512 instruction, two AVX2 ones or four SSE ones, whatever the host has;
+// a*b+c is contracted to llvm.fmuladd, an FMA on a host that has one. The tile (6 x 32 f32,
+// 6 x 16 f64: 12 accumulators of 64 bytes) is sized for AVX-512's 32 vector registers; an AVX2
+// host runs it correctly, with some register spills.
 //
 // Results: the same C = A @ B, summed in a different order than the i-k-j loop (kc-long FMA
 // chains per element, added to C slab by slab). Every summation order of a k-term dot product,
@@ -31,8 +32,8 @@
 // element (for k * eps < 1). test/unit checks that bound against a double-precision reference;
 // kiln-matmul-bench prints it against OpenBLAS.
 //
-// Memory: the packing buffers live on the calling thread's stack, 96 KiB for A and 32 KiB for B
-// (128 KiB per running task; the kernel calls nothing, so that is its whole frame).
+// Memory: the packed B micro-panel lives on the calling thread's stack: 32 KiB per running task
+// (plus a 768-byte edge tile; the kernel calls nothing, so that is its whole frame).
 // Thread-safety: a call reads A and B and writes only rows [row_begin, row_end) of C, so tasks on
 // disjoint row ranges run concurrently.
 #ifndef KILN_RUNTIME_DEVICE_CPU_MATMUL_H_
@@ -57,14 +58,15 @@ struct Blocking<double> {
 };
 
 /// Blocking sizes in elements. kLanes per vector; MR x NR register tile (NR = 2 vectors); a packed
-/// B micro-panel is kKc x NR (32 KiB, fits L1); a packed A block kMc x kKc (96 KiB, in L2).
+/// B micro-panel is kKc x NR (32 KiB, fits L1); an A block kMc x kKc (192 KiB f32, 384 KiB f64,
+/// read in place, stays in L2) is swept once per B micro-panel.
 template <class T>
 struct Sizes {
   static constexpr int64_t kLanes = 64 / static_cast<int64_t>(sizeof(T));
   static constexpr int64_t kMr = 6;
   static constexpr int64_t kNr = 2 * kLanes;
   static constexpr int64_t kKc = 256;
-  static constexpr int64_t kMc = (96 * 1024 / (kKc * static_cast<int64_t>(sizeof(T)))) / kMr * kMr;
+  static constexpr int64_t kMc = 192;
 };
 
 template <class T>
@@ -79,25 +81,6 @@ inline Vec<T> *vec_at(T *p) {
 template <class T>
 inline const Vec<T> *vec_at(const T *p) {
   return reinterpret_cast<const Vec<T> *>(p);
-}
-
-/// Packs rows [0, mc) x columns [0, kc) of the row-major A block at `a` (row stride lda) into
-/// MR-row slivers: sliver s holds element (s*MR + r, p) at out[s*MR*kc + p*MR + r]. Rows past mc
-/// in the last sliver are zero.
-template <class T>
-void pack_a(const T *a, int64_t lda, int64_t mc, int64_t kc, T *__restrict out) {
-  constexpr int64_t kMr = Sizes<T>::kMr;
-  for (int64_t s = 0; s < mc; s += kMr) {
-    T *__restrict sliver = out + s * kc;
-    for (int64_t r = 0; r < kMr; ++r) {
-      if (s + r < mc) {
-        const T *row = a + (s + r) * lda;
-        for (int64_t p = 0; p < kc; ++p) sliver[p * kMr + r] = row[p];
-      } else {
-        for (int64_t p = 0; p < kc; ++p) sliver[p * kMr + r] = T(0);
-      }
-    }
-  }
 }
 
 /// Packs the kc x nr block of row-major B at `b` (row stride ldb) into out[p*NR + j], j < NR;
@@ -118,22 +101,25 @@ void pack_b(const T *b, int64_t ldb, int64_t kc, int64_t nr, T *__restrict out) 
 }
 
 /// The MR x NR tile of C at `c` (row stride ldc) = (accumulate ? C : 0) + A-sliver x B-panel over
-/// kc, writing only the first mr rows and nr columns. `a`: one packed A sliver (pack_a); `b`: one
-/// packed B micro-panel (pack_b).
+/// kc, writing only the first mr rows and nr columns. A is read in place: row r of the sliver at
+/// a + r * lda, columns [0, kc) (rows r >= mr are never read: row 0 stands in for them and their
+/// results are dropped). `b`: one packed B micro-panel (pack_b).
 template <class T>
-void micro_kernel(int64_t kc, const T *__restrict a, const T *__restrict b, T *c, int64_t ldc,
+void micro_kernel(int64_t kc, const T *a, int64_t lda, const T *__restrict b, T *c, int64_t ldc,
                   int64_t mr, int64_t nr, bool accumulate) {
   constexpr int64_t kMr = Sizes<T>::kMr;
   constexpr int64_t kNr = Sizes<T>::kNr;
   constexpr int64_t kLanes = Sizes<T>::kLanes;
+  const T *rows[kMr];
+  for (int64_t r = 0; r < kMr; ++r) rows[r] = a + (r < mr ? r : 0) * lda;
   Vec<T> acc0[kMr] = {}, acc1[kMr] = {};
   for (int64_t p = 0; p < kc; ++p) {
     const Vec<T> b0 = *vec_at(b + p * kNr);
     const Vec<T> b1 = *vec_at(b + p * kNr + kLanes);
-    const T *ap = a + p * kMr;
     for (int64_t r = 0; r < kMr; ++r) {
-      acc0[r] = ap[r] * b0 + acc0[r];
-      acc1[r] = ap[r] * b1 + acc1[r];
+      const T x = rows[r][p];
+      acc0[r] = x * b0 + acc0[r];
+      acc1[r] = x * b1 + acc1[r];
     }
   }
   if (mr == kMr && nr == kNr) {
@@ -167,20 +153,18 @@ void gemm_rows(T *c, const T *a, const T *b, int64_t n, int64_t k, int64_t row_b
                int64_t row_end) {
   constexpr int64_t kMr = Sizes<T>::kMr, kNr = Sizes<T>::kNr;
   constexpr int64_t kKc = Sizes<T>::kKc, kMc = Sizes<T>::kMc;
-  alignas(64) T a_packed[kMc * kKc];
   alignas(64) T b_packed[kKc * kNr];
   for (int64_t pc = 0; pc < k; pc += kKc) {
     const int64_t kc = k - pc < kKc ? k - pc : kKc;
     for (int64_t ic = row_begin; ic < row_end; ic += kMc) {
       const int64_t mc = row_end - ic < kMc ? row_end - ic : kMc;
-      pack_a(a + ic * k + pc, k, mc, kc, a_packed);
       for (int64_t jr = 0; jr < n; jr += kNr) {
         const int64_t nr = n - jr < kNr ? n - jr : kNr;
         pack_b(b + pc * n + jr, n, kc, nr, b_packed);
         for (int64_t ir = 0; ir < mc; ir += kMr) {
           const int64_t mr = mc - ir < kMr ? mc - ir : kMr;
-          micro_kernel(kc, a_packed + ir * kc, b_packed, c + (ic + ir) * n + jr, n, mr, nr,
-                       pc > 0);
+          micro_kernel(kc, a + (ic + ir) * k + pc, k, b_packed, c + (ic + ir) * n + jr, n, mr,
+                       nr, pc > 0);
         }
       }
     }

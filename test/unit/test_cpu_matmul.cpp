@@ -1,6 +1,6 @@
 // The cpu backend's blocked matmul (runtime/device/cpu_matmul.h) against a double-precision
 // reference, on shapes at and around its block sizes (MR = 6 rows; NR = 32 f32 / 16 f64 columns;
-// KC = 256; MC = 96 f32 / 48 f64 rows) and with 1 and 2 threads (different row splits). The
+// KC = 256; MC = 192 rows) and with 1 and 2 threads (different row splits). The
 // documented tolerance: |C - C_exact|_ij <= k * eps * (|A||B|)_ij per element.
 #include <catch2/catch.hpp>
 
@@ -21,11 +21,13 @@ struct Shape {
   int64_t m, k, n;
 };
 
-// Odd shapes, every block edge (one below, at, one above), and several kc slabs.
+// Odd shapes, every block edge (one below, at, one above), and several kc slabs. The MC edges
+// need one task over more than 192 rows: the executor gives a launch one task while
+// m <= 65536 / (n * k), so those shapes keep n * k small.
 const Shape kShapes[] = {
     {1, 1, 1},     {7, 13, 5},    {65, 33, 129}, {6, 256, 32},  {5, 255, 31},  {7, 257, 33},
     {12, 1, 16},   {13, 2, 17},   {95, 64, 15},  {96, 70, 48},  {97, 40, 47},  {49, 513, 65},
-    {48, 300, 97}, {3, 600, 200}, {200, 9, 3}};
+    {48, 300, 97}, {3, 600, 200}, {200, 9, 3},   {192, 11, 31}, {193, 10, 33}, {197, 9, 36}};
 
 /// Deterministic values in [-1, 1) (a 64-bit LCG).
 template <class T>
