@@ -50,6 +50,10 @@ test-tsan: deps
 bench: build
 	$(BUILD)/bin/kiln-bench
 	$(BUILD)/bin/kiln-memory-bench
+	@# OpenBLAS picks its own kernel and cache sizes only when these are unset.
+	if [ -x $(BUILD)/bin/kiln-matmul-bench ]; then \
+	  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BUILD)/bin/kiln-matmul-bench; \
+	else echo "kiln-matmul-bench not built (OpenBLAS missing: scripts/install-deps.sh)"; fi
 	PYTHONPATH=$(BUILD)/python /usr/bin/python3 bench/python_overhead.py
 
 clean:

@@ -11,6 +11,7 @@ packages=(
   # ffi, edit)
   llvm-19-dev clang-19 lld-19 zlib1g-dev libzstd-dev libxml2-dev libz3-dev libffi-dev libedit-dev
   libfmt-dev catch2 libbenchmark-dev
+  libopenblas-pthread-dev  # kiln-matmul-bench's baseline: OpenBLAS sgemm/dgemm (that program only)
   libre2-dev  # kiln-ops --filter: linear-time regex matching (std::regex recursed and crashed)
   libcli11-dev nlohmann-json3-dev  # kiln-ops: its command line (CLI11), its JSON report
   libamdhip64-dev  # the real HIP runtime (no GPU here): tests show --backend amdgpu is NotSupported

@@ -13,6 +13,10 @@
 
 #include "kiln/runtime/kernel_abi.h"
 
+#if !defined(__NVPTX__) && !defined(__AMDGCN__)
+#include "cpu_matmul.h"  // the CPU's blocked f32/f64 matmul
+#endif
+
 namespace {
 
 // --- tiny freestanding string helpers ------------------------------------------------------------
@@ -217,7 +221,9 @@ void reduce_sum(KilnRuntime *, const KilnKernelArgs *args, int64_t begin, int64_
   result_slot(args, task_index)->value_bits = SumTraits<T>::bits(acc);
 }
 
-/// C[i, :] = A[i, :] * B for the rows i in [begin, end); i-k-j order so the inner loop vectorizes.
+/// C[i, :] = A[i, :] * B for the rows i in [begin, end). On the CPU f32 and f64 run the blocked
+/// kernel of cpu_matmul.h (its header says the tolerance against this loop); the integer dtypes
+/// and the GPU builds run the i-k-j loop (the inner loop vectorizes; integers wrap).
 template <class T>
 void matmul(KilnRuntime *, const KilnKernelArgs *args, int64_t begin, int64_t end, int64_t) {
   const int64_t n = static_cast<int64_t>(args->dims[1]);
@@ -225,6 +231,14 @@ void matmul(KilnRuntime *, const KilnKernelArgs *args, int64_t begin, int64_t en
   T *__restrict c = operand<T>(args, 0);
   const T *__restrict a = operand<T>(args, 1);
   const T *__restrict b = operand<T>(args, 2);
+#if !defined(__NVPTX__) && !defined(__AMDGCN__)
+  if constexpr (__is_same(T, float) || __is_same(T, double)) {
+    if (k > 0) {  // k == 0 (C = 0) takes the loop below
+      kiln_cpu_matmul::gemm_rows<T>(c, a, b, n, k, begin, end);
+      return;
+    }
+  }
+#endif
   for (int64_t i = begin; i < end; ++i) {
     T *__restrict c_row = c + i * n;
     for (int64_t j = 0; j < n; ++j) c_row[j] = T(0);
