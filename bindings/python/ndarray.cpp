@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <span>
 #include <thread>
@@ -88,12 +89,14 @@ void free_array(py::handle self) {
   const Ndarray &array = a.get("free");
   if (auto owner = a.owner.lock()) {
     check(owner->free(a.array));
+    a.live.release();
     return;
   }
   // Its executor was replaced by kiln.init: dropping the only handle frees it on its device.
   if (array.is_freed()) check(array.allocation("free"));  // the C++ use-after-free error
   a.array = Ndarray();
   a.dropped = true;
+  a.live.release();
 }
 
 PyArray from_numpy(py::handle value) {
@@ -221,7 +224,36 @@ PyArray::PyArray(Ndarray a, const std::shared_ptr<LlvmRuntimeExecutor> &ex)
       dtype(array.dtype()),
       shape(array.shape()),
       nbytes(array.nbytes()),
-      size(array.num_elements()) {}
+      size(array.num_elements()),
+      live(nbytes) {}
+
+namespace {
+std::atomic<uint64_t> g_live_array_bytes{0};
+}  // namespace
+
+LiveArrayBytes::LiveArrayBytes(uint64_t bytes) : bytes_(bytes) {
+  g_live_array_bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+LiveArrayBytes::LiveArrayBytes(LiveArrayBytes &&other) noexcept : bytes_(other.bytes_) {
+  other.bytes_ = 0;
+}
+
+LiveArrayBytes &LiveArrayBytes::operator=(LiveArrayBytes &&other) noexcept {
+  if (this != &other) {
+    release();
+    bytes_ = other.bytes_;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+void LiveArrayBytes::release() {
+  g_live_array_bytes.fetch_sub(bytes_, std::memory_order_relaxed);
+  bytes_ = 0;
+}
+
+uint64_t LiveArrayBytes::total() { return g_live_array_bytes.load(std::memory_order_relaxed); }
 
 void PyArray::view_layout() {
   if (view_shape.size() == shape.size() && view_strides.size() == shape.size()) return;

@@ -24,6 +24,27 @@ namespace kiln::python {
 
 namespace py = pybind11;
 
+/// The bytes of every kiln.ndarray alive and not freed, over every executor (an array outlives
+/// the executor kiln.init replaced): what kiln.testing's leak check reads when the executor it
+/// measured is gone. One per PyArray: counted at construction, given back once by release()
+/// (free) or the destructor; a move hands its count over. Thread-safe (atomic).
+class LiveArrayBytes {
+ public:
+  explicit LiveArrayBytes(uint64_t bytes);
+  LiveArrayBytes(LiveArrayBytes &&other) noexcept;
+  LiveArrayBytes &operator=(LiveArrayBytes &&other) noexcept;
+  LiveArrayBytes(const LiveArrayBytes &) = delete;
+  LiveArrayBytes &operator=(const LiveArrayBytes &) = delete;
+  ~LiveArrayBytes() { release(); }
+  /// Gives this array's bytes back (once; later calls do nothing).
+  void release();
+  /// The bytes of all arrays alive and not freed, in the process.
+  [[nodiscard]] static uint64_t total();
+
+ private:
+  uint64_t bytes_;
+};
+
 /// A kiln.ndarray: one Ndarray handle (the only one), the executor that made it (weakly: arrays
 /// never keep an executor alive, only its device), and the state of views and running launches.
 struct PyArray {
@@ -43,6 +64,7 @@ struct PyArray {
   bool pointer_shared = false;
   // For the buffer protocol (strides in bytes), filled by the first view (view_layout()).
   std::vector<Py_ssize_t> view_shape, view_strides;
+  LiveArrayBytes live;  // released when freed
 
   PyArray(Ndarray a, const std::shared_ptr<LlvmRuntimeExecutor> &ex);
 

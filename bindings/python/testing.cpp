@@ -19,6 +19,7 @@
 #include "kiln/runtime/memory/fault_spec.h"
 #include "error_mapping.h"
 #include "executor_state.h"
+#include "ndarray.h"
 #include "registration.h"
 
 namespace kiln::python {
@@ -142,6 +143,7 @@ void register_testing(py::module_ &m) {
   m.def("_push_inject", &push_inject, py::arg("spec"), guarded());
   m.def("_pop_fault", &pop_fault, guarded());
   m.def("_fault_allocation_count", &fault_allocation_count, guarded());
+  m.def("_live_array_bytes", &LiveArrayBytes::total);
   m.def("_throw_cpp_exception", &throw_cpp_exception, py::arg("kind"));
   m.def("_make_error", &make_error, py::arg("result"), py::arg("oom_source") = "none",
         py::arg("requested_bytes") = 0, py::arg("device") = "", py::arg("detail") = "", guarded());

@@ -53,6 +53,14 @@ def test_a_workload_that_fails_under_the_largest_budget_is_a_named_error():
         kiln.testing.min_budget(too_big, max_budget_bytes=8 * MiB, init_kwargs=INIT)
 
 
+def test_an_executor_that_does_not_fit_the_largest_budget_is_named_as_such():
+    # kiln's own set-up (its device heap), not the workload, is what does not fit.
+    with pytest.raises(kiln.testing.MinBudgetError,
+                       match="the executor itself does not fit the largest budget, 65536 bytes"):
+        kiln.testing.min_budget(workload, max_budget_bytes=64 << 10,
+                                init_kwargs={"arch": "cpu", "device_heap_bytes": 1 << 20})
+
+
 def test_a_workload_raising_something_else_is_a_named_error():
     def wrong():
         workload()

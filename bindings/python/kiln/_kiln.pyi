@@ -457,6 +457,12 @@ def _throw_cpp_exception(kind: str) -> None:
     raises HostOutOfMemoryError or RuntimeFaultError (the translation under test)."""
 
 
+def _live_array_bytes() -> int:
+    """The bytes of every kiln.ndarray alive and not freed, over every executor (an array
+    outlives the executor kiln.init replaced): the pytest plugin's leak check when the test
+    replaced the executor it measured."""
+
+
 def _executor_generation() -> int:
     """How many times the global executor has been made or replaced (kiln.init): kiln.testing
     compares it before and after a workload to tell that the workload replaced the executor."""

@@ -31,6 +31,7 @@ def _attempt(budget_bytes: int, fn: Callable[..., Any], args: Any, kwargs: Any,
     try:  # the executor's own set-up counts; another error is the caller's init_kwargs' own
         _kiln.init(budget_bytes=budget_bytes, **init_kwargs)
     except OutOfMemoryError as e:
+        e.kiln_setup_refused = True  # type: ignore[attr-defined]  # min_budget's own mark
         return e
     try:
         fn(*args, **kwargs)
@@ -70,8 +71,10 @@ def min_budget(fn: Callable[..., Any], *args: Any, max_budget_bytes: int = 1 << 
     runs = 1
     refusal = _attempt(max_budget_bytes, fn, args, kwargs, init_kwargs)
     if refusal is not None:
-        raise MinBudgetError(f"min_budget: the workload fails even under the largest budget, "
-                             f"{max_budget_bytes} bytes: {type(refusal).__name__}: {refusal}")
+        what = ("the executor itself does not fit" if getattr(refusal, "kiln_setup_refused", False)
+                else "the workload fails even under")
+        raise MinBudgetError(f"min_budget: {what} the largest budget, {max_budget_bytes} bytes: "
+                             f"{type(refusal).__name__}: {refusal}")
     lo, hi = 0, max_budget_bytes  # lo fails (or is 0, untried), hi succeeds
     below: OutOfMemoryError | None = None
     while hi - lo > granularity_bytes:
