@@ -208,7 +208,7 @@ KILN_CUDA_DRIVER="$fake_cuda" KILN_FAKE_CUDA_DEVICES=2 "$ops" --backend cuda:1 -
   --filter '^(fill|axpy)/' --json "$tmp/cuda1.json" --junit "$tmp/cuda1.xml" > "$tmp/cuda1.txt" 2>&1; rc=$?
 check "cuda:1 of 2 fake devices exits 0" test "$rc" -eq 0
 check "cuda:1's JSON report names the device it ran on" \
-  test "$($py -c 'import json,sys; print(json.load(open(sys.argv[1]))["backend"])' "$tmp/cuda1.json")" = cuda:1
+  test "$($py -c 'import json,sys; d = json.load(open(sys.argv[1])); print(d["backend"], d["device"])' "$tmp/cuda1.json")" = "cuda cuda:1"
 check "cuda:1's JUnit report names the device it ran on" grep -q 'testsuite name="kiln-ops.cuda:1"' "$tmp/cuda1.xml"
 check "cuda:1 of 2 fake devices: all cases OK" grep -Eq '^[0-9]+/[0-9]+ cases OK, 0 refused, 0 failed$' "$tmp/cuda1.txt"
 KILN_CUDA_DRIVER="$fake_cuda" "$ops" --backend cuda:1 > "$tmp/cuda1of1.txt" 2>&1; rc=$?

@@ -75,10 +75,12 @@ struct Counts {
 };
 
 /// One <testcase>; `name` gets " (run k)" when the suite ran more than once.
+/// One <testcase>; `repetition` 0: one for the whole run, never named "(run k)".
 void add_testcase(std::string &xml, Counts &counts, const RunInfo &info, std::string_view name,
                   int repetition, double seconds, std::string_view body) {
   const std::string classname = fmt::format("kiln-ops.{}", device_label(info.options->config));
-  const std::string run = info.options->repeat > 1 ? fmt::format(" (run {})", repetition) : "";
+  const std::string run =
+      info.options->repeat > 1 && repetition > 0 ? fmt::format(" (run {})", repetition) : "";
   xml += fmt::format("    <testcase classname=\"{}\" name=\"{}{}\" time=\"{:.6f}\"",
                      xml_escape(classname), xml_escape(name), run, seconds);
   xml += body.empty() ? "/>\n" : fmt::format(">\n      {}\n    </testcase>\n", body);
@@ -139,7 +141,7 @@ void add_method_testcase(std::string &xml, Counts &counts, const RunInfo &info) 
     counts.failures += 1;
     body = fmt::format("<failure type=\"SweepError\" message=\"{}\"/>", xml_escape(failure));
   }
-  add_testcase(xml, counts, info, name, 1, 0.0, body);
+  add_testcase(xml, counts, info, name, /*repetition=*/0, 0.0, body);
 }
 
 std::string properties(const SuiteReport &report, const RunInfo &info) {
