@@ -74,7 +74,7 @@ function(kiln_amdgpu_code_objects target)
     kiln_device_bitcode(kiln_device_runtime_amdgcn
       SOURCE ${ARG_SOURCE}
       TRIPLE amdgcn-amd-amdhsa
-      EXTRA_FLAGS -nogpulib -mcode-object-version=5)
+      EXTRA_FLAGS -nogpulib -mcode-object-version=5 -fconvergent-functions)  # barriers: see runtime/
     get_target_property(bitcode kiln_device_runtime_amdgcn KILN_BITCODE_FILE)
     add_executable(kiln-amdgcn-codegen ${ARG_CODEGEN_SOURCE})
     target_link_libraries(kiln-amdgcn-codegen PRIVATE ${ARG_PIPELINE} LLVM)  # a build-time tool
