@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "kiln/runtime/kernel_abi.h"
+#include "dtype_arith.h"
 
 namespace kiln_gpu {
 
@@ -40,55 +41,10 @@ constexpr int32_t kGpuSharedBytes = 4096;
 constexpr int32_t kTile = 16;
 static_assert(kTile * kTile == kMaxBlockThreads, "one matmul C element per thread");
 
-// --- per-dtype arithmetic (the same semantics as kiln_runtime.cpp's range kernels) -----------
-
-/// Scalar operand and element arithmetic: IEEE for floating types, wrapping for integers.
-template <class T>
-struct GpuArith {
-  static T scalar(const KilnKernelArgs *args) { return static_cast<T>(args->scalar_f64); }
-  static T add(T a, T b) { return a + b; }
-  static T mul(T a, T b) { return a * b; }
-};
-
-template <class T, class U>
-struct GpuWrappingArith {
-  static T scalar(const KilnKernelArgs *args) { return static_cast<T>(args->scalar_i64); }
-  static T add(T a, T b) { return static_cast<T>(static_cast<U>(a) + static_cast<U>(b)); }
-  static T mul(T a, T b) { return static_cast<T>(static_cast<U>(a) * static_cast<U>(b)); }
-};
-
-template <>
-struct GpuArith<int32_t> : GpuWrappingArith<int32_t, uint32_t> {};
-template <>
-struct GpuArith<int64_t> : GpuWrappingArith<int64_t, uint64_t> {};
-
-/// reduce_sum partials: floating dtypes accumulate in double, integers in wrapping 64-bit; the
-/// host adds the block partials the same way (executor/src/ops.cpp).
-template <class T>
-struct GpuSum {
-  using Acc = double;
-  static Acc add(Acc acc, T x) { return acc + static_cast<double>(x); }
-  static Acc combine(Acc a, Acc b) { return a + b; }
-  static uint64_t bits(Acc acc) { return __builtin_bit_cast(uint64_t, acc); }
-};
-
-template <class T>
-struct GpuIntSum {
-  using Acc = uint64_t;
-  static Acc add(Acc acc, T x) { return acc + static_cast<uint64_t>(static_cast<int64_t>(x)); }
-  static Acc combine(Acc a, Acc b) { return a + b; }
-  static uint64_t bits(Acc acc) { return acc; }
-};
-
-template <>
-struct GpuSum<int32_t> : GpuIntSum<int32_t> {};
-template <>
-struct GpuSum<int64_t> : GpuIntSum<int64_t> {};
-
-template <class T>
-T *gpu_operand(const KilnKernelArgs *args, int index) {
-  return reinterpret_cast<T *>(static_cast<uintptr_t>(args->ptr[index]));
-}
+// Per-dtype arithmetic: dtype_arith.h, the same code as kiln_runtime.cpp's range kernels.
+using kiln_device::Arith;
+using kiln_device::operand;
+using kiln_device::SumTraits;
 
 /// Records KILN_DEVICE_ASSERTION (arg0 = `what`, arg1/arg2 = the figures) unless an error was
 /// recorded first. `message` is a short NUL-terminated text. Thread-safe (CAS on error_code).
@@ -123,8 +79,8 @@ enum GpuAssertion : uint64_t {
 
 template <class T, class Ctx>
 void fill_gpu(Ctx &ctx, KilnRuntime *, const KilnKernelArgs *args, KilnKernelFn) {
-  T *out = gpu_operand<T>(args, 0);
-  const T value = GpuArith<T>::scalar(args);
+  T *out = operand<T>(args, 0);
+  const T value = Arith<T>::scalar(args);
   const int64_t n = args->iteration_size;
   const int64_t stride = ctx.grid_threads();
   ctx.each_thread([&](int32_t tid) {
@@ -134,8 +90,8 @@ void fill_gpu(Ctx &ctx, KilnRuntime *, const KilnKernelArgs *args, KilnKernelFn)
 
 template <class T, class Ctx>
 void copy_gpu(Ctx &ctx, KilnRuntime *, const KilnKernelArgs *args, KilnKernelFn) {
-  T *dst = gpu_operand<T>(args, 0);
-  const T *src = gpu_operand<T>(args, 1);
+  T *dst = operand<T>(args, 0);
+  const T *src = operand<T>(args, 1);
   const int64_t n = args->iteration_size;
   const int64_t stride = ctx.grid_threads();
   ctx.each_thread([&](int32_t tid) {
@@ -145,9 +101,9 @@ void copy_gpu(Ctx &ctx, KilnRuntime *, const KilnKernelArgs *args, KilnKernelFn)
 
 template <class T, class Ctx>
 void axpy_gpu(Ctx &ctx, KilnRuntime *, const KilnKernelArgs *args, KilnKernelFn) {
-  using A = GpuArith<T>;
-  T *y = gpu_operand<T>(args, 0);
-  const T *x = gpu_operand<T>(args, 1);
+  using A = Arith<T>;
+  T *y = operand<T>(args, 0);
+  const T *x = operand<T>(args, 1);
   const T alpha = A::scalar(args);
   const int64_t n = args->iteration_size;
   const int64_t stride = ctx.grid_threads();
@@ -177,7 +133,7 @@ inline int32_t gpu_ceil_pow2(int32_t value) {
 
 template <class T, class Ctx>
 void reduce_sum_gpu(Ctx &ctx, KilnRuntime *rt, const KilnKernelArgs *args, KilnKernelFn) {
-  using S = GpuSum<T>;
+  using S = SumTraits<T>;
   using Acc = typename S::Acc;
   if (ctx.blocks() > args->num_tasks) {  // uniform: the whole grid stops here
     gpu_record_assertion(rt, kMoreBlocksThanSlots, static_cast<uint64_t>(ctx.blocks()),
@@ -185,7 +141,7 @@ void reduce_sum_gpu(Ctx &ctx, KilnRuntime *rt, const KilnKernelArgs *args, KilnK
                          "reduce_sum launched with more blocks than result slots");
     return;
   }
-  const T *x = gpu_operand<T>(args, 0);
+  const T *x = operand<T>(args, 0);
   const int64_t n = args->iteration_size;
   const int64_t stride = ctx.grid_threads();
   const int32_t threads = ctx.block_threads();
@@ -227,7 +183,7 @@ void reduce_sum_gpu(Ctx &ctx, KilnRuntime *rt, const KilnKernelArgs *args, KilnK
 
 template <class T, class Ctx>
 void matmul_gpu(Ctx &ctx, KilnRuntime *rt, const KilnKernelArgs *args, KilnKernelFn) {
-  using A = GpuArith<T>;
+  using A = Arith<T>;
   if (ctx.block_threads() != kTile * kTile) {  // uniform
     gpu_record_assertion(rt, kMatmulBlockShape, static_cast<uint64_t>(ctx.block_threads()), 0,
                          "matmul needs blocks of 256 threads");
@@ -236,9 +192,9 @@ void matmul_gpu(Ctx &ctx, KilnRuntime *rt, const KilnKernelArgs *args, KilnKerne
   const int64_t m = static_cast<int64_t>(args->dims[0]);
   const int64_t n = static_cast<int64_t>(args->dims[1]);
   const int64_t k = static_cast<int64_t>(args->dims[2]);
-  T *c = gpu_operand<T>(args, 0);
-  const T *a = gpu_operand<T>(args, 1);
-  const T *b = gpu_operand<T>(args, 2);
+  T *c = operand<T>(args, 0);
+  const T *a = operand<T>(args, 1);
+  const T *b = operand<T>(args, 2);
   const int64_t tile_rows = (m + kTile - 1) / kTile;
   const int64_t tile_cols = (n + kTile - 1) / kTile;
   const int64_t tiles = tile_rows * tile_cols;

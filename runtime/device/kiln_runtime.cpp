@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "kiln/runtime/kernel_abi.h"
+#include "dtype_arith.h"
 
 #if !defined(__NVPTX__) && !defined(__AMDGCN__)
 #include "cpu_matmul.h"  // the CPU's blocked f32/f64 matmul
@@ -81,54 +82,11 @@ void record_bad_alignment(KilnRuntime *rt, uint64_t alignment) {
   append_u64(rt->error_message, cap, &pos, alignment);
 }
 
-// --- per-dtype arithmetic ------------------------------------------------------------------------
-
-/// Wrapping arithmetic and scalar selection per dtype. Floating types use plain IEEE operations.
-template <class T>
-struct Arith {
-  static T scalar(const KilnKernelArgs *args) { return static_cast<T>(args->scalar_f64); }
-  static T add(T a, T b) { return a + b; }
-  static T mul(T a, T b) { return a * b; }
-};
-
-template <class T, class U>
-struct WrappingArith {
-  static T scalar(const KilnKernelArgs *args) { return static_cast<T>(args->scalar_i64); }
-  static T add(T a, T b) { return static_cast<T>(static_cast<U>(a) + static_cast<U>(b)); }
-  static T mul(T a, T b) { return static_cast<T>(static_cast<U>(a) * static_cast<U>(b)); }
-};
-
-template <>
-struct Arith<int32_t> : WrappingArith<int32_t, uint32_t> {};
-template <>
-struct Arith<int64_t> : WrappingArith<int64_t, uint64_t> {};
-
-/// Partial sums: floating dtypes accumulate in double, integer dtypes in wrapping 64-bit.
-template <class T>
-struct SumTraits {
-  using Acc = double;
-  static Acc add(Acc acc, T x) { return acc + static_cast<double>(x); }
-  static Acc combine(Acc a, Acc b) { return a + b; }
-  static uint64_t bits(Acc acc) { return __builtin_bit_cast(uint64_t, acc); }
-};
-
-template <class T>
-struct IntSumTraits {
-  using Acc = uint64_t;
-  static Acc add(Acc acc, T x) { return acc + static_cast<uint64_t>(static_cast<int64_t>(x)); }
-  static Acc combine(Acc a, Acc b) { return a + b; }
-  static uint64_t bits(Acc acc) { return acc; }
-};
-
-template <>
-struct SumTraits<int32_t> : IntSumTraits<int32_t> {};
-template <>
-struct SumTraits<int64_t> : IntSumTraits<int64_t> {};
-
-template <class T>
-T *operand(const KilnKernelArgs *args, int index) {
-  return reinterpret_cast<T *>(static_cast<uintptr_t>(args->ptr[index]));
-}
+// Per-dtype arithmetic (Arith, SumTraits) and operand access: dtype_arith.h, shared with the GPU
+// kernels of gpu_kernels.h.
+using kiln_device::Arith;
+using kiln_device::operand;
+using kiln_device::SumTraits;
 
 KilnTaskResult *result_slot(const KilnKernelArgs *args, int64_t task_index) {
   return reinterpret_cast<KilnTaskResult *>(static_cast<uintptr_t>(args->result_buffer)) +
