@@ -60,29 +60,22 @@ run() {
   return "$status"
 }
 
-interop() {
-  local out="${1:-${OUT:-$root/gpu-results}}"
+# Runs scripts/<script> with the kiln package on PYTHONPATH, its result lines into OUT/<file>,
+# then its exit status into the same file; returns that status.
+python_check() {
+  local script="$1" file="$2" out="${3:-${OUT:-$root/gpu-results}}"
   mkdir -p "$out"
-  local results="$out/gpu-interop.txt"
+  local results="$out/$file"
   : > "$results"
   PYTHONPATH="${KILN_PYTHONPATH:-$root/build/python}${PYTHONPATH:+:$PYTHONPATH}" \
-    timeout 300 "${PYTHON:-python3}" "$root/scripts/gpu_interop.py" "$results"
+    timeout 300 "${PYTHON:-python3}" "$root/scripts/$script" "$results"
   local status=$?
-  echo "gpu_interop.py exit status: $status" >> "$results"
+  echo "$script exit status: $status" >> "$results"
   return "$status"
 }
 
-timing() {
-  local out="${1:-${OUT:-$root/gpu-results}}"
-  mkdir -p "$out"
-  local results="$out/gpu-timing.txt"
-  : > "$results"
-  PYTHONPATH="${KILN_PYTHONPATH:-$root/build/python}${PYTHONPATH:+:$PYTHONPATH}" \
-    timeout 300 "${PYTHON:-python3}" "$root/scripts/gpu_timing.py" "$results"
-  local status=$?
-  echo "gpu_timing.py exit status: $status" >> "$results"
-  return "$status"
-}
+interop() { python_check gpu_interop.py gpu-interop.txt "$@"; }
+timing() { python_check gpu_timing.py gpu-timing.txt "$@"; }
 
 case "${1:-}" in
   build) build ;;

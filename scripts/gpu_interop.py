@@ -24,22 +24,12 @@ import contextlib
 import sys
 import traceback
 
+import gpu_script_common as common
+from gpu_script_common import report
+
 MiB = 1 << 20
 GiB = 1 << 30
 N = 1 << 20  # elements of the arrays exchanged (4 MiB of float32)
-
-results = []
-out_path = sys.argv[1] if len(sys.argv) > 1 else None
-
-
-def report(verdict, name, detail=""):
-    line = f"{verdict} {name}" + (f": {detail}" if detail else "")
-    results.append(line)
-    print(line, flush=True)
-    if out_path:
-        with open(out_path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-
 
 def check(name, fn):
     """Runs one check; an AssertionError or any exception is a FAIL with its reason."""
@@ -51,31 +41,13 @@ def check(name, fn):
     report("PASS", name)
 
 
-def optional_import(name):
-    try:
-        return __import__(name), None
-    except Exception as e:  # noqa: BLE001 - absent or broken: skipped with the reason
-        return None, f"{name} not importable ({type(e).__name__}: {e})"
-
-
 def main():
-    try:
-        import numpy as np
-        import kiln
-    except Exception as e:  # noqa: BLE001
-        report("SKIP", "interop", f"kiln not importable with {sys.executable} "
-               f"{sys.version.split()[0]} ({type(e).__name__}: {e}); set PYTHONPATH to the kiln "
-               "package built for this Python")
+    import numpy as np
+
+    kiln = common.kiln_on_cuda("interop")
+    if kiln is None:
         return 0
-    try:
-        kiln.init(arch="cuda")
-    except kiln.Error as e:
-        report("SKIP", "interop", f"no CUDA executor: {type(e).__name__}: {e}")
-        return 0
-    cupy, cupy_missing = optional_import("cupy")
-    torch, torch_missing = optional_import("torch")
-    if torch is not None and not torch.cuda.is_available():
-        torch, torch_missing = None, "torch has no CUDA device here"
+    cupy, cupy_missing, torch, torch_missing = common.gpu_libraries()
     expected = np.arange(N, dtype=np.float32)
 
     def kiln_array():
@@ -148,7 +120,7 @@ def main():
     # --- a kiln OOM while CuPy / PyTorch hold memory -------------------------------------------
     if cupy is None and torch is None:
         report("SKIP", "oom beside cupy/torch", "neither CuPy nor PyTorch is here")
-        return 1 if any(r.startswith("FAIL") for r in results) else 0
+        return 1 if common.failed else 0
 
     def mem_info():
         if cupy is not None:
@@ -183,7 +155,7 @@ def main():
         small.free()
 
     check("kiln OOM beside CuPy/PyTorch names the right free/total", oom_beside_others)
-    return 1 if any(r.startswith("FAIL") for r in results) else 0
+    return 1 if common.failed else 0
 
 
 if __name__ == "__main__":

@@ -33,6 +33,9 @@ import sys
 import time
 import traceback
 
+import gpu_script_common as common
+from gpu_script_common import report
+
 MiB = 1 << 20
 # Sizes; the environment can shrink them for a smoke run on the fake driver (KILN_CUDA_DRIVER).
 N_ELEMENTS = int(os.environ.get("KILN_TIMING_ELEMENTS", 64 * MiB))  # f32, 256 MiB per array
@@ -40,27 +43,6 @@ MATMUL_N = int(os.environ.get("KILN_TIMING_MATMUL_N", 4096))
 REPS = int(os.environ.get("KILN_TIMING_REPS", 7))
 BANDWIDTH_TARGET = 0.8  # of the measured device-to-device copy
 MATMUL_TARGET = 0.25    # of cuBLAS: a 16x16 shared-memory tile without register blocking
-
-failed = False
-out_path = sys.argv[1] if len(sys.argv) > 1 else None
-
-
-def report(verdict, name, detail=""):
-    global failed
-    failed = failed or verdict == "FAIL"
-    line = f"{verdict} {name}" + (f": {detail}" if detail else "")
-    print(line, flush=True)
-    if out_path:
-        with open(out_path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-
-
-def optional_import(name):
-    try:
-        return __import__(name), None
-    except Exception as e:  # noqa: BLE001 - absent or broken: skipped with the reason
-        return None, f"{name} not importable ({type(e).__name__}: {e})"
-
 
 def median_seconds(fn, sync=None):
     """Median wall time of REPS calls of fn after one warm-up; sync() ends each call."""
@@ -175,22 +157,10 @@ def kiln_matmul_tflops(kiln):
 
 
 def main():
-    try:
-        import kiln
-    except Exception as e:  # noqa: BLE001
-        report("SKIP", "timing", f"kiln not importable with {sys.executable} "
-               f"{sys.version.split()[0]} ({type(e).__name__}: {e}); set PYTHONPATH to the kiln "
-               "package built for this Python")
+    kiln = common.kiln_on_cuda("timing")
+    if kiln is None:
         return 0
-    try:
-        kiln.init(arch="cuda")
-    except kiln.Error as e:
-        report("SKIP", "timing", f"no CUDA executor: {type(e).__name__}: {e}")
-        return 0
-    cupy, cupy_missing = optional_import("cupy")
-    torch, torch_missing = optional_import("torch")
-    if torch is not None and not torch.cuda.is_available():
-        torch, torch_missing = None, "torch has no CUDA device here"
+    cupy, cupy_missing, torch, torch_missing = common.gpu_libraries()
 
     axpy_gbs, reduce_gbs = kiln_bandwidth(kiln)
     report("TIME", "kiln axpy f32", f"{axpy_gbs:.2f} GB/s ({N_ELEMENTS} elements, 12 B each)")
@@ -219,7 +189,7 @@ def main():
         tflops, name = cublas
         report("TIME", f"{name} f32 n={MATMUL_N}", f"{tflops:.2f} TFLOP/s")
         report("TIME", "kiln matmul / cuBLAS", verdict(kiln_tflops / tflops, MATMUL_TARGET))
-    return 1 if failed else 0
+    return 1 if common.failed else 0
 
 
 if __name__ == "__main__":
