@@ -47,6 +47,7 @@
 #include <benchmark/benchmark.h>
 
 #include "bench_main.h"
+#include "cpu_executor.h"
 #include "summary_reporter.h"
 #include "host_baseline.h"
 #include "launch_overhead.h"
@@ -278,27 +279,17 @@ int main(int argc, char **argv) {
   if (!initialized) return 2;
   const bool console_format = *initialized;
 
-  // The same thread count as the baseline's team, given explicitly.
-  kiln::ExecutorConfig config;
-  config.backend = kiln::Backend::cpu;
-  config.num_threads = host_thread_count();
-  auto executor = kiln::LlvmRuntimeExecutor::create(config);
-  if (!executor) {
-    std::fprintf(stderr, "kiln-bench: could not create the cpu executor: %s\n",
-                 kiln::describe(executor.error()).c_str());
-    return 1;
-  }
-  g_executor = executor->get();
+  // The same thread count as the baseline's team.
+  const unsigned threads = host_thread_count();
+  const std::unique_ptr<kiln::LlvmRuntimeExecutor> executor =
+      kiln::bench::create_cpu_executor(threads, "kiln-bench");
+  if (!executor) return 1;
+  g_executor = executor.get();
 
   register_benchmarks();
-  if (console_format) {
-    SummaryReporter reporter("mean");
-    benchmark::RunSpecifiedBenchmarks(&reporter);
-    print_summary(reporter, config.num_threads);
-  } else {
-    benchmark::RunSpecifiedBenchmarks();
-  }
-  benchmark::Shutdown();
+  kiln::bench::run_benchmarks(console_format, "mean", [threads](const SummaryReporter &reporter) {
+    print_summary(reporter, threads);
+  });
 
   g_kiln_arrays.clear();  // the arrays go before the executor (they would also survive it)
   g_executor = nullptr;

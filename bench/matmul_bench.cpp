@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "bench_main.h"
+#include "cpu_executor.h"
 #include "host_baseline.h"
 #include "summary_reporter.h"
 #include "kiln/executor/errors.h"
@@ -286,26 +287,15 @@ int main(int argc, char **argv) {
 
   const unsigned threads = kiln::bench::host_thread_count();
   openblas_set_num_threads(static_cast<int>(threads));
-  kiln::ExecutorConfig config;
-  config.backend = kiln::Backend::cpu;
-  config.num_threads = threads;
-  auto executor = kiln::LlvmRuntimeExecutor::create(config);
-  if (!executor) {
-    std::fprintf(stderr, "kiln-matmul-bench: could not create the cpu executor: %s\n",
-                 kiln::describe(executor.error()).c_str());
-    return 1;
-  }
-  g_executor = executor->get();
+  const std::unique_ptr<kiln::LlvmRuntimeExecutor> executor =
+      kiln::bench::create_cpu_executor(threads, "kiln-matmul-bench");
+  if (!executor) return 1;
+  g_executor = executor.get();
 
   register_benchmarks();
-  if (console_format) {
-    SummaryReporter reporter("median");
-    benchmark::RunSpecifiedBenchmarks(&reporter);
+  kiln::bench::run_benchmarks(console_format, "median", [threads](const SummaryReporter &reporter) {
     print_summary(reporter, threads, g_agreement);
-  } else {
-    benchmark::RunSpecifiedBenchmarks();
-  }
-  benchmark::Shutdown();
+  });
 
   g_cases.clear();  // the arrays go before the executor
   g_executor = nullptr;

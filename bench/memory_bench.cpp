@@ -296,14 +296,8 @@ int main(int argc, char **argv) {
   g_fixture = &fixture;
 
   register_benchmarks();
-  if (console_format) {
-    SummaryReporter reporter("median");
-    benchmark::RunSpecifiedBenchmarks(&reporter);
-    print_summary(reporter);
-  } else {
-    benchmark::RunSpecifiedBenchmarks();
-  }
-  benchmark::Shutdown();
+  kiln::bench::run_benchmarks(console_format, "median",
+                              [](const SummaryReporter &reporter) { print_summary(reporter); });
 
   // The allocators go before their devices (they give everything back on destruction).
   fixture.pool.clear();

@@ -8,6 +8,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -50,6 +51,21 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   std::string aggregate_;
   std::map<std::string, Run> runs_;
 };
+
+/// Runs the registered benchmarks and shuts Google Benchmark down: in the console format through
+/// a SummaryReporter keeping `aggregate` ("mean", "median"), then print_summary(reporter); in any
+/// other format as requested, without the summary.
+template <class PrintSummary>
+void run_benchmarks(bool console_format, std::string aggregate, PrintSummary print_summary) {
+  if (console_format) {
+    SummaryReporter reporter(std::move(aggregate));
+    benchmark::RunSpecifiedBenchmarks(&reporter);
+    print_summary(reporter);
+  } else {
+    benchmark::RunSpecifiedBenchmarks();
+  }
+  benchmark::Shutdown();
+}
 
 }  // namespace kiln::bench
 
