@@ -276,8 +276,38 @@ DataType to_dtype(py::handle value, const char *site) {
                                        site, type_name(value), std::string(py::repr(value))));
 }
 
+namespace {
+
+/// The common shapes, an int or an exact tuple or list of ints that each fit in int64, without
+/// the iterator protocol; false for anything else (and for a dimension beyond int64), which
+/// dimensions_of then converts or refuses with its error. No Python error is left set.
+bool fast_dimensions(py::handle value, std::vector<int64_t> &shape) {
+  PyObject *obj = value.ptr();
+  const auto one = [&shape](PyObject *d) {
+    if (!PyLong_CheckExact(d)) return false;
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(d, &overflow);
+    if (overflow != 0) return false;
+    shape.push_back(v);
+    return true;
+  };
+  if (PyLong_CheckExact(obj)) return one(obj);
+  if (!PyTuple_CheckExact(obj) && !PyList_CheckExact(obj)) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+  if (n > static_cast<Py_ssize_t>(kMaxDimensions)) return false;
+  PyObject **items = PySequence_Fast_ITEMS(obj);
+  shape.reserve(static_cast<std::size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i)
+    if (!one(items[i])) return false;
+  return true;
+}
+
+}  // namespace
+
 std::vector<int64_t> to_shape(py::handle value) {
-  std::vector<int64_t> shape = dimensions_of(value);
+  std::vector<int64_t> shape;
+  if (fast_dimensions(value, shape)) return shape;
+  shape = dimensions_of(value);
   if (shape.size() > kMaxDimensions)  // before anything is allocated or formatted per dimension
     raise_invalid_usage("kiln", "ndarray",
                         fmt::format("ndarray: shape has {} dimensions; kiln arrays have at most {} "
@@ -287,6 +317,12 @@ std::vector<int64_t> to_shape(py::handle value) {
 }
 
 Scalar to_scalar(py::handle value, DataType dtype, const char *site) {
+  if (PyFloat_CheckExact(value.ptr()) && is_floating(dtype)) {  // the common case: 1.0
+    Scalar s;
+    s.f64 = PyFloat_AS_DOUBLE(value.ptr());
+    s.i64 = Scalar::of(s.f64).i64;
+    return s;
+  }
   const bool is_array = py::isinstance<py::array>(value);
   if (is_array && py::reinterpret_borrow<py::array>(value).ndim() != 0)
     raise_wrong_scalar(value, dtype, site, "a scalar");

@@ -15,11 +15,13 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <stdexcept>
 #include <span>
 #include <thread>
 
 #include "conversions.h"
 #include "error_mapping.h"
+#include "fast_entry.h"
 #include "host_input.h"
 #include "kiln/rhi/fork_hooks.h"
 #include "registration.h"
@@ -49,16 +51,22 @@ ForkRegistration g_busy_fork_registration(ForkHooks{nullptr, nullptr, [] {
   });
 }});
 
+/// pybind11's record of kiln.ndarray, looked up once by register_ndarray (at import, GIL held):
+/// every operand check compares an argument's type with its type first.
+const py::detail::type_info *g_ndarray_info = nullptr;
+
 /// The PyArray of `value`, or nullptr when it is not a kiln.ndarray or was made by
 /// kiln.ndarray.__new__ without __init__.
 PyArray *initialized_array(py::handle value) {
-  if (!py::isinstance<PyArray>(value)) return nullptr;
+  // An exact kiln.ndarray (the common case) skips pybind11's type lookups.
+  if (Py_TYPE(value.ptr()) != g_ndarray_info->type && !py::isinstance<PyArray>(value)) return nullptr;
   auto *inst = reinterpret_cast<py::detail::instance *>(value.ptr());
-  py::detail::value_and_holder v_h =
-      inst->get_value_and_holder(py::detail::get_type_info(typeid(PyArray)));
+  py::detail::value_and_holder v_h = inst->get_value_and_holder(g_ndarray_info);
   if (!v_h || !v_h.holder_constructed()) return nullptr;
   return v_h.value_ptr<PyArray>();
 }
+
+}  // namespace
 
 PyArray make_ndarray(py::handle dtype, py::handle shape) {
   check_not_in_observer("ndarray");
@@ -67,6 +75,8 @@ PyArray make_ndarray(py::handle dtype, py::handle shape) {
   auto ex = executor();
   return PyArray(check(ex->ndarray(dt, dims)), ex);
 }
+
+namespace {
 
 void free_array(py::handle self) {
   PyArray &a = as_array(self, "free", "self");
@@ -268,9 +278,12 @@ const Ndarray &PyArray::get(const char *site) const {
   return array;
 }
 
-BusyScope::BusyScope(std::initializer_list<PyArray *> arrays) : arrays_(arrays) {
+BusyScope::BusyScope(std::initializer_list<PyArray *> arrays) : count_(arrays.size()) {
+  static_assert(kMaxArrays >= 3, "matmul marks three operands");
+  if (count_ > kMaxArrays) throw std::logic_error("BusyScope: more operands than kMaxArrays");
+  std::copy(arrays.begin(), arrays.end(), arrays_.begin());
   std::lock_guard lock(g_busy_pins_mutex);
-  for (PyArray *a : arrays_) {
+  for (PyArray *a : std::span(arrays_.data(), count_)) {
     ++a->busy;
     g_busy_pins.push_back(BusyPin{a, std::this_thread::get_id()});
   }
@@ -279,7 +292,7 @@ BusyScope::BusyScope(std::initializer_list<PyArray *> arrays) : arrays_(arrays) 
 BusyScope::~BusyScope() {
   std::lock_guard lock(g_busy_pins_mutex);
   const std::thread::id me = std::this_thread::get_id();
-  for (PyArray *a : arrays_) {
+  for (PyArray *a : std::span(arrays_.data(), count_)) {
     --a->busy;
     for (auto it = g_busy_pins.rbegin(); it != g_busy_pins.rend(); ++it)
       if (it->array == a && it->thread == me) {
@@ -290,20 +303,18 @@ BusyScope::~BusyScope() {
 }
 
 PyArray &as_array(py::handle value, const char *site, const char *name) {
+  if (PyArray *array = initialized_array(value)) return *array;
   if (!py::isinstance<PyArray>(value))
     raise_invalid_type(site, fmt::format("{}: {} must be a kiln.ndarray, got {}{}", site, name,
                                          type_name(value),
                                          py::isinstance<py::array>(value)
                                              ? " (make one with kiln.from_numpy)"
                                              : ""));
-  PyArray *array = initialized_array(value);
-  if (array == nullptr)
-    raise_invalid_usage("kiln", site,
+  raise_invalid_usage("kiln", site,
                         fmt::format("{}: {} is an uninitialized kiln.ndarray (made by "
                                     "kiln.ndarray.__new__ without __init__); make arrays with "
                                     "kiln.ndarray(dtype, shape) or kiln.from_numpy",
                                     site, name));
-  return *array;
 }
 
 Operand first_operand(py::handle value, const char *site, const char *name) {
@@ -323,6 +334,7 @@ std::pair<Operand, Operand> first_operands(py::handle a, py::handle b, const cha
 
 void register_ndarray(py::module_ &m) {
   py::class_<PyArray> cls(m, "ndarray", doc("ndarray"), py::buffer_protocol());
+  g_ndarray_info = py::detail::get_type_info(typeid(PyArray));
   cls.def(py::init(&make_ndarray), doc("ndarray.__init__"), py::arg("dtype"), py::arg("shape"), guarded());
   def_properties(cls);
   def_methods(cls);
@@ -334,6 +346,7 @@ void register_ndarray(py::module_ &m) {
   }));
   typed_method_mismatch(cls, "free", "()");
   typed_method_mismatch(cls, "to_numpy", "()");
+  install_fast_ndarray_init(cls, g_ndarray_info);  // last: a later __init__ would undo it
 }
 
 }  // namespace kiln::python

@@ -10,6 +10,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -78,15 +79,18 @@ struct PyArray {
 };
 
 /// Marks arrays busy while a launch runs without the GIL.
+/// At most kMaxArrays arrays (an operation's operands), held without a heap allocation.
 class BusyScope {
  public:
+  static constexpr std::size_t kMaxArrays = 4;
   explicit BusyScope(std::initializer_list<PyArray *> arrays);
   ~BusyScope();
   BusyScope(const BusyScope &) = delete;
   BusyScope &operator=(const BusyScope &) = delete;
 
  private:
-  std::vector<PyArray *> arrays_;
+  std::array<PyArray *, kMaxArrays> arrays_{};
+  std::size_t count_ = 0;
 };
 
 /// Runs `fn` (a call into the executor) with the GIL released and `arrays` marked busy.
@@ -95,6 +99,10 @@ auto launch(std::initializer_list<PyArray *> arrays, Fn &&fn) {
   BusyScope busy(arrays);
   return without_gil(std::forward<Fn>(fn));
 }
+
+/// kiln.ndarray(dtype, shape): a new array on the current executor. Errors: those of to_dtype,
+/// to_shape and LlvmRuntimeExecutor::ndarray; InvalidUsageError inside an OOM observer.
+PyArray make_ndarray(py::handle dtype, py::handle shape);
 
 /// `value` as a kiln.ndarray of `site`'s argument `name`. Errors: InvalidTypeError when it is
 /// not one (a numpy array, a list, ...); InvalidUsageError for an instance made by

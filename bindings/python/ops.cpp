@@ -16,6 +16,7 @@
 
 #include "conversions.h"
 #include "error_mapping.h"
+#include "fast_entry.h"
 #include "host_input.h"
 #include "ndarray.h"
 #include "registration.h"
@@ -110,6 +111,12 @@ void register_ops(py::module_ &m) {
             py::arg("out") = py::none(), guarded());
   def_typed(m, "compact_positive", "(x)", &compact_positive, doc("compact_positive"),
             py::arg("x"), guarded());
+  // The element-wise operations on small arrays cost about as much as their call: their common
+  // all-positional form skips pybind11's dispatcher (fast_entry.h).
+  FastFunction<&fill, 2>::install(m, "fill");
+  FastFunction<&copy, 2>::install(m, "copy");
+  FastFunction<&axpy, 3>::install(m, "axpy");
+  FastFunction<&reduce_sum, 1>::install(m, "reduce_sum");
 }
 
 }  // namespace kiln::python

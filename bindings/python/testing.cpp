@@ -19,6 +19,7 @@
 #include "kiln/runtime/memory/fault_spec.h"
 #include "error_mapping.h"
 #include "executor_state.h"
+#include "fast_entry.h"
 #include "ndarray.h"
 #include "registration.h"
 
@@ -129,7 +130,8 @@ py::object make_error(py::handle result_obj, py::handle oom_source_obj, py::hand
 
 /// Throws a C++ exception of `kind` (bad_alloc, future_error, system_error) through the module:
 /// tests the translation of error_mapping.cpp's register_exception_translator.
-void throw_cpp_exception(const std::string &kind) {
+void throw_cpp_exception(py::handle kind_obj) {
+  const std::string kind = to_text(kind_obj, "kind", "_throw_cpp_exception");
   if (kind == "bad_alloc") throw std::bad_alloc();
   if (kind == "future_error") throw std::future_error(std::future_errc::no_state);
   if (kind == "system_error")
@@ -144,7 +146,10 @@ void register_testing(py::module_ &m) {
   m.def("_pop_fault", &pop_fault, guarded());
   m.def("_fault_allocation_count", &fault_allocation_count, guarded());
   m.def("_live_array_bytes", &LiveArrayBytes::total);
-  m.def("_throw_cpp_exception", &throw_cpp_exception, py::arg("kind"));
+  m.def("_throw_cpp_exception", &throw_cpp_exception, py::arg("kind"), guarded());
+  // Called positionally it takes the fast entries' way (fast_entry.h): the test of how they
+  // translate a C++ exception; by keyword, pybind11's.
+  FastFunction<&throw_cpp_exception, 1>::install(m, "_throw_cpp_exception");
   m.def("_make_error", &make_error, py::arg("result"), py::arg("oom_source") = "none",
         py::arg("requested_bytes") = 0, py::arg("device") = "", py::arg("detail") = "", guarded());
 }

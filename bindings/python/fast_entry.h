@@ -1,0 +1,93 @@
+// Fast entries: CPython entry points for the hottest calls (kiln.ndarray(dtype, shape),
+// kiln.fill, copy, axpy, reduce_sum) in their common form, every argument positional and none
+// missing, that skip pybind11's dispatcher (its argument and conversion vectors, overload loop
+// and keyword matching: about 1,300 instructions of a ~2 µs kiln.fill, and 2,500 of
+// kiln.ndarray(...) with its __init__ lookup; callgrind, bench/python_overhead.py). Every other
+// call (keywords, too many or too few arguments) goes to the pybind11 function unchanged, so
+// signatures, docstrings, keyword names and the InvalidTypeError of a mismatch are one set.
+//
+// A fast entry runs its C++ function as pybind11 runs it: inside CallGuard, a py::error_already_set
+// restored, any other C++ exception through pybind11's registered translators (error_mapping's
+// included). Threading: called by the interpreter with the GIL held; installed once, at import.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cxxabi.h>
+
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+
+#include "executor_state.h"
+
+namespace kiln::python {
+
+namespace py = pybind11;
+
+/// Sets the Python error pybind11's dispatcher would set for the C++ exception being handled
+/// (call only inside a catch block): pybind11's module-local, then global translators.
+void translate_active_exception();
+
+/// Runs `fn` (returns a new reference) inside CallGuard; nullptr with the Python error set when
+/// it throws, as pybind11's dispatcher reports it.
+template <class Fn>
+PyObject *run_guarded(Fn &&fn) {
+  try {
+    CallGuard guard;
+    return fn();
+  } catch (py::error_already_set &e) {
+    e.restore();
+    return nullptr;
+  } catch (abi::__forced_unwind &) {
+    throw;  // the thread is ending (interpreter exit): no Python error to set
+  } catch (...) {
+    translate_active_exception();
+    return nullptr;
+  }
+}
+
+/// Replaces function `name` of `m` (a pybind11 function) by a builtin with the same name,
+/// __module__ and __doc__ that calls `fast` (METH_FASTCALL | METH_KEYWORDS). Returns the
+/// pybind11 function, kept alive for the process (the fast entry's fallback).
+PyObject *install_fast_function(py::module_ &m, const char *name,
+                                PyObject *(*fast)(PyObject *, PyObject *const *, Py_ssize_t,
+                                                  PyObject *));
+
+/// The fast entry of module function `Fn`, a C++ function of N py::handle arguments returning
+/// void (None) or a py::object: called with exactly N positional arguments it runs Fn itself;
+/// anything else goes to the pybind11 function it replaced.
+template <auto Fn, std::size_t N>
+class FastFunction {
+ public:
+  /// Replaces m.`name` (already defined with pybind11) by the fast entry. Once, at import.
+  static void install(py::module_ &m, const char *name) { slow_ = install_fast_function(m, name, &call); }
+
+ private:
+  static PyObject *call(PyObject * /*module*/, PyObject *const *args, Py_ssize_t nargs,
+                        PyObject *kwnames) {
+    if (kwnames != nullptr || nargs != static_cast<Py_ssize_t>(N))
+      return PyObject_Vectorcall(slow_, args, static_cast<std::size_t>(nargs), kwnames);
+    return run_guarded([args] { return invoke(args, std::make_index_sequence<N>{}); });
+  }
+
+  template <std::size_t... I>
+  static PyObject *invoke(PyObject *const *args, std::index_sequence<I...>) {
+    if constexpr (std::is_void_v<decltype(Fn(py::handle(args[I])...))>) {
+      Fn(py::handle(args[I])...);
+      Py_RETURN_NONE;
+    } else {
+      return py::object(Fn(py::handle(args[I])...)).release().ptr();
+    }
+  }
+
+  static inline PyObject *slow_ = nullptr;  // the pybind11 function (never released)
+};
+
+/// Gives kiln.ndarray (`cls`, pybind11's `info` of PyArray) a tp_init that runs
+/// `kiln.ndarray(dtype, shape)` with two positional arguments itself (make_ndarray, as the
+/// pybind11 __init__ does) and hands every other call to the __init__ pybind11 defined. Call
+/// after the class's last __init__ overload is defined (defining __init__ resets tp_init).
+void install_fast_ndarray_init(py::handle cls, const py::detail::type_info *info);
+
+}  // namespace kiln::python

@@ -1,0 +1,163 @@
+"""The fast entries (bindings/python/fast_entry.h) of kiln.ndarray(dtype, shape), kiln.fill,
+copy, axpy and reduce_sum: called with every argument positional they skip pybind11's
+dispatcher; called any other way (keywords, a wrong count, a subclass) pybind11's function runs.
+Both ways must agree: the same results, the same named errors, the same metadata.
+"""
+import pickle
+
+import numpy as np
+import pytest
+
+import kiln
+
+BAD_TYPE = kiln.InvalidTypeError
+
+
+def test_the_fast_functions_keep_their_name_module_docstring_and_pickle():
+    for name, parameters in [("fill", "(out"), ("copy", "(dst"), ("axpy", "(alpha"),
+                             ("reduce_sum", "(x")]:
+        fn = getattr(kiln, fn_name := name)
+        assert fn is getattr(kiln._kiln, name)
+        assert fn.__name__ == fn_name and fn.__qualname__ == fn_name
+        assert fn.__module__ == "kiln._kiln"
+        assert fn.__doc__.startswith(name + parameters), fn.__doc__
+        assert pickle.loads(pickle.dumps(fn)) is fn
+
+
+def arrays(values, dtype=np.float32):
+    return kiln.from_numpy(np.asarray(values, dtype=dtype))
+
+
+@pytest.mark.parametrize("by_keyword", [False, True], ids=["positional", "keyword"])
+def test_each_operation_gives_the_same_result_both_ways(by_keyword):
+    x, y = arrays([1.0, 2.0, 3.0]), arrays([10.0, 20.0, 30.0])
+    out = kiln.ndarray(dtype=kiln.f32, shape=(3,)) if by_keyword else kiln.ndarray(kiln.f32, (3,))
+    if by_keyword:
+        kiln.fill(out=out, value=0.5)
+        kiln.axpy(alpha=2.0, x=x, y=y)
+        kiln.copy(dst=x, src=y)
+        total = kiln.reduce_sum(x=x)
+    else:
+        kiln.fill(out, 0.5)
+        kiln.axpy(2.0, x, y)
+        kiln.copy(x, y)
+        total = kiln.reduce_sum(x)
+    np.testing.assert_array_equal(out.to_numpy(), [0.5, 0.5, 0.5])
+    np.testing.assert_array_equal(x.to_numpy(), [12.0, 24.0, 36.0])
+    assert total == 72.0 and type(total) is float
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: kiln.fill(x),
+    lambda x: kiln.fill(x, 1.0, 2.0),
+    lambda x: kiln.fill(x, 1.0, nosuch=1),
+    lambda x: kiln.copy(x),
+    lambda x: kiln.axpy(1.0, x),
+    lambda x: kiln.axpy(1.0, x, x, x),
+    lambda x: kiln.reduce_sum(),
+    lambda x: kiln.reduce_sum(x, x),
+    lambda x: kiln.ndarray(kiln.f32),
+    lambda x: kiln.ndarray(kiln.f32, 3, 4),
+    lambda x: kiln.ndarray(kiln.f32, 3, nosuch=1),
+], ids=["fill1", "fill3", "fill-kw", "copy1", "axpy2", "axpy4", "sum0", "sum2", "nd1", "nd3",
+        "nd-kw"])
+def test_a_wrong_argument_count_still_gets_pybind11s_InvalidTypeError(call):
+    x = arrays([1.0])
+    with pytest.raises(BAD_TYPE, match="does not take the arguments"):
+        call(x)
+    np.testing.assert_array_equal(x.to_numpy(), [1.0])
+
+
+@pytest.mark.parametrize("by_keyword", [False, True], ids=["positional", "keyword"])
+@pytest.mark.parametrize("args, error", [
+    ((3, 1.0), BAD_TYPE),                      # not an array
+    ((np.ones(3, np.float32), 1.0), BAD_TYPE),  # a numpy array
+    (("i32", 1.5), BAD_TYPE),                  # a float for an integer array
+    (("f32", True), BAD_TYPE),                 # a bool
+    (("f32", 1j), BAD_TYPE),                   # complex
+    (("i32", 1 << 40), kiln.InvalidUsageError),  # out of int32's range
+])
+def test_fill_refuses_the_same_arguments_both_ways(by_keyword, args, error):
+    out, value = args
+    if isinstance(out, str):
+        out = kiln.ndarray(out, (2,))
+    with pytest.raises(error):
+        kiln.fill(out=out, value=value) if by_keyword else kiln.fill(out, value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -0.0, 1e300])
+def test_fill_takes_every_python_float_for_a_floating_array(value):
+    out = kiln.ndarray(kiln.f64, (2,))
+    kiln.fill(out, value)
+    np.testing.assert_array_equal(out.to_numpy(), [value, value])
+
+
+@pytest.mark.parametrize("by_keyword", [False, True], ids=["positional", "keyword"])
+@pytest.mark.parametrize("shape, error, message", [
+    ((2, True), BAD_TYPE, "shape must be an int or a sequence of ints"),  # a bool
+    ([2.0], BAD_TYPE, "shape must be an int or a sequence of ints"),
+    ((1 << 63,), kiln.InvalidUsageError, "does not fit in 64 bits"),
+    ([-(1 << 70)], kiln.InvalidUsageError, "does not fit in 64 bits"),
+    ((-1,), kiln.InvalidUsageError, "negative"),
+    ((1,) * 33, kiln.InvalidUsageError, "33 dimensions"),
+    ((1 << 40,) * 2, kiln.InvalidUsageError, ""),  # more elements than numpy allows
+])
+def test_a_bad_shape_is_refused_the_same_way_both_ways(by_keyword, shape, error, message):
+    before = kiln.memory_stats()
+    with pytest.raises(error, match=message):
+        kiln.ndarray(dtype=kiln.f32, shape=shape) if by_keyword else kiln.ndarray(kiln.f32, shape)
+    after = kiln.memory_stats()  # refused before anything was asked for
+    assert (after["allocations"], after["budget_refusals"]) == (before["allocations"],
+                                                               before["budget_refusals"])
+
+
+@pytest.mark.parametrize("shape, expected", [
+    (5, (5,)), ((), ()), ([], ()), ((2, 3), (2, 3)), ([4, 1], (4, 1)),
+    ((np.int64(2), 3), (2, 3)), (np.array([2, 3]), (2, 3)), ((1,) * 32, (1,) * 32),
+])
+def test_every_shape_form_makes_the_same_array(shape, expected):
+    a = kiln.ndarray(kiln.f32, shape)
+    assert a.shape == expected and a.size == int(np.prod(expected))
+
+
+def test_a_budget_refusal_is_the_same_named_error_both_ways():
+    kiln.init("cpu", budget_bytes=64 << 20)
+    try:
+        for make in (lambda: kiln.ndarray(kiln.f32, (64 << 20,)),
+                     lambda: kiln.ndarray(dtype=kiln.f32, shape=(64 << 20,))):
+            with pytest.raises(kiln.BudgetExceededError) as info:
+                make()
+            assert isinstance(info.value, MemoryError)
+            assert info.value.requested_bytes == 256 << 20
+    finally:
+        kiln.init("cpu")
+
+
+def test_a_subclass_is_constructed_by_pybind11s_init():
+    class Sub(kiln.ndarray):
+        pass
+    s = Sub(kiln.f64, (2, 2))
+    assert type(s) is Sub and s.shape == (2, 2) and s.dtype == kiln.f64
+    kiln.fill(s, 3.0)
+    assert kiln.reduce_sum(s) == 12.0
+
+
+def test_calling_init_again_leaves_the_array_as_it_was():
+    a = kiln.ndarray(kiln.f32, (2,))
+    kiln.fill(a, 7.0)
+    assert a.__init__(kiln.f64, (5,)) is None
+    kiln.ndarray.__init__(a, kiln.f64, (5,))
+    assert a.shape == (2,) and a.dtype == kiln.f32
+    np.testing.assert_array_equal(a.to_numpy(), [7.0, 7.0])
+
+
+@pytest.mark.parametrize("by_keyword", [False, True], ids=["positional", "keyword"])
+@pytest.mark.parametrize("kind, error", [
+    ("bad_alloc", kiln.HostOutOfMemoryError),
+    ("future_error", kiln.RuntimeFaultError),
+    ("system_error", kiln.RuntimeFaultError),
+])
+def test_a_cpp_exception_is_the_same_named_error_both_ways(by_keyword, kind, error):
+    throw = kiln._kiln._throw_cpp_exception
+    with pytest.raises(error):
+        throw(kind=kind) if by_keyword else throw(kind)
