@@ -18,20 +18,23 @@ void translate_active_exception() {
   PyErr_SetString(PyExc_SystemError, "Exception escaped from default exception translator!");
 }
 
-PyObject *install_fast_function(py::module_ &m, const char *name,
-                                PyObject *(*fast)(PyObject *, PyObject *const *, Py_ssize_t,
-                                                  PyObject *)) {
-  py::object slow = m.attr(name);
+PyObject *install_fast_function(py::handle scope, const char *name, FastCall fast) {
+  py::object slow = scope.attr(name);  // a class gives its method's function
   const py::object doc = slow.attr("__doc__");
   // The method table entry and its docstring live as long as the function: for the process.
-  auto *def = new PyMethodDef{
-      name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast)),
-      METH_FASTCALL | METH_KEYWORDS,
-      doc.is_none() ? nullptr : strdup(doc.cast<std::string>().c_str())};
-  const py::object module_name = m.attr("__name__");
-  py::object fast_fn = py::reinterpret_steal<py::object>(PyCFunction_NewEx(def, m.ptr(), module_name.ptr()));
+  auto *def = new PyMethodDef{name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast)),
+                              METH_FASTCALL | METH_KEYWORDS,
+                              doc.is_none() ? nullptr : strdup(doc.cast<std::string>().c_str())};
+  const bool is_class = PyType_Check(scope.ptr());
+  const py::object module_name = scope.attr(is_class ? "__module__" : "__name__");
+  auto fast_fn = py::reinterpret_steal<py::object>(
+      PyCFunction_NewEx(def, is_class ? nullptr : scope.ptr(), module_name.ptr()));
   if (!fast_fn) throw py::error_already_set();
-  m.attr(name) = fast_fn;
+  if (is_class) {
+    fast_fn = py::reinterpret_steal<py::object>(PyInstanceMethod_New(fast_fn.ptr()));
+    if (!fast_fn) throw py::error_already_set();
+  }
+  scope.attr(name) = fast_fn;
   return slow.release().ptr();
 }
 

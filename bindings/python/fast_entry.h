@@ -47,21 +47,27 @@ PyObject *run_guarded(Fn &&fn) {
   }
 }
 
-/// Replaces function `name` of `m` (a pybind11 function) by a builtin with the same name,
-/// __module__ and __doc__ that calls `fast` (METH_FASTCALL | METH_KEYWORDS). Returns the
-/// pybind11 function, kept alive for the process (the fast entry's fallback).
-PyObject *install_fast_function(py::module_ &m, const char *name,
-                                PyObject *(*fast)(PyObject *, PyObject *const *, Py_ssize_t,
-                                                  PyObject *));
+/// The C signature of a fast entry (METH_FASTCALL | METH_KEYWORDS).
+using FastCall = PyObject *(*)(PyObject *, PyObject *const *, Py_ssize_t, PyObject *);
 
-/// The fast entry of module function `Fn`, a C++ function of N py::handle arguments returning
-/// void (None) or a py::object: called with exactly N positional arguments it runs Fn itself;
-/// anything else goes to the pybind11 function it replaced.
+/// Replaces function `name` of `scope` (a pybind11 function of a module, or a method of a
+/// pybind11 class) by a builtin with the same name, __module__ and __doc__ that calls `fast`; a
+/// method is wrapped as pybind11 wraps its own (an instancemethod: `a.name(...)` passes `a`
+/// first, `cls.name(x, ...)` passes x, whatever it is). Returns the pybind11 function, kept
+/// alive for the process (the fast entry's fallback).
+PyObject *install_fast_function(py::handle scope, const char *name, FastCall fast);
+
+/// The fast entry of `Fn`, a C++ function of N py::handle arguments (a method's first is self)
+/// returning void (None) or a py::object: called with exactly N positional arguments it runs Fn
+/// itself; anything else goes to the pybind11 function it replaced.
 template <auto Fn, std::size_t N>
 class FastFunction {
  public:
-  /// Replaces m.`name` (already defined with pybind11) by the fast entry. Once, at import.
-  static void install(py::module_ &m, const char *name) { slow_ = install_fast_function(m, name, &call); }
+  /// Replaces `scope`.`name` (a module's function or a class's method, already defined with
+  /// pybind11) by the fast entry. Once, at import.
+  static void install(py::handle scope, const char *name) {
+    slow_ = install_fast_function(scope, name, &call);
+  }
 
  private:
   static PyObject *call(PyObject * /*module*/, PyObject *const *args, Py_ssize_t nargs,

@@ -161,3 +161,27 @@ def test_a_cpp_exception_is_the_same_named_error_both_ways(by_keyword, kind, err
     throw = kiln._kiln._throw_cpp_exception
     with pytest.raises(error):
         throw(kind=kind) if by_keyword else throw(kind)
+
+
+def test_free_through_the_instance_and_the_class_frees_once():
+    before = kiln.memory_stats()["allocated_bytes"]
+    a, b = kiln.ndarray(kiln.f32, (4,)), kiln.ndarray(kiln.f32, (4,))
+    assert kiln.memory_stats()["allocated_bytes"] > before
+    a.free()
+    kiln.ndarray.free(b)
+    assert a.is_freed and b.is_freed
+    assert kiln.memory_stats()["allocated_bytes"] == before
+    with pytest.raises(kiln.InvalidUsageError, match="used after it was freed"):
+        a.free()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda a: kiln.ndarray.free(3), "self must be a kiln.ndarray"),
+    (lambda a: a.free(1), "does not take the arguments"),
+    (lambda a: a.free(nosuch=1), "does not take the arguments"),
+], ids=["not-an-array", "extra-argument", "keyword"])
+def test_free_refuses_what_pybind11s_free_refuses(call, message):
+    a = kiln.ndarray(kiln.f32, (4,))
+    with pytest.raises(BAD_TYPE, match=message):
+        call(a)
+    assert not a.is_freed
