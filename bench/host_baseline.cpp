@@ -181,18 +181,36 @@ void bench_memcpy(benchmark::State &state, uint64_t size_bytes) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * 2 * size_bytes));
 }
 
-void bench_read_sum(benchmark::State &state, uint64_t size_bytes) {
-  HostArrays &arrays = host_arrays(size_bytes);
-  std::vector<double> sums(host_team().num_threads());  // one slot per thread, read after
-  const HostTeam::Job sum = [&](unsigned index, unsigned count) {
+namespace {
+
+/// The read-sum job over `arrays` into `sums` (one slot per thread, read after the run).
+HostTeam::Job read_sum_job(HostArrays &arrays, std::vector<double> &sums) {
+  return [&arrays, &sums](unsigned index, unsigned count) {
     const auto [begin, end] = slice(arrays.num_elements, index, count);
     sums[index] = read_sum(arrays.b.get(), begin, end);
   };
+}
+
+}  // namespace
+
+void bench_read_sum(benchmark::State &state, uint64_t size_bytes) {
+  HostArrays &arrays = host_arrays(size_bytes);
+  std::vector<double> sums(host_team().num_threads());
+  const HostTeam::Job sum = read_sum_job(arrays, sums);
   for (auto _ : state) {
     host_team().run(sum);
     benchmark::DoNotOptimize(sums.data());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * size_bytes));
+}
+
+double read_sum_once(uint64_t size_bytes) {
+  HostArrays &arrays = host_arrays(size_bytes);
+  std::vector<double> sums(host_team().num_threads());
+  host_team().run(read_sum_job(arrays, sums));
+  double total = 0.0;
+  for (const double s : sums) total += s;
+  return total;
 }
 
 void bench_axpy(benchmark::State &state, uint64_t size_bytes) {

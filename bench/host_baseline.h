@@ -19,6 +19,9 @@ void bench_memcpy(benchmark::State &state, uint64_t size_bytes);
 /// independent accumulators per thread (as kiln's reduce_sum), built for the best of
 /// AVX-512 / AVX2 / SSE2 this CPU has (GCC target_clones). Bytes counted: size.
 void bench_read_sum(benchmark::State &state, uint64_t size_bytes);
+/// One pass of bench_read_sum's loop over `size_bytes` (what it times per iteration), for a
+/// benchmark that alternates it with kiln's reduce_sum; returns the sum.
+double read_sum_once(uint64_t size_bytes);
 /// y[i] = alpha * x[i] + y[i] over two f64 arrays of `size_bytes`, the same threads and ISA
 /// choice; bytes counted as kiln's axpy: 3 * size (x read, y read, y written).
 void bench_axpy(benchmark::State &state, uint64_t size_bytes);
