@@ -6,21 +6,27 @@
 // Freestanding C++17 (stdint only), valid for clang-19's device build and for the host g++.
 //
 // Execution model: a kernel body runs for ONE block of ctx.block_threads() threads. It is a
-// sequence of phases separated by ctx.barrier(); each phase is `ctx.each_thread([&](int32_t tid)
-// { ... })`. On a GPU each_thread calls the lambda once with the hardware thread index and
-// barrier() is the block barrier; the host emulation runs each phase for tid = 0 .. threads - 1
-// in turn, which is a valid interleaving of the GPU's threads between two barriers. Rules that
-// keep both the same:
+// sequence of phases separated by ctx.barrier() and closed by ctx.end(); each phase is
+// `ctx.each_thread([&](int32_t tid) { ... })`. On a GPU each_thread calls the lambda once with the
+// hardware thread index, barrier() is the block barrier and end() does nothing. The host
+// emulation (test/fake_gpu/fake_kernels.cpp) keeps the phases until the next barrier() or end()
+// and then runs them thread by thread (thread 0 all its phases, then thread 1, ...), a valid
+// order of a GPU's threads between two barriers in which a read of another thread's shared
+// write with no barrier between them sees the old value: a missing barrier gives wrong results
+// there too. Rules that keep both the same:
 // - code outside each_thread is uniform (every thread computes the same value), so every thread
 //   reaches every barrier (no barrier under a thread-dependent branch);
 // - state a thread carries from one phase to the next lives in `typename Ctx::template
 //   Private<T>` (a register on the GPU, one slot per thread on the host), indexed by tid;
 // - threads exchange data only through ctx.shared<T>() (at least kGpuSharedBytes, addrspace(3)
-//   on the GPU) with a barrier between the write and the read.
+//   on the GPU) with a barrier between the write and the read;
+// - a phase captures by value each uniform local that changes before the next barrier() or
+//   end() (a loop variable; the emulation runs the phase only there), and every body ends with
+//   ctx.end() on each path that ran a phase.
 //
 // The Ctx interface: int64_t block(), blocks() (the grid size in blocks); int32_t
 // block_threads(); int64_t global_index(tid) (block * block_threads + tid); int64_t
-// grid_threads() (blocks * block_threads); each_thread(f); barrier(); template <class T> T
+// grid_threads() (blocks * block_threads); each_thread(f); barrier(); end(); template <class T> T
 // *shared(); template <class T> struct Private { T &operator()(int32_t tid); }.
 #ifndef KILN_RUNTIME_DEVICE_GPU_KERNELS_H_
 #define KILN_RUNTIME_DEVICE_GPU_KERNELS_H_
@@ -86,6 +92,7 @@ void fill_gpu(Ctx &ctx, KilnRuntime *, const KilnKernelArgs *args, KilnKernelFn)
   ctx.each_thread([&](int32_t tid) {
     for (int64_t i = ctx.global_index(tid); i < n; i += stride) out[i] = value;
   });
+  ctx.end();
 }
 
 template <class T, class Ctx>
@@ -97,6 +104,7 @@ void copy_gpu(Ctx &ctx, KilnRuntime *, const KilnKernelArgs *args, KilnKernelFn)
   ctx.each_thread([&](int32_t tid) {
     for (int64_t i = ctx.global_index(tid); i < n; i += stride) dst[i] = src[i];
   });
+  ctx.end();
 }
 
 template <class T, class Ctx>
@@ -112,6 +120,7 @@ void axpy_gpu(Ctx &ctx, KilnRuntime *, const KilnKernelArgs *args, KilnKernelFn)
       y[i] = A::add(A::mul(alpha, x[i]), y[i]);
     }
   });
+  ctx.end();
 }
 
 // --- reduce_sum: grid-stride partials, then a tree in shared memory, one partial per block ------
@@ -153,7 +162,7 @@ void reduce_sum_gpu(Ctx &ctx, KilnRuntime *rt, const KilnKernelArgs *args, KilnK
   });
   for (int32_t half = gpu_ceil_pow2(threads) / 2; half > 0; half /= 2) {
     ctx.barrier();
-    ctx.each_thread([&](int32_t tid) {
+    ctx.each_thread([&, half](int32_t tid) {  // by value: the loop halves it before the next barrier
       if (tid < half && tid + half < threads) {
         partial[tid] = S::combine(partial[tid], partial[tid + half]);
       }
@@ -167,6 +176,7 @@ void reduce_sum_gpu(Ctx &ctx, KilnRuntime *rt, const KilnKernelArgs *args, KilnK
                            ctx.block();
     slot->value_bits = S::bits(partial[0]);
   });
+  ctx.end();
 }
 
 // --- matmul: 16x16 tiles through shared memory ------------------------------------------------
@@ -230,11 +240,12 @@ void matmul_gpu(Ctx &ctx, KilnRuntime *rt, const KilnKernelArgs *args, KilnKerne
       });
       ctx.barrier();  // before the next slab overwrites the tiles
     }
-    ctx.each_thread([&](int32_t tid) {
+    ctx.each_thread([&, row0, col0](int32_t tid) {  // by value: the next tile changes them
       const int64_t row = row0 + tid / kTile, col = col0 + tid % kTile;
       if (row < m && col < n) c[row * n + col] = acc(tid);
     });
   }
+  ctx.end();
 }
 
 // --- compact_positive: one task per thread (unchanged) ------------------------------------------
@@ -253,6 +264,7 @@ void compact_positive_gpu(Ctx &ctx, KilnRuntime *rt, const KilnKernelArgs *args,
     range_kernel(rt, args, kiln_task_split_point(size, task, num_tasks),
                  kiln_task_split_point(size, task + 1, num_tasks), task);
   });
+  ctx.end();
 }
 
 }  // namespace kiln_gpu

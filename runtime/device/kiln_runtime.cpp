@@ -341,6 +341,8 @@ struct HardwareContext {
     __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 #endif
   }
+  /// The end of a kernel body: nothing to do on the hardware (the emulation runs its phases).
+  static void end() {}
   template <class T>
   static T *shared() {
     return (T *)gpu_shared_storage<T>;  // addrspace(3) -> generic; LLVM infers it back

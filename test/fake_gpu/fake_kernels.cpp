@@ -12,7 +12,10 @@
 // block ends the launch with the dialect's illegal address (CUDA_ERROR_ILLEGAL_ADDRESS,
 // hipErrorIllegalAddress), which is sticky, and one line on stderr saying which operand was bad.
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <string_view>
 #include <system_error>
@@ -53,11 +56,30 @@ struct EmulatedBlock {
   [[nodiscard]] int32_t block_threads() const { return threads; }
   [[nodiscard]] int64_t global_index(int32_t tid) const { return block_index * threads + tid; }
   [[nodiscard]] int64_t grid_threads() const { return grid_blocks * threads; }
+  // The phases since the last barrier() or end(), run there thread by thread (thread 0 all of
+  // them in order, then thread 1, ...): a valid order of a GPU's threads between two barriers,
+  // and one in which a thread reading another's shared write without a barrier between them
+  // sees the old value, so a missing barrier gives wrong results here as on a GPU.
+  std::vector<std::function<void(int32_t)>> pending;
+
   template <class F>
   void each_thread(F &&phase) {
-    for (int32_t tid = 0; tid < threads; ++tid) phase(tid);
+    pending.emplace_back(std::forward<F>(phase));  // a copy: its [&] captures stay in the kernel
   }
-  void barrier() {}
+  void barrier() { run_pending(); }
+  void end() { run_pending(); }
+  void run_pending() {
+    for (int32_t tid = 0; tid < threads; ++tid)
+      for (const auto &phase : pending) phase(tid);
+    pending.clear();
+  }
+  /// Before each block: shared memory holds 0xff bytes (NaN, -1), as stale as a GPU's, so a
+  /// read of a slot no thread of this block wrote shows; no phase is pending.
+  void start(int64_t index) {
+    block_index = index;
+    pending.clear();
+    std::memset(shared_storage, 0xff, sizeof shared_storage);
+  }
   template <class T>
   T *shared() {
     return reinterpret_cast<T *>(shared_storage);
@@ -141,6 +163,17 @@ int illegal_address(const HostKernel &kernel, const char *what) {
   return d.illegal_address;
 }
 
+/// A kernel body that returned with phases pending (it lacks ctx.end()): a bug in
+/// gpu_kernels.h, reported as a GPU reports a kernel that cannot run.
+int unended_kernel(const HostKernel &kernel) {
+  const Dialect &d = dialect();
+  std::fprintf(stderr,
+               "%s: %s returned with phases not run (its body lacks ctx.end(), gpu_kernels.h); "
+               "returning %s\n",
+               d.title, kernel.gpu_name, error_name(d.not_supported));
+  return d.not_supported;
+}
+
 }  // namespace
 
 const HostKernel *find_host_kernel(std::string_view gpu_name) {
@@ -176,20 +209,25 @@ int run_launch(State &state, const Function &function, unsigned grid_x, unsigned
   // Blocks are independent (they meet only through atomics and distinct outputs), so chunks of
   // blocks run on a few host threads; each block runs on one.
   const int64_t blocks = grid_x;
+  std::atomic<bool> unended{false};  // a body that left phases pending (no ctx.end()): a bug
   const auto run_blocks = [&](int64_t first, int64_t last) {
     auto block = std::make_unique<EmulatedBlock>();
     block->grid_blocks = blocks;
     block->threads = static_cast<int32_t>(block_x);
     for (int64_t b = first; b < last; ++b) {
-      block->block_index = b;
+      block->start(b);
       kernel.block_kernel(*block, runtime, args);
+      if (!block->pending.empty()) {  // their captures died with the body: never run them
+        block->pending.clear();
+        unended = true;
+      }
     }
   };
   const auto workers = static_cast<int64_t>(
       std::min<unsigned>(kMaxHostThreads, std::max(1u, std::thread::hardware_concurrency())));
   if (blocks < 2 || workers < 2) {
     run_blocks(0, blocks);
-    return dialect().success;
+    return unended ? unended_kernel(kernel) : dialect().success;
   }
   // Block chunks on `used` threads; a chunk whose thread cannot start runs here instead.
   const int64_t used = std::min(workers, blocks);
@@ -205,7 +243,7 @@ int run_launch(State &state, const Function &function, unsigned grid_x, unsigned
   }
   run_blocks(0, blocks / used);
   for (std::thread &thread : pool) thread.join();
-  return dialect().success;
+  return unended ? unended_kernel(kernel) : dialect().success;
 }
 
 }  // namespace
