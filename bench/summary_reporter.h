@@ -39,6 +39,9 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     return it == runs_.end() ? nullptr : &it->second;
   }
 
+  /// Whether no case ran (--benchmark_list_tests, a filter that matched nothing).
+  [[nodiscard]] bool empty() const { return runs_.empty(); }
+
   /// Real seconds per iteration of the case named `name`, or a negative number if it did not run.
   [[nodiscard]] double seconds(const std::string &name) const {
     const Run *run = find(name);
@@ -53,14 +56,15 @@ class SummaryReporter : public benchmark::ConsoleReporter {
 };
 
 /// Runs the registered benchmarks and shuts Google Benchmark down: in the console format through
-/// a SummaryReporter keeping `aggregate` ("mean", "median"), then print_summary(reporter); in any
-/// other format as requested, without the summary.
+/// a SummaryReporter keeping `aggregate` ("mean", "median"), then print_summary(reporter) when
+/// a case ran (not after --benchmark_list_tests); in any other format as requested, without the
+/// summary.
 template <class PrintSummary>
 void run_benchmarks(bool console_format, std::string aggregate, PrintSummary print_summary) {
   if (console_format) {
     SummaryReporter reporter(std::move(aggregate));
     benchmark::RunSpecifiedBenchmarks(&reporter);
-    print_summary(reporter);
+    if (!reporter.empty()) print_summary(reporter);
   } else {
     benchmark::RunSpecifiedBenchmarks();
   }
