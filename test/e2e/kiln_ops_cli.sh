@@ -149,8 +149,11 @@ check "--json - writes the JSON alone to stdout" /usr/bin/python3 -c \
   "$tmp/json_stdout.txt"
 check "--json - sends the verdict lines to stderr" grep -q 'fill/f32/tiny: OK' "$tmp/json_stderr.txt"
 check "--json - makes no file named -" test ! -e ./-
-"$ops" --json - --filter fill/f32/tiny > /dev/full 2> /dev/null; rc=$?
+"$ops" --json - --filter fill/f32/tiny > /dev/full 2> "$tmp/json_full.txt"; rc=$?
 check "--json - into a full stdout exits 1 (got $rc)" test "$rc" -eq 1
+check "--json - into a full stdout says so once, prefixed once" test \
+  "$(grep -c 'stdout' "$tmp/json_full.txt")" -eq 1 -a "$(grep -c 'kiln-ops: kiln-ops' "$tmp/json_full.txt")" -eq 0
+check "--json - into a full stdout names the reason" grep -q '^kiln-ops: cannot write stdout (' "$tmp/json_full.txt"
 for args in "--bogus" "--budget-mb x --list" "--json"; do
   # shellcheck disable=SC2086
   "$ops" $args > /dev/null 2> /dev/full; rc=$?

@@ -18,19 +18,25 @@ namespace {
 
 bool stdout_ok();
 
+/// Whether a failed write to stdout was already said on stderr: said once, not again by the
+/// final stdout_ok().
+bool g_stdout_failure_said = false;
+
 /// Delivers the run: the verdict lines already printed (stdout flushed), the JUnit report, then
 /// the JSON report last, so that its exit_status is the one kiln-ops exits with even when an
 /// earlier output failed (a full disk, a closed pipe). Returns that status: failed when any
 /// output could not be written (said on stderr), else `info.exit_status`.
 ExitStatus deliver(const CommandLine &cl, const SuiteReport &report, RunInfo &info) {
-  const auto failed = [&info](const RhiStatus &written) {
+  const auto failed = [&info](const RhiStatus &written, const std::string &path) {
     if (written) return;
-    fmt::print(stderr, "kiln-ops: {}\n", written.error().message());
+    fmt::print(stderr, "kiln-ops: {}\n", written.error().detail);  // "cannot write PATH (why)"
     info.exit_status = ExitStatus::failed;
+    if (path == "-") g_stdout_failure_said = true;
   };
   if (!stdout_ok()) info.exit_status = ExitStatus::failed;
-  if (!cl.junit_path.empty()) failed(write_text(junit_report(report, info), cl.junit_path));
-  if (!cl.json_path.empty()) failed(write_text(json_report(report, info), cl.json_path));
+  if (!cl.junit_path.empty())
+    failed(write_text(junit_report(report, info), cl.junit_path), cl.junit_path);
+  if (!cl.json_path.empty()) failed(write_text(json_report(report, info), cl.json_path), cl.json_path);
   return info.exit_status;
 }
 
@@ -101,6 +107,8 @@ ExitStatus run(int argc, char **argv) {
 bool stdout_ok() {
   const bool flushed = std::fflush(stdout) == 0;
   if (flushed && std::ferror(stdout) == 0) return true;
+  if (g_stdout_failure_said) return false;
+  g_stdout_failure_said = true;
   const int saved = errno;
   std::fprintf(stderr, "kiln-ops: could not write the results to stdout: %s\n",
                std::strerror(saved != 0 ? saved : EIO));
