@@ -53,7 +53,10 @@ py::dict failure_fields(const Failure &failure) {
   fields["budget_check"] = std::string(to_string(failure.budget_check));
   fields["advice"] = failure.advice;
   fields["device"] = failure.device;
-  fields["category"] = std::string(to_string(failure.category));
+  // The category of the request that failed: named only where the failure is one (as
+  // Failure::message() does); a usage mistake or a fault of another operation has none.
+  const bool names_request = failure.result == RhiResult::out_of_memory && failure.allocating;
+  fields["category"] = names_request ? std::string(to_string(failure.category)) : std::string();
   fields["site"] = std::string(failure.site);
   fields["driver_status"] = std::string(failure.driver_status);
   fields["result"] = std::string(to_string(failure.result));

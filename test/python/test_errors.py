@@ -57,6 +57,28 @@ def test_every_error_kind_maps_to_its_class(result, source, cls):
 
 
 @pytest.mark.parametrize("result,source,cls", MAPPING)
+def test_only_an_out_of_memory_error_names_a_category(result, source, cls):
+    e = kiln.testing.make_error(result, source, requested_bytes=123, device="mock", detail="why")
+    assert e.category == ("ndarray" if result == "out_of_memory" else ""), e.category
+
+
+def test_a_usage_mistake_names_no_category_and_a_refusal_its_own():
+    a = kiln.ndarray(kiln.f32, (2,))
+    a.free()
+    for mistake in (lambda: kiln.fill(a, 1.0), lambda: kiln.ndarray(kiln.f32, (-1,))):
+        with pytest.raises(kiln.InvalidUsageError) as info:
+            mistake()
+        assert info.value.category == "" and info.value.requested_bytes == 0
+    kiln.init("cpu", budget_bytes=64 << 20)
+    try:
+        with pytest.raises(kiln.BudgetExceededError) as info:
+            kiln.ndarray(kiln.f32, (64 << 20,))
+        assert info.value.category == "ndarray"
+    finally:
+        kiln.init("cpu")
+
+
+@pytest.mark.parametrize("result,source,cls", MAPPING)
 def test_pickle_keeps_class_message_and_attributes(result, source, cls):
     e = kiln.testing.make_error(result, source, requested_bytes=7, device="cuda:0", detail="d")
     back = pickle.loads(pickle.dumps(e))

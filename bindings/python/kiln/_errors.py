@@ -36,7 +36,7 @@ FIELDS: dict[str, Any] = {
     "class_bytes": 0,       # the pool's size class when it was larger and did not fit either
     "budget_check": "none", # which budget check refused: "limit", "live_free" (else "none")
     "device": "",           # "cpu", "mock", "cuda:0"
-    "category": "",         # "ndarray", "staging", "argument_buffer", "runtime_heap", ...
+    "category": "",         # an OOM's request: "ndarray", "staging", "runtime_heap", ...; else ""
     "free_bytes": None,     # live free device memory at the failure
     "total_bytes": None,    # total device memory
     "limit_bytes": None,    # kiln's budget for the device
@@ -71,7 +71,7 @@ class Error(Exception):
     class_bytes: int                     # the pool's size class when larger and refused too
     budget_check: str                    # which budget check refused: "limit", "live_free", "none"
     device: str                          # "cpu", "mock", "cuda:0"
-    category: str                        # "ndarray", "staging", "argument_buffer", ...
+    category: str                        # an OOM's request: "ndarray", "staging", ...; else ""
     free_bytes: int | None               # live free device memory at the failure
     total_bytes: int | None              # total device memory
     limit_bytes: int | None              # kiln's budget for the device
