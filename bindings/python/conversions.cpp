@@ -281,22 +281,19 @@ namespace {
 /// The common shapes, an int or an exact tuple or list of ints that each fit in int64, without
 /// the iterator protocol; false for anything else (and for a dimension beyond int64), which
 /// dimensions_of then converts or refuses with its error. No Python error is left set.
-bool fast_dimensions(py::handle value, std::vector<int64_t> &shape) {
+bool fast_dimensions(py::handle value, ShapeArg &shape) {
   PyObject *obj = value.ptr();
   const auto one = [&shape](PyObject *d) {
     if (!PyLong_CheckExact(d)) return false;
     int overflow = 0;
     const long long v = PyLong_AsLongLongAndOverflow(d, &overflow);
-    if (overflow != 0) return false;
-    shape.push_back(v);
-    return true;
+    return overflow == 0 && shape.push_back(v);
   };
   if (PyLong_CheckExact(obj)) return one(obj);
   if (!PyTuple_CheckExact(obj) && !PyList_CheckExact(obj)) return false;
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
   if (n > static_cast<Py_ssize_t>(kMaxDimensions)) return false;
   PyObject **items = PySequence_Fast_ITEMS(obj);
-  shape.reserve(static_cast<std::size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i)
     if (!one(items[i])) return false;
   return true;
@@ -304,15 +301,17 @@ bool fast_dimensions(py::handle value, std::vector<int64_t> &shape) {
 
 }  // namespace
 
-std::vector<int64_t> to_shape(py::handle value) {
-  std::vector<int64_t> shape;
-  if (fast_dimensions(value, shape)) return shape;
-  shape = dimensions_of(value);
-  if (shape.size() > kMaxDimensions)  // before anything is allocated or formatted per dimension
+ShapeArg to_shape(py::handle value) {
+  ShapeArg fast;
+  if (fast_dimensions(value, fast)) return fast;
+  const std::vector<int64_t> dims = dimensions_of(value);
+  if (dims.size() > kMaxDimensions)  // before anything is allocated or formatted per dimension
     raise_invalid_usage("kiln", "ndarray",
                         fmt::format("ndarray: shape has {} dimensions; kiln arrays have at most {} "
                                     "(numpy's limit)",
-                                    shape.size(), kMaxDimensions));
+                                    dims.size(), kMaxDimensions));
+  ShapeArg shape;
+  for (const int64_t d : dims) shape.push_back(d);
   return shape;
 }
 

@@ -11,8 +11,10 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <array>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -52,7 +54,24 @@ DataType to_dtype(py::handle value, const char *site = "ndarray");
 /// integers too). Errors: InvalidTypeError for other types (bytes, str, floats, bools, nested
 /// sequences), InvalidUsageError for a dimension beyond int64. Negative dimensions, more than
 /// 32 dimensions and sizes beyond numpy's are refused by compute_shape_info (InvalidUsageError).
-std::vector<int64_t> to_shape(py::handle value);
+/// A shape argument's dimensions, held inline (at most kMaxDimensions): converting the shape of
+/// every kiln.ndarray(...) call allocates nothing.
+class ShapeArg {
+ public:
+  /// Appends a dimension; false (and nothing appended) when kMaxDimensions are held already.
+  bool push_back(int64_t dim) {
+    if (ndim_ == dims_.size()) return false;
+    dims_[ndim_++] = dim;
+    return true;
+  }
+  [[nodiscard]] std::span<const int64_t> dims() const { return {dims_.data(), ndim_}; }
+
+ private:
+  std::array<int64_t, kMaxDimensions> dims_{};
+  std::size_t ndim_ = 0;
+};
+
+ShapeArg to_shape(py::handle value);
 
 /// A scalar operand for an array of `dtype`: real numbers (int, float, numpy scalars, 0-d
 /// arrays; nan and inf too) for floating dtypes, integers (within the dtype's range) for integer

@@ -49,7 +49,7 @@ py::dict cuda_array_interface(py::handle self) {
   const uint64_t address = check(a.get("__cuda_array_interface__").device_address("__cuda_array_interface__"));
   a.pointer_shared = true;  // no release hook: free() refuses from now on
   py::dict d;
-  d["shape"] = py::tuple(py::cast(a.shape));
+  d["shape"] = py::tuple(py::cast(a.shape()));
   d["typestr"] = numpy_dtype(a.dtype).attr("str");
   d["data"] = py::make_tuple(py::int_(address), false);
   d["version"] = 3;

@@ -142,12 +142,12 @@ py::object export_dlpack(py::handle self, py::handle stream, py::handle max_vers
   void *data = export_address(array, device);
 
   auto context = std::make_unique<ExportContext>();
-  context->shape = a.shape;
+  context->shape = a.shape();
   context->strides = array.strides();
   DLTensor &t = context->managed.dl_tensor;
   t.data = data;
   t.device = device;
-  t.ndim = static_cast<int>(a.shape.size());
+  t.ndim = static_cast<int>(a.shape().size());
   t.dtype = dl_dtype_of(a.dtype);
   t.shape = context->shape.data();
   t.strides = context->strides.data();

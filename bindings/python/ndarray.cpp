@@ -71,9 +71,9 @@ PyArray *initialized_array(py::handle value) {
 PyArray make_ndarray(py::handle dtype, py::handle shape) {
   check_not_in_observer("ndarray");
   const DataType dt = to_dtype(dtype);
-  const std::vector<int64_t> dims = to_shape(shape);
+  const ShapeArg dims = to_shape(shape);
   auto ex = executor();
-  return PyArray(check(ex->ndarray(dt, dims)), ex);
+  return PyArray(check(ex->ndarray(dt, dims.dims())), ex);
 }
 
 namespace {
@@ -104,6 +104,7 @@ void free_array(py::handle self) {
   }
   // Its executor was replaced by kiln.init: dropping the only handle frees it on its device.
   if (array.is_freed()) check(array.allocation("free"));  // the C++ use-after-free error
+  a.dropped_shape = array.shape();
   a.array = Ndarray();
   a.dropped = true;
   a.live.release();
@@ -170,12 +171,12 @@ std::string ndarray_repr(py::handle s) {
 /// made by ndarray.__new__ alone is refused.
 void def_properties(py::class_<PyArray> &cls) {
   const auto arr = [](py::handle self) -> PyArray & { return as_array(self, "ndarray", "self"); };
-  cls.def_property_readonly("shape", [arr](py::handle s) { return py::tuple(py::cast(arr(s).shape)); },
+  cls.def_property_readonly("shape", [arr](py::handle s) { return py::tuple(py::cast(arr(s).shape())); },
                             doc("ndarray.shape"))
       .def_property_readonly("dtype", [arr](py::handle s) { return arr(s).dtype; }, doc("ndarray.dtype"))
       .def_property_readonly("nbytes", [arr](py::handle s) { return arr(s).nbytes; }, doc("ndarray.nbytes"))
       .def_property_readonly("size", [arr](py::handle s) { return arr(s).size; }, doc("ndarray.size"))
-      .def_property_readonly("ndim", [arr](py::handle s) { return arr(s).shape.size(); }, doc("ndarray.ndim"))
+      .def_property_readonly("ndim", [arr](py::handle s) { return arr(s).shape().size(); }, doc("ndarray.ndim"))
       .def_property_readonly("device", [arr](py::handle s) { return arr(s).device; }, doc("ndarray.device"))
       .def_property_readonly("is_freed", [arr](py::handle s) { return arr(s).is_freed(); },
                               doc("ndarray.is_freed"))
@@ -184,7 +185,7 @@ void def_properties(py::class_<PyArray> &cls) {
       .def_property_readonly("__array_interface__", [arr](py::object self) {
         const PyArray &a = arr(self);
         py::dict d;
-        d["shape"] = py::tuple(py::cast(a.shape));
+        d["shape"] = py::tuple(py::cast(a.shape()));
         d["typestr"] = numpy_dtype(a.dtype).attr("str");
         d["data"] = py::memoryview(self);
         d["version"] = 3;
@@ -219,8 +220,8 @@ void def_methods(py::class_<PyArray> &cls) {
       }, doc("ndarray.__bool__"))
       .def("__len__", [](py::handle s) {
         const PyArray &a = as_array(s, "ndarray", "self");
-        if (a.shape.empty()) raise_invalid_type("len", "len() of a 0-d kiln.ndarray");
-        return a.shape[0];
+        if (a.shape().empty()) raise_invalid_type("len", "len() of a 0-d kiln.ndarray");
+        return a.shape()[0];
       }, doc("ndarray.__len__"))
       .def("__repr__", &ndarray_repr, doc("ndarray.__repr__"));
 }
@@ -232,7 +233,6 @@ PyArray::PyArray(Ndarray a, const std::shared_ptr<LlvmRuntimeExecutor> &ex)
       owner(ex),
       device(ex->device().name()),
       dtype(array.dtype()),
-      shape(array.shape()),
       nbytes(array.nbytes()),
       size(array.num_elements()),
       live(nbytes) {}
@@ -266,9 +266,10 @@ void LiveArrayBytes::release() {
 uint64_t LiveArrayBytes::total() { return g_live_array_bytes.load(std::memory_order_relaxed); }
 
 void PyArray::view_layout() {
-  if (view_shape.size() == shape.size() && view_strides.size() == shape.size()) return;
+  const std::vector<int64_t> &dims = shape();
+  if (view_shape.size() == dims.size() && view_strides.size() == dims.size()) return;
   const int64_t item = static_cast<int64_t>(itemsize(dtype));
-  view_shape.assign(shape.begin(), shape.end());
+  view_shape.assign(dims.begin(), dims.end());
   view_strides.clear();
   for (const int64_t stride : array.strides()) view_strides.push_back(static_cast<Py_ssize_t>(stride * item));
 }

@@ -53,7 +53,7 @@ struct PyArray {
   std::weak_ptr<LlvmRuntimeExecutor> owner;
   std::string device;
   DataType dtype;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> dropped_shape;  // the shape, kept once free() dropped the handle
   uint64_t nbytes = 0;
   uint64_t size = 0;
   int busy = 0;          // launches using it with the GIL released
@@ -70,8 +70,12 @@ struct PyArray {
   PyArray(Ndarray a, const std::shared_ptr<LlvmRuntimeExecutor> &ex);
 
   [[nodiscard]] bool is_freed() const { return dropped || array.is_freed(); }
+  /// The dimensions: the handle's (an array's creation copies none), kept once it is dropped.
+  [[nodiscard]] const std::vector<int64_t> &shape() const {
+    return dropped ? dropped_shape : array.shape();
+  }
   /// "f32[2, 3]", for messages (formatted when asked: an array's creation formats nothing).
-  [[nodiscard]] std::string description() const { return describe_array(dtype, shape); }
+  [[nodiscard]] std::string description() const { return describe_array(dtype, shape()); }
   /// Fills view_shape and view_strides once; the views point into them while the array lives.
   void view_layout();
   /// The handle, or InvalidUsageError when it was dropped by free().
