@@ -154,3 +154,13 @@ def test_lazy_default_init_is_cpu():
                           "print(kiln.device(), a.device)"], capture_output=True, text=True,
                          timeout=60)
     assert out.stdout.split() == ["cpu", "cpu"], out.stderr
+
+
+def test_an_array_freed_after_its_executor_was_replaced_keeps_its_shape():
+    a = kiln.ndarray(kiln.f32, (2, 3))
+    kiln.init("cpu")  # a's executor is replaced: free() drops its handle
+    a.free()
+    assert a.is_freed and a.shape == (2, 3) and a.ndim == 2 and a.dtype == kiln.f32
+    assert repr(a) == "kiln.ndarray(f32[2, 3], device='cpu', freed)"
+    with pytest.raises(kiln.InvalidUsageError, match=r"f32\[2, 3\] used after it was freed"):
+        a.free()
