@@ -62,7 +62,7 @@ def test_driver_oom_at_every_allocation_is_a_DeviceOutOfMemoryError(backend):
     base = backend.call_count("alloc")
     workload()
     calls = backend.call_count("alloc") - base
-    assert calls >= 4
+    assert calls == 2  # x and y: axpy and reduce_sum use the executor's launch buffers
     raised = 0
     for k in range(1, calls + 1):
         kiln.init(arch=backend.name, device_heap_bytes=MiB, caching=False)
