@@ -36,13 +36,14 @@ def test_the_sweep_report(kiln_backend: str) -> None:
     assert [r.at for r in report.runs if r.raised] == [1]
 
 
-def test_a_refused_result_buffer_is_absorbed_by_halving_the_batch(kiln_backend: str) -> None:
-    with kiln.testing.inject("nth=1,category=result_buffer"):
+def test_a_refused_scores_array_is_absorbed_by_halving_the_batch(kiln_backend: str) -> None:
+    # The 3rd ndarray request: the weights, the first batch's rows, then its scores.
+    with kiln.testing.inject("nth=3,category=ndarray"):
         assert total_score(DATA, WEIGHTS) == pytest.approx(EXPECTED)
 
 
 def test_when_nothing_fits_it_raises_a_memory_error(kiln_backend: str) -> None:
-    with kiln.testing.inject("category=argument_buffer"):  # every launch's arguments refused
+    with kiln.testing.inject("category=ndarray"):  # every array refused, the weights first
         with pytest.raises(MemoryError):
             total_score(DATA, WEIGHTS)
     # ... and the plugin's leak check after the test shows it held nothing.
@@ -50,11 +51,12 @@ def test_when_nothing_fits_it_raises_a_memory_error(kiln_backend: str) -> None:
 
 def test_it_needs_less_memory_than_its_data(kiln_backend: str) -> None:
     # The smallest budget (bisection, a fresh executor each try) holds kiln's own set-up (its
-    # kernels' code) and arrays far smaller than the data: halving works. A regression that
-    # held on to batches would raise it.
+    # kernels' code, the launch's argument and result buffers) and arrays far smaller than the
+    # data: halving works. A regression that held on to batches would raise it.
     report = kiln.testing.min_budget(total_score, DATA, WEIGHTS,
                                      max_budget_bytes=64 << 20,
                                      init_kwargs={"arch": kiln_backend, "device_heap_bytes": 0})
     assert report.peak_bytes["ndarray"] < DATA.nbytes // 16
-    assert report.budget_bytes < report.peak_bytes["code_object"] + DATA.nbytes // 16
+    own = sum(report.peak_bytes[k] for k in ("code_object", "argument_buffer", "result_buffer"))
+    assert report.budget_bytes < own + DATA.nbytes // 16
     assert report.refused_category is not None  # what was refused just below it

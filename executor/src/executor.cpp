@@ -40,11 +40,8 @@ LlvmRuntimeExecutor::~LlvmRuntimeExecutor() {
   if (module_)
     ignore_result(static_cast<GpuDevice &>(*context_->device).unload_module(*module_),
                   "destructor; the module goes with the device's context");
-  if (runtime_state_alloc_)
-    ignore_result(context_->memory->free(*runtime_state_alloc_),
-                  "destructor; the device defers a refused free to synchronize()");
-  if (heap_alloc_)
-    ignore_result(context_->memory->free(*heap_alloc_),
+  for (DeviceAllocation alloc : runtime_allocs_)
+    ignore_result(context_->memory->free(alloc),
                   "destructor; the device defers a refused free to synchronize()");
   context_->memory->release_cached();  // arrays that outlive the executor still work, uncached
   if (code_charged_) context_->memory->uncharge(MemoryCategory::code_object, program_->code_size_bytes());
@@ -100,19 +97,33 @@ RhiStatus LlvmRuntimeExecutor::init_runtime() {
   runtime::DeviceMemory &memory = *context_->memory;
   KILN_RETURN_IF_ERROR(memory.charge(MemoryCategory::code_object, program_->code_size_bytes()));
   code_charged_ = true;
+  // The launcher's argument and result buffers live as long as the executor, so a launch
+  // allocates only staging for its host operands (none for most launches).
+  const bool host = context_->device->host_addressable();
+  const int64_t max_tasks = host ? CpuKernelLauncher::max_tasks_for(config_.num_threads)
+                                 : GpuKernelLauncher::kMaxLaunchTasks;
   std::vector<runtime::AllocRequest> requests = {
-      {MemoryCategory::runtime_heap, sizeof(KilnRuntime), /*zero_fill=*/true}};
+      {MemoryCategory::runtime_heap, sizeof(KilnRuntime), /*zero_fill=*/true},
+      {MemoryCategory::argument_buffer, sizeof(KilnKernelArgs), /*zero_fill=*/false},
+      {MemoryCategory::result_buffer, static_cast<uint64_t>(max_tasks) * sizeof(KilnTaskResult),
+       /*zero_fill=*/true}};
   if (config_.device_heap_bytes != 0)
     requests.push_back({MemoryCategory::runtime_heap, config_.device_heap_bytes, false});
-  KILN_ASSIGN_OR_RETURN_CONTEXT(const std::vector<DeviceAllocation> allocs,
-                                memory.allocate_group(requests),
-                                "allocating the device runtime heap");
-  runtime_state_alloc_ = allocs[0];
-  if (allocs.size() > 1) heap_alloc_ = allocs[1];
-  if (context_->device->host_addressable()) {
-    launcher_ = std::make_unique<CpuKernelLauncher>(memory, *program_, *runtime_state_alloc_, heap_alloc_,
-                                                    config_.device_heap_bytes, config_.num_threads);
-    return {};
+  KILN_ASSIGN_OR_RETURN_CONTEXT(runtime_allocs_, memory.allocate_group(requests),
+                                "allocating the device runtime heap and launch buffers");
+  LauncherBuffers buffers{.runtime_state = runtime_allocs_[0],
+                          .argument_buffer = runtime_allocs_[1],
+                          .result_buffer = runtime_allocs_[2],
+                          .heap = std::nullopt,
+                          .heap_bytes = 0};
+  if (runtime_allocs_.size() > 3) {
+    heap_alloc_ = runtime_allocs_[3];
+    buffers.heap = heap_alloc_;
+    buffers.heap_bytes = config_.device_heap_bytes;
+  }
+  if (host) {
+    launcher_ = std::make_unique<CpuKernelLauncher>(memory, *program_, buffers, config_.num_threads);
+    return launcher_->bind();
   }
   auto &gpu = static_cast<GpuDevice &>(*context_->device);
   auto module = gpu.load_module(program_->code_image());
@@ -121,9 +132,8 @@ RhiStatus LlvmRuntimeExecutor::init_runtime() {
     return std::unexpected(std::move(module).error().add_context("loading the kernels' code object"));
   }
   module_ = *module;
-  launcher_ = std::make_unique<GpuKernelLauncher>(memory, gpu, *program_, *module_, *runtime_state_alloc_,
-                                                  heap_alloc_, config_.device_heap_bytes);
-  return {};
+  launcher_ = std::make_unique<GpuKernelLauncher>(memory, gpu, *program_, *module_, buffers);
+  return launcher_->bind();
 }
 
 RhiStatus check_fault_kernel(const runtime::FaultSpec &spec) {

@@ -38,26 +38,73 @@ class ScopedGroup {
 
 // --- shared launch contract -------------------------------------------------------------------
 
-KernelLauncher::KernelLauncher(runtime::DeviceMemory &memory, DeviceAllocation runtime_state,
-                               std::optional<DeviceAllocation> heap, uint64_t heap_bytes)
-    : memory_(memory), runtime_state_(runtime_state), heap_(heap), heap_bytes_(heap ? heap_bytes : 0) {}
+KernelLauncher::KernelLauncher(runtime::DeviceMemory &memory, const LauncherBuffers &buffers)
+    : memory_(memory), buffers_(buffers) {
+  if (!buffers_.heap) buffers_.heap_bytes = 0;
+}
 
 KernelLauncher::~KernelLauncher() = default;
 
-RhiStatus KernelLauncher::reset_runtime() {
+RhiStatus KernelLauncher::bind() {
   LlvmDevice &device = memory_.device();
-  KilnRuntime state{};
-  if (heap_ && heap_base_address_ == 0) {  // the heap lives as long as the launcher: asked once
-    KILN_ASSIGN_OR_RETURN(heap_base_address_, device.device_address(*heap_));
+  KILN_ASSIGN_OR_RETURN(runtime_address_, device.device_address(buffers_.runtime_state));
+  KILN_ASSIGN_OR_RETURN(args_address_, device.device_address(buffers_.argument_buffer));
+  KILN_ASSIGN_OR_RETURN(result_address_, device.device_address(buffers_.result_buffer));
+  if (buffers_.heap) {
+    KILN_ASSIGN_OR_RETURN(heap_base_address_, device.device_address(*buffers_.heap));
   }
+  if (device.host_addressable()) {  // a device address is a host address there
+    runtime_host_ = reinterpret_cast<KilnRuntime *>(runtime_address_);
+    args_host_ = reinterpret_cast<KilnKernelArgs *>(args_address_);
+    result_host_ = reinterpret_cast<KilnTaskResult *>(result_address_);
+  }
+  bound_ = true;
+  return {};
+}
+
+RhiStatus KernelLauncher::write_launch_state(const KilnKernelArgs &args) {
+  KilnRuntime state{};
   state.heap_base = heap_base_address_;
-  state.heap_size_bytes = heap_bytes_;
-  return device.memcpy_host_to_device(runtime_state_, 0, &state, sizeof state);
+  state.heap_size_bytes = buffers_.heap_bytes;
+  if (args_host_ != nullptr) {
+    *args_host_ = args;
+    *runtime_host_ = state;
+    return {};
+  }
+  LlvmDevice &device = memory_.device();
+  KILN_RETURN_IF_ERROR(device.memcpy_host_to_device(buffers_.argument_buffer, 0, &args, sizeof args));
+  return device.memcpy_host_to_device(buffers_.runtime_state, 0, &state, sizeof state);
+}
+
+RhiStatus KernelLauncher::clear_results(int64_t num_tasks) {
+  const auto size_bytes = static_cast<uint64_t>(num_tasks) * sizeof(KilnTaskResult);
+  if (result_host_ != nullptr) {
+    std::memset(result_host_, 0, size_bytes);
+    return {};
+  }
+  return memory_.device().fill_zero(buffers_.result_buffer, 0, size_bytes);
+}
+
+RhiStatus KernelLauncher::read_results(int64_t num_tasks, std::vector<KilnTaskResult> &out) {
+  out.resize(static_cast<std::size_t>(num_tasks));
+  if (result_host_ != nullptr) {
+    std::copy_n(result_host_, out.size(), out.data());
+    return {};
+  }
+  return memory_.device().memcpy_device_to_host(out.data(), buffers_.result_buffer, 0,
+                                                out.size() * sizeof(KilnTaskResult));
 }
 
 RhiStatus KernelLauncher::check_device_error(const std::string &kernel) {
   KilnRuntime state{};
-  KILN_RETURN_IF_ERROR(memory_.device().memcpy_device_to_host(&state, runtime_state_, 0, sizeof state));
+  if (runtime_host_ != nullptr) {
+    if (runtime_host_->error_code == KILN_DEVICE_OK) [[likely]]
+      return {};
+    state = *runtime_host_;
+  } else {
+    KILN_RETURN_IF_ERROR(
+        memory_.device().memcpy_device_to_host(&state, buffers_.runtime_state, 0, sizeof state));
+  }
   if (state.error_code == KILN_DEVICE_OK) return {};
   state.error_message[sizeof state.error_message - 1] = '\0';
   constexpr const char *kSite = "KernelLauncher::launch";
@@ -94,90 +141,114 @@ RhiExpected<LaunchResult> KernelLauncher::launch(const LaunchSpec &spec) {
 }
 
 RhiExpected<LaunchResult> KernelLauncher::launch_unguarded(const LaunchSpec &spec) {
-  KILN_RETURN_IF_ERROR(check_kernel(spec.kernel));
-  std::lock_guard lock(mutex_);
-  const int64_t num_tasks = task_count(spec);
-
-  // Pre-flight: everything the launch needs, reserved and allocated in one step.
-  std::vector<runtime::AllocRequest> requests;
-  requests.reserve(2 + spec.host_operands.size());
-  requests.push_back({MemoryCategory::argument_buffer, sizeof(KilnKernelArgs), false});
-  requests.push_back({MemoryCategory::result_buffer,
-                      static_cast<uint64_t>(num_tasks) * sizeof(KilnTaskResult), true});
-  for (const HostOperand &op : spec.host_operands)
-    if (!op.bytes.empty()) requests.push_back({MemoryCategory::staging, op.bytes.size(), false});
-  for (runtime::AllocRequest &r : requests) r.kernel = spec.kernel;  // for a fault spec's kernel=
-  KILN_ASSIGN_OR_RETURN_CONTEXT(std::vector<DeviceAllocation> allocs,
-                                memory_.allocate_group(requests), "preparing launch of {}",
-                                spec.kernel);
-  ScopedGroup group(memory_, std::move(allocs));
-
+  constexpr const char *kSite = "KernelLauncher::launch";
+  std::lock_guard lock(mutex_);  // held until the results are read back: the buffers are shared
+  KILN_ASSIGN_OR_RETURN(const KilnKernelFn fn, check_kernel(spec.kernel));
   LlvmDevice &device = memory_.device();
+  if (!bound_)
+    return std::unexpected(make_failure(RhiResult::error, device.name(), kSite,
+                                        "internal: launch before KernelLauncher::bind"));
+  // What a lost device says, with or without staging to allocate.
+  KILN_RETURN_IF_ERROR_CONTEXT(device.check_alive(kSite), "preparing launch of {}", spec.kernel);
+  const int64_t num_tasks = task_count(spec);
+  if (num_tasks > max_tasks()) [[unlikely]]
+    return std::unexpected(make_failure(
+        RhiResult::error, device.name(), kSite,
+        fmt::format("internal: {} tasks for {} exceed the result buffer's {} slots", num_tasks,
+                    spec.kernel, max_tasks())));
+
   KilnKernelArgs args = spec.args;
   args.num_tasks = num_tasks;
   args.iteration_size = spec.iteration_size;
-  KILN_ASSIGN_OR_RETURN(args.result_buffer, device.device_address(group[1]));
-  std::size_t next = 2;
+  args.result_buffer = result_address_;
+
+  // Pre-flight: the staging for host operands, reserved and allocated in one step.
+  std::optional<ScopedGroup> staging;
+  if (std::ranges::any_of(spec.host_operands, [](const HostOperand &op) { return !op.bytes.empty(); })) {
+    std::vector<runtime::AllocRequest> requests;
+    requests.reserve(spec.host_operands.size());
+    for (const HostOperand &op : spec.host_operands)
+      if (!op.bytes.empty())
+        requests.push_back({MemoryCategory::staging, op.bytes.size(), false, spec.kernel});
+    KILN_ASSIGN_OR_RETURN_CONTEXT(std::vector<DeviceAllocation> allocs,
+                                  memory_.allocate_group(requests), "preparing launch of {}",
+                                  spec.kernel);
+    staging.emplace(memory_, std::move(allocs));
+  }
+  std::size_t next = 0;
   for (const HostOperand &op : spec.host_operands) {
     if (op.bytes.empty()) {
       args.ptr[op.slot] = 0;
       continue;
     }
-    const DeviceAllocation staging = group[next++];
-    KILN_RETURN_IF_ERROR(device.memcpy_host_to_device(staging, 0, op.bytes.data(), op.bytes.size()));
-    KILN_ASSIGN_OR_RETURN(args.ptr[op.slot], device.device_address(staging));
+    const DeviceAllocation buffer = (*staging)[next++];
+    KILN_RETURN_IF_ERROR(device.memcpy_host_to_device(buffer, 0, op.bytes.data(), op.bytes.size()));
+    KILN_ASSIGN_OR_RETURN(args.ptr[op.slot], device.device_address(buffer));
   }
-  KILN_RETURN_IF_ERROR(device.memcpy_host_to_device(group[0], 0, &args, sizeof args));
-  KILN_RETURN_IF_ERROR(reset_runtime());
+  KILN_RETURN_IF_ERROR(write_launch_state(args));
+  if (spec.wants_task_results) KILN_RETURN_IF_ERROR(clear_results(num_tasks));
 
-  KILN_ASSIGN_OR_RETURN(const uint64_t runtime_address, device.device_address(runtime_state_));
-  KILN_ASSIGN_OR_RETURN(const uint64_t args_address, device.device_address(group[0]));
   KILN_RETURN_IF_ERROR(check_injected_launch_fault(spec.kernel));
-  KILN_RETURN_IF_ERROR(execute(spec.kernel, runtime_address, args_address, num_tasks, spec.iteration_size));
+  KILN_RETURN_IF_ERROR(execute(spec.kernel, fn, runtime_address_, args_address_, num_tasks,
+                               spec.iteration_size));
   KILN_RETURN_IF_ERROR(check_device_error(spec.kernel));
 
   LaunchResult result;
-  if (spec.wants_task_results) {
-    result.task_results.resize(static_cast<std::size_t>(num_tasks));
-    KILN_RETURN_IF_ERROR(device.memcpy_device_to_host(
-        result.task_results.data(), group[1], 0, result.task_results.size() * sizeof(KilnTaskResult)));
-  }
+  if (spec.wants_task_results) KILN_RETURN_IF_ERROR(read_results(num_tasks, result.task_results));
   return result;
 }
 
 // --- CPU --------------------------------------------------------------------------------------
 
 CpuKernelLauncher::CpuKernelLauncher(runtime::DeviceMemory &memory, Program &program,
-                                     DeviceAllocation runtime_state,
-                                     std::optional<DeviceAllocation> heap, uint64_t heap_bytes,
-                                     unsigned num_threads)
-    : KernelLauncher(memory, runtime_state, heap, heap_bytes),
+                                     const LauncherBuffers &buffers, unsigned num_threads)
+    : KernelLauncher(memory, buffers),
       program_(program),
-      pool_(std::make_unique<runtime::ThreadPool>(
-          num_threads != 0 ? num_threads : std::max(1u, std::thread::hardware_concurrency()))) {}
+      pool_threads_(pool_threads(num_threads)),
+      pool_(std::make_unique<runtime::ThreadPool>(pool_threads_)) {}
 
 CpuKernelLauncher::~CpuKernelLauncher() = default;
 
+unsigned CpuKernelLauncher::pool_threads(unsigned num_threads) {
+  return num_threads != 0 ? num_threads : std::max(1u, std::thread::hardware_concurrency());
+}
+
+int64_t CpuKernelLauncher::max_tasks_for(unsigned num_threads) {
+  return static_cast<int64_t>(pool_threads(num_threads)) * kTasksPerThread;
+}
+
 unsigned CpuKernelLauncher::num_threads() const { return pool_->num_threads(); }
 
-RhiStatus CpuKernelLauncher::check_kernel(const std::string &kernel) {
-  KILN_RETURN_IF_ERROR(program_.kernel(kernel));
-  return {};
+// The pool may start fewer threads than asked (the OS refused some), never more.
+int64_t CpuKernelLauncher::max_tasks() const {
+  return static_cast<int64_t>(pool_threads_) * kTasksPerThread;
+}
+
+RhiExpected<KilnKernelFn> CpuKernelLauncher::check_kernel(const std::string &kernel) {
+  if (last_fn_ != nullptr && kernel == last_kernel_) [[likely]]
+    return last_fn_;
+  KILN_ASSIGN_OR_RETURN(const KilnKernelFn fn, program_.kernel(kernel));
+  last_kernel_ = kernel;
+  last_fn_ = fn;
+  return fn;
 }
 
 int64_t CpuKernelLauncher::task_count(const LaunchSpec &spec) const {
   if (spec.iteration_size <= spec.min_elements_per_task) return 1;
-  const int64_t max_tasks = static_cast<int64_t>(pool_->num_threads()) * 4;
+  const int64_t max_tasks = static_cast<int64_t>(pool_->num_threads()) * kTasksPerThread;
   const int64_t by_grain = (spec.iteration_size + spec.min_elements_per_task - 1) /
                            spec.min_elements_per_task;
   return std::max<int64_t>(1, std::min(max_tasks, by_grain));
 }
 
-RhiStatus CpuKernelLauncher::execute(const std::string &kernel, uint64_t runtime_address,
+RhiStatus CpuKernelLauncher::execute(const std::string &, KilnKernelFn fn, uint64_t runtime_address,
                                      uint64_t args_address, int64_t num_tasks, int64_t n) {
-  KILN_ASSIGN_OR_RETURN(const KilnKernelFn fn, program_.kernel(kernel));
   auto *runtime_ptr = reinterpret_cast<KilnRuntime *>(runtime_address);
   const auto *args_ptr = reinterpret_cast<const KilnKernelArgs *>(args_address);
+  if (num_tasks == 1) {  // on the caller's thread, without the pool's std::function
+    fn(runtime_ptr, args_ptr, 0, n, 0);
+    return {};
+  }
   pool_->parallel_for(num_tasks, [&](int64_t task) {
     const int64_t begin = kiln_task_split_point(n, task, num_tasks);
     const int64_t end = kiln_task_split_point(n, task + 1, num_tasks);
@@ -190,15 +261,14 @@ RhiStatus CpuKernelLauncher::execute(const std::string &kernel, uint64_t runtime
 
 GpuKernelLauncher::GpuKernelLauncher(runtime::DeviceMemory &memory, GpuDevice &device,
                                      Program &program, uint64_t module,
-                                     DeviceAllocation runtime_state,
-                                     std::optional<DeviceAllocation> heap, uint64_t heap_bytes)
-    : KernelLauncher(memory, runtime_state, heap, heap_bytes),
+                                     const LauncherBuffers &buffers)
+    : KernelLauncher(memory, buffers),
       device_(device),
       program_(program),
       module_(module) {}
 
-RhiStatus GpuKernelLauncher::check_kernel(const std::string &kernel) {
-  if (program_.has_kernel(kernel)) return {};
+RhiExpected<KilnKernelFn> GpuKernelLauncher::check_kernel(const std::string &kernel) {
+  if (program_.has_kernel(kernel)) return nullptr;  // the device runs it by name
   return std::unexpected(invalid_usage(device_.name(), "GpuKernelLauncher::launch",
                                        fmt::format("unknown kernel '{}'", kernel)));
 }
@@ -236,7 +306,7 @@ int64_t GpuKernelLauncher::task_count(const LaunchSpec &spec) const {
                              kMaxGridBlocks);
 }
 
-RhiStatus GpuKernelLauncher::execute(const std::string &kernel, uint64_t runtime_address,
+RhiStatus GpuKernelLauncher::execute(const std::string &kernel, KilnKernelFn, uint64_t runtime_address,
                                      uint64_t args_address, int64_t num_tasks, int64_t) {
   void *params[2] = {&runtime_address, &args_address};
   unsigned block = kBlockThreads;

@@ -200,6 +200,13 @@ RhiStatus LlvmDevice::fill_zero(DeviceAllocation alloc) {
   return driver_memset_zero(entry.address, entry.size_bytes);
 }
 
+RhiStatus LlvmDevice::fill_zero(DeviceAllocation alloc, uint64_t offset_bytes, uint64_t size_bytes) {
+  KILN_ASSIGN_OR_RETURN(const Entry entry,
+                        check_range(alloc, offset_bytes, size_bytes, "LlvmDevice::fill_zero"));
+  if (size_bytes == 0) return {};
+  return driver_memset_zero(entry.address + offset_bytes, size_bytes);
+}
+
 RhiExpected<uint64_t> LlvmDevice::device_address(DeviceAllocation alloc) const {
   KILN_ASSIGN_OR_RETURN(const Entry entry, find_live(alloc, "LlvmDevice::device_address"));
   return entry.address;

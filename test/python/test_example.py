@@ -32,9 +32,10 @@ def test_adaptive_batch_without_pressure_catches_nothing():
 
 
 def test_kiln_fault_makes_the_unmodified_example_halve_its_batch_once():
-    # The README's KILN_FAULT example: the first result buffer is refused, the loop halves once.
+    # The README's KILN_FAULT example: the first batch's scores array (the 3rd ndarray request,
+    # after the weights and the batch's rows) is refused, the loop halves once.
     out = run_example("--budget-mb", "256", "--heap-mb", "16", "--rows", "20000",
-                      env={"KILN_FAULT": "nth=1,category=result_buffer"})
+                      env={"KILN_FAULT": "nth=3,category=ndarray"})
     assert out.returncode == 0, out.stdout + out.stderr
     assert "1 MemoryError(s) caught: DeviceOutOfMemoryError" in out.stdout, out.stdout
-    assert "bytes for result_buffer)" in out.stdout and "results OK" in out.stdout
+    assert "bytes for ndarray)" in out.stdout and "results OK" in out.stdout

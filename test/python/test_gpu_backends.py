@@ -33,17 +33,19 @@ def test_ops_run_against_the_fake(backend):
 
 def test_gpu_shaped_kernels_one_reduce_partial_per_block_and_tiled_matmul(backend):
     """reduce_sum grid-strides over at most 4,224 blocks (GpuKernelLauncher::kMaxGridBlocks) and
-    reads back one 32-byte partial per block, not one per thread (16,384 before); the sums stay
+    reads back one 32-byte partial per block from the executor's result buffer (16,384 slots,
+    512 KiB, held for the executor's life: a launch allocates none); the sums stay
     exact (wrapping int64 for ints, f64 for floats). The tiled matmul matches numpy on shapes that
     are not multiples of its 16x16 tile."""
     kiln.init(arch=backend.name, device_heap_bytes=MiB)
     n = 4224 * 256 * 2 + 7  # two grid strides and a tail
     host = (np.arange(n) % 1000).astype(np.int32)
     x = kiln.from_numpy(host)
+    held = kiln.memory_stats()["current_bytes"]["result_buffer"]
+    assert 16384 * 32 <= held < 16384 * 32 * 2  # the pool may round the size up a little
     kiln.reset_peak_memory_stats()
     assert kiln.reduce_sum(x) == int(host.sum(dtype=np.int64))
-    peak = kiln.memory_stats()["peak_bytes"]["result_buffer"]
-    assert 4224 * 32 <= peak < 16384 * 32 // 2  # the pool may round the size up a little
+    assert kiln.memory_stats()["peak_bytes"]["result_buffer"] == held
     floats = np.linspace(-1.0, 3.0, 100003).astype(np.float32)
     assert kiln.reduce_sum(kiln.from_numpy(floats)) == pytest.approx(
         float(floats.astype(np.float64).sum()), rel=1e-9)
@@ -60,7 +62,7 @@ def test_driver_oom_at_every_allocation_is_a_DeviceOutOfMemoryError(backend):
     base = backend.call_count("alloc")
     workload()
     calls = backend.call_count("alloc") - base
-    assert calls >= 4
+    assert calls == 2  # x and y: axpy and reduce_sum use the executor's launch buffers
     raised = 0
     for k in range(1, calls + 1):
         kiln.init(arch=backend.name, device_heap_bytes=MiB, caching=False)

@@ -119,20 +119,42 @@ def test_fail_allocation_needs_a_positive_int():
                 pass
 
 
-@pytest.mark.parametrize("at,category", [(1, "argument_buffer"), (2, "result_buffer"),
-                                         (3, "staging")])
-def test_a_launch_that_cannot_get_its_buffers_launches_nothing_and_holds_nothing(at, category):
+def test_a_launch_that_cannot_get_its_staging_launches_nothing_and_holds_nothing():
     y = kiln.from_numpy(np.zeros(1000, dtype=np.float64))
     x = np.arange(1000, dtype=np.float64)
     before = allocated_bytes()
-    with kiln.testing.fail_allocation(at=at):
+    with kiln.testing.fail_allocation(at=1):
         with pytest.raises(kiln.DeviceOutOfMemoryError) as info:
-            kiln.axpy(2.0, x, y)  # host x: argument buffer, result buffer, staging
-    assert info.value.category == category
+            kiln.axpy(2.0, x, y)  # host x: its staging is the launch's only request
+    assert info.value.category == "staging"
     assert allocated_bytes() == before
     assert y.to_numpy().sum() == 0.0  # nothing was launched
     kiln.axpy(2.0, x, y)
     np.testing.assert_array_equal(y.to_numpy(), 2.0 * x)
+
+
+@pytest.mark.parametrize("arch", ["cpu", "mock"])
+def test_launches_run_under_a_full_budget(arch):
+    # The argument and result buffers belong to the executor (made with it), so a launch of
+    # device arrays requests nothing: it runs when arrays fill the budget to the last byte.
+    kiln.init(arch=arch, budget_bytes=8 * MiB, device_heap_bytes=0, caching=False)
+    x = kiln.from_numpy(np.full(1000, 2.0))
+    y = kiln.from_numpy(np.ones(1000))
+    filler = []
+    for nbytes in (MiB, 64 << 10, 4 << 10, 256, 8):
+        while True:
+            try:
+                filler.append(kiln.ndarray(kiln.f64, (nbytes // 8,)))
+            except MemoryError:
+                break
+    with pytest.raises(MemoryError):
+        kiln.ndarray(kiln.f64, (1,))  # the budget is full
+    kiln.fill(y, 3.0)
+    kiln.axpy(2.0, x, y)
+    assert kiln.reduce_sum(y) == 7000.0
+    np.testing.assert_array_equal(y.to_numpy(), np.full(1000, 7.0))
+    for a in filler:
+        a.free()
 
 
 def test_device_heap_exhaustion_in_compact_positive():

@@ -33,7 +33,8 @@ def example():
 def test_the_examples_batching_loop_keeps_the_contract_at_every_allocation(example, capsys):
     module, data, weights = example
     report = kiln.testing.sweep(module.run, data, weights, batch_rows=16)
-    assert report.allocations >= 5
+    # the weights, then the batch's rows, scores and positives: launches request nothing
+    assert report.allocations == 4
     assert len(report.runs) == report.allocations
     assert [r.at for r in report.runs] == list(range(1, report.allocations + 1))
     assert not report.broken

@@ -69,8 +69,8 @@ USER_TESTS = textwrap.dedent('''
                             getattr(variants, f"{request.param}_score_batch", batching.score_batch))
         return request.param
 
-    def test_halves_on_a_refused_result_buffer(kiln_backend, variant):
-        with kiln.testing.inject("nth=1,category=result_buffer"):
+    def test_halves_on_a_refused_scores_array(kiln_backend, variant):
+        with kiln.testing.inject("nth=3,category=ndarray"):  # weights, rows, then scores
             total = batching.total_score(DATA, WEIGHTS, batch_rows=16)
         assert total == pytest.approx((DATA @ WEIGHTS).sum())
 
@@ -88,13 +88,13 @@ def test_the_plugin_catches_the_leak_and_the_wrong_catch(tmp_path):
     for backend in ("cpu", "mock"):
         def seen(name, variant):
             return outcomes(out, f"{name}[{variant}-{backend}]")
-        assert seen("test_halves_on_a_refused_result_buffer", "correct") == {"PASSED"}, out
+        assert seen("test_halves_on_a_refused_scores_array", "correct") == {"PASSED"}, out
         assert seen("test_sweep", "correct") == {"PASSED"}, out
         # The leak check: the test body passed (halving absorbed the fault), its teardown failed.
-        assert seen("test_halves_on_a_refused_result_buffer", "leaking") == {"PASSED", "ERROR"}, out
+        assert seen("test_halves_on_a_refused_scores_array", "leaking") == {"PASSED", "ERROR"}, out
         assert "FAILED" in seen("test_sweep", "leaking"), out
         # The wrong catch: a RuntimeError where a MemoryError was due.
-        assert seen("test_halves_on_a_refused_result_buffer", "wrapping") == {"FAILED"}, out
+        assert seen("test_halves_on_a_refused_scores_array", "wrapping") == {"FAILED"}, out
         assert seen("test_sweep", "wrapping") == {"FAILED"}, out
         assert f"kiln leak: the test left held on {backend}: ndarray" in out
     assert "raised RuntimeError: batch of 16 rows failed" in out

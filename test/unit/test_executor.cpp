@@ -7,6 +7,7 @@
 #include <limits>
 #include <thread>
 
+#include "kiln/executor/launcher.h"
 #include "test_support.h"
 
 using namespace kiln;
@@ -57,7 +58,8 @@ TEST_CASE("a shape whose byte count overflows is InvalidUsage, never a small all
     CHECK_THAT(a.error().message(), Catch::Contains("overflows"));
   }
   CHECK(ledger_bytes(*ex) == before);
-  CHECK(ex->device().live_allocation_count() == 2);  // only the runtime state and the heap
+  // only the runtime state, the launch's argument and result buffers, and the heap
+  CHECK(ex->device().live_allocation_count() == 4);
 }
 
 TEST_CASE("an array larger than the budget is BudgetExceeded and the next small one works",
@@ -228,19 +230,98 @@ TEST_CASE("a fault at any allocation of a launch leaves the ledger as it was", "
   Ndarray y = upload<int64_t>(*ex, DataType::i64, {10, 20, 30, 40});
   const uint64_t before = ledger_bytes(*ex);
   int refused = 0;
-  for (uint64_t k = 1; k <= 4; ++k) {
+  for (uint64_t k = 1; k <= 3; ++k) {
     ex->memory().fault_plan().fail_nth_allocation(k);
     auto launched = ex->axpy_from_host(Scalar::of_int(1), bytes_of(x), y);
     ex->memory().fault_plan().clear();
     if (!launched) {
       ++refused;
       CHECK(kind_of(launched.error()) == ErrorKind::device_out_of_memory);
+      CHECK(launched.error().category == MemoryCategory::staging);
     }
     CHECK(ledger_bytes(*ex) == before);
     CHECK(ex->memory().in_use_by_category()[static_cast<int>(MemoryCategory::staging)] == 0);
   }
-  CHECK(refused == 3);  // argument buffer, result buffer, staging: each fault refused the launch
-  CHECK(download<int64_t>(*ex, y) == std::vector<int64_t>{11, 22, 33, 44});  // the one clean run
+  CHECK(refused == 1);  // the staging: the argument and result buffers are the executor's
+  CHECK(download<int64_t>(*ex, y) == std::vector<int64_t>{12, 24, 36, 48});  // the two clean runs
+}
+
+namespace {
+
+uint64_t held(LlvmRuntimeExecutor &ex, MemoryCategory category) {
+  return ex.memory().in_use_by_category()[static_cast<std::size_t>(category)];
+}
+
+}  // namespace
+
+TEST_CASE("the executor holds the launch buffers for its life; launches without host operands "
+          "request nothing", "[executor][launch]") {
+  ExecutorConfig config;
+  config.backend = Backend::mock;
+  config.num_threads = 2;
+  auto ex = make_executor(config);
+  const uint64_t args_bytes = held(*ex, MemoryCategory::argument_buffer);
+  const uint64_t result_bytes = held(*ex, MemoryCategory::result_buffer);
+  CHECK(args_bytes >= sizeof(KilnKernelArgs));
+  CHECK(result_bytes >= CpuKernelLauncher::max_tasks_for(2) * sizeof(KilnTaskResult));
+  CHECK(CpuKernelLauncher::max_tasks_for(2) == 8);
+
+  std::vector<double> values(1'000'003);  // 16 tasks' worth of elements: capped at 8 slots
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(i % 7);
+  Ndarray x = upload<double>(*ex, DataType::f64, values);
+  Ndarray y = upload<double>(*ex, DataType::f64, values);
+  const uint64_t requests = ex->memory().fault_plan().allocation_count();
+  REQUIRE(ex->fill(y, Scalar::of(1.0)));
+  REQUIRE(ex->axpy(Scalar::of(2.0), x, y));
+  const Scalar sum = value_or_throw(ex->reduce_sum(y));
+  const Scalar small = value_or_throw(ex->reduce_sum(x));  // after a launch of more tasks
+  CHECK(ex->memory().fault_plan().allocation_count() == requests);
+  double expected = 0;
+  for (double v : values) expected += 1.0 + 2.0 * v;
+  CHECK(sum.f64 == expected);
+  double expected_small = 0;
+  for (double v : values) expected_small += v;
+  CHECK(small.f64 == expected_small);
+  CHECK(held(*ex, MemoryCategory::argument_buffer) == args_bytes);
+  CHECK(held(*ex, MemoryCategory::result_buffer) == result_bytes);
+}
+
+TEST_CASE("a launch under a full budget still runs: its buffers are the executor's",
+          "[executor][oom][launch]") {
+  auto ex = make_mock_executor(256_MiB, 64_MiB);
+  Ndarray x = upload<float>(*ex, DataType::f32, std::vector<float>(4096, 2.0f));
+  Ndarray y = upload<float>(*ex, DataType::f32, std::vector<float>(4096, 1.0f));
+  ex->memory().release_cached();
+  ex->memory().set_limit_bytes(ex->memory().in_use_bytes());  // full: any growth is refused
+  const int64_t shape[1] = {16};
+  auto refused = ex->ndarray(DataType::f32, shape);
+  REQUIRE_FALSE(refused);
+  CHECK(kind_of(refused.error()) == ErrorKind::budget_exceeded);
+
+  REQUIRE(ex->fill(y, Scalar::of(3.0)));
+  REQUIRE(ex->axpy(Scalar::of(2.0), x, y));
+  CHECK(value_or_throw(ex->reduce_sum(y)).f64 == 4096 * 7.0);
+  CHECK(download<float>(*ex, y) == std::vector<float>(4096, 7.0f));
+}
+
+TEST_CASE("an executor whose launch buffers do not fit is not made, with the named error",
+          "[executor][oom][launch]") {
+  ExecutorConfig config;
+  config.backend = Backend::mock;
+  config.device_heap_bytes = 0;
+  config.num_threads = 2;
+  config.budget.caching = false;  // no size classes: the ledger holds exactly what was asked
+  const uint64_t needed = [&] {
+    auto ex = make_executor(config);
+    return ledger_bytes(*ex);
+  }();
+  config.budget.limit_bytes = needed - 1;
+  auto created = LlvmRuntimeExecutor::create(config, host_program());
+  REQUIRE_FALSE(created);
+  CHECK(kind_of(created.error()) == ErrorKind::budget_exceeded);
+  CHECK_THAT(created.error().message(), Catch::Contains("launch buffers"));
+  config.budget.limit_bytes = needed;
+  CHECK(LlvmRuntimeExecutor::create(config, host_program()));
 }
 
 TEST_CASE("device heap exhaustion is DeviceHeapExhausted and the next launch runs normally",
@@ -416,7 +497,7 @@ TEST_CASE("a host operand is staged as staging, and a fault at its buffer names 
   REQUIRE(ex->axpy_from_host(Scalar::of_int(1), bytes_of(x), y));
   CHECK(ex->memory().stats().ledger.peak_bytes[staging] >= x.size() * sizeof(int64_t));
   CHECK(ex->memory().in_use_by_category()[staging] == 0);  // given back after the launch
-  ex->memory().fault_plan().fail_nth_allocation(3);  // argument buffer, result buffer, staging
+  ex->memory().fault_plan().fail_nth_allocation(1);  // the staging: the launch's only request
   auto refused = ex->axpy_from_host(Scalar::of_int(1), bytes_of(x), y);
   ex->memory().fault_plan().clear();
   REQUIRE_FALSE(refused);

@@ -54,7 +54,7 @@ uint64_t requests_of(const Workload &workload, std::optional<MemoryCategory> cat
 TEST_CASE("sweep fails every request of the workload once, and each run keeps the contract",
           "[sweep]") {
   const uint64_t requests = requests_of(tiny_workload);
-  REQUIRE(requests >= 3);
+  REQUIRE(requests == 2);  // the ndarray and axpy's staging: launches bring their own buffers
   auto report = kiln::testing::sweep(tiny_workload, mock_options());
   REQUIRE(report);
   CHECK(report->allocations == requests);

@@ -58,8 +58,10 @@ class KernelLauncher;
 class LlvmRuntimeExecutor {
  public:
   /// Opens the device, sets its budget, compiles (or reuses) the Program, and allocates the
-  /// device runtime state and heap chunk. Errors: those of create_device (backend_registry.h)
-  /// and Program::create; out_of_memory when the heap chunk or code object does not fit, or the
+  /// device runtime state, heap chunk and the launcher's argument and result buffers (held for
+  /// the executor's life: launches allocate only staging for host operands). Errors: those of
+  /// create_device (backend_registry.h) and Program::create; out_of_memory when the heap chunk,
+  /// the launch buffers (named by category) or code object do not fit, or the
   /// host has no memory left for the executor itself (oom_source host; a thread the host
   /// refuses is error); invalid_usage naming KILN_FAULT when that variable is set but is no
   /// fault spec (runtime/memory/fault_spec.h) or its kernel= names no kernel
@@ -144,8 +146,10 @@ class LlvmRuntimeExecutor {
   std::shared_ptr<DeviceContext> context_;
   std::shared_ptr<Program> program_;
   bool code_charged_ = false;
-  std::optional<DeviceAllocation> runtime_state_alloc_;  // the KilnRuntime
-  std::optional<DeviceAllocation> heap_alloc_;           // the device heap chunk, if any
+  // What init_runtime allocated in one group, freed by the destructor after the launcher: the
+  // KilnRuntime, the launcher's argument and result buffers, and the heap chunk if any.
+  std::vector<DeviceAllocation> runtime_allocs_;
+  std::optional<DeviceAllocation> heap_alloc_;  // the device heap chunk, if any (in runtime_allocs_)
   std::optional<uint64_t> module_;  // GPU devices: the loaded code object
   std::unique_ptr<KernelLauncher> launcher_;
   // A compaction's launch and its copy-out from the heap (made anew in a forked child).

@@ -130,6 +130,9 @@ class LlvmDevice {
 
   /// Sets every byte of a live allocation to zero. Errors: invalid_usage (not live).
   [[nodiscard]] RhiStatus fill_zero(DeviceAllocation alloc);
+  /// Sets bytes [offset_bytes, offset_bytes + size_bytes) of a live allocation to zero.
+  /// Errors: invalid_usage (not live, or the range lies outside it), device_lost. Blocking.
+  [[nodiscard]] RhiStatus fill_zero(DeviceAllocation alloc, uint64_t offset_bytes, uint64_t size_bytes);
   /// The device address of a live allocation (what kernels are given), or invalid_usage.
   [[nodiscard]] RhiExpected<uint64_t> device_address(DeviceAllocation alloc) const;
   /// The size in bytes of a live allocation, or invalid_usage.

@@ -40,7 +40,8 @@ enum class FaultKind : uint8_t {
 ///     `min_bytes=SIZE` (requests of at least SIZE; units B, KiB, MiB, GiB, none = bytes),
 ///     `kernel=NAME` (an op, `axpy`, selecting its kernels of every dtype, or one kernel,
 ///     `kiln_axpy_f32`): for the allocation kinds, the requests the launcher makes for a launch of
-///     that kernel (its staging copies, argument buffer and result buffer); for the launch kinds,
+///     that kernel (its staging copies; its argument and result buffers are the executor's, made
+///     once, so a launch of device arrays requests nothing); for the launch kinds,
 ///     the launches of that kernel. parse() accepts any identifier; the executor checks the name
 ///     against its kernels where it arms a spec (LlvmRuntimeExecutor::arm_fault);
 ///   - at most one trigger among the selected events: `nth=N` (the N-th selected event from
