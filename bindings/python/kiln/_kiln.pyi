@@ -10,8 +10,9 @@ exactly what the module defines, with the same parameters. Conventions of every 
   out-of-memory error. A call whose arguments match no signature (too many, too few, an unknown
   keyword) is InvalidTypeError, not a plain TypeError.
 - Errors are the classes of kiln._errors (kiln.Error and its subclasses); every out-of-memory kind
-  is a kiln.OutOfMemoryError, hence a MemoryError. Any operation may raise one when a buffer its
-  launch needs (argument buffer, result buffer, staging) cannot be had.
+  is a kiln.OutOfMemoryError, hence a MemoryError. An operation raises one only when memory it
+  asks for cannot be had: a new array, or staging for a host (numpy) operand. Launches need no
+  other memory: the executor holds their argument and result buffers from kiln.init on.
 - Threading: one global executor; calls may come from any thread. Launches run with the GIL
   released and the arrays they use marked busy (freeing a busy array is InvalidUsageError).
 """
@@ -262,7 +263,7 @@ def init(
 
     Errors: InvalidTypeError (wrong types), InvalidUsageError (an unknown arch, a malformed
     device ordinal, values out of range, called inside an OOM observer), NotSupportedError (no
-    driver, or no such device, for arch on this machine or in this build), an OutOfMemoryError subclass (the device heap or code does not fit;
+    driver, or no such device, for arch on this machine or in this build), an OutOfMemoryError subclass (the device heap, the launch buffers or code do not fit;
     HostOutOfMemoryError when the host cannot compile the kernels), DeviceLostError (arrays of a
     lost executor still hold its context). The JIT runs with the GIL released.
     """
@@ -327,8 +328,9 @@ def axpy(alpha: _Scalar, x: ndarray | npt.ArrayLike, y: ndarray) -> None:
 
 def reduce_sum(x: ndarray) -> float | int:
     """The sum of all elements: a float for f32/f64 (accumulated in f64), an int for i32/i64
-    (wrapping 64-bit). Errors: InvalidTypeError, InvalidUsageError (x freed), an
-    OutOfMemoryError subclass when the launch's result buffer does not fit."""
+    (wrapping 64-bit). Errors: InvalidTypeError, InvalidUsageError (x freed),
+    DeviceLostError; no out-of-memory error (it allocates nothing: its result slots are the
+    executor's)."""
 
 
 def matmul(a: ndarray, b: ndarray, out: ndarray | None = None) -> ndarray:

@@ -18,8 +18,9 @@ __all__ = ["fail_allocation", "inject", "allocation_count", "make_error", "sweep
 def fail_allocation(at: SupportsIndex = 1) -> Iterator[None]:
     """Inside the block, the `at`-th allocation request (1-based, counted from the start of the
     block) fails with kiln.DeviceOutOfMemoryError (driver_status "injected fault (FaultPlan)"),
-    as if the driver had refused it. Every request counts: ndarrays, and each buffer a launch
-    needs (argument buffer, result buffer, staging), cache hits included. `at` is an int >= 1
+    as if the driver had refused it. Every request counts: ndarrays and the staging of a
+    launch's host (numpy) operands, cache hits included (a launch needs no other memory: the
+    executor holds its argument and result buffers from kiln.init on). `at` is an int >= 1
     (anything with __index__, e.g. numpy.int64; not a bool): otherwise kiln.InvalidTypeError
     or kiln.InvalidUsageError, before anything is armed.
 
