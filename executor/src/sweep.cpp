@@ -141,6 +141,14 @@ KitExpected<SweepReport> sweep(const Workload &workload, const SweepOptions &opt
         fmt::format("sweep: the workload fails without any fault: {}: {}",
                     counting.run.outcome.error_name, counting.run.outcome.detail),
         counting.run.outcome.failure});
+  if (counting.selected_requests == 0)  // a sweep that fails nothing tests nothing: never a pass
+    return std::unexpected(WorkloadError{
+        WorkloadError::Kind::selects_nothing,
+        fmt::format("sweep: the counting run made no allocation request{}, so there is nothing to "
+                    "fail and nothing was tested (a launch requests only staging for host "
+                    "operands; the executor's own buffers are made before the workload runs)",
+                    filter_text(options.filter)),
+        std::nullopt});
   SweepReport report;
   report.allocations = counting.selected_requests;
   for (uint64_t at = 1; at <= report.allocations; ++at) {

@@ -43,7 +43,8 @@ std::string_view WorkloadError::name() const {
   switch (kind) {
     case Kind::invalid_usage: return "InvalidUsageError";
     case Kind::setup_failed: return cause ? error_name(classify(*cause)) : "RuntimeFaultError";
-    case Kind::fails_without_fault: return "SweepError";
+    case Kind::fails_without_fault:
+    case Kind::selects_nothing: return "SweepError";
     case Kind::nondeterministic: return "NondeterministicWorkloadError";
     case Kind::fails_at_max_budget:
     case Kind::not_out_of_memory: return "MinBudgetError";

@@ -152,3 +152,13 @@ def test_a_callable_is_checked_before_anything_runs():
     kiln.init(arch="cpu")
     with pytest.raises(kiln.InvalidTypeError, match="fn must be callable, not int"):
         kiln.testing.sweep(3)
+
+
+def test_a_workload_that_allocates_nothing_is_refused_not_passed():
+    # Nothing to fail, so nothing tested: a launch on device arrays requests no memory.
+    kiln.init(arch="cpu")
+    x = kiln.ndarray(kiln.f32, 16)
+    with pytest.raises(kiln.testing.SweepError, match="made no allocation request") as caught:
+        kiln.testing.sweep(lambda: kiln.fill(x, 1.0))
+    assert caught.value.report.allocations == 0 and caught.value.report.runs == ()
+    x.free()

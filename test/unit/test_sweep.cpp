@@ -211,3 +211,23 @@ TEST_CASE("sweep refuses a filter whose kernel= names no kernel", "[sweep][bad-i
   CHECK(report.error().kind == WorkloadError::Kind::invalid_usage);
   CHECK_THAT(report.error().describe(), Catch::Contains("kernel=axpyy names no kernel"));
 }
+
+TEST_CASE("sweep of a workload whose counting run selects no request is SweepError, not a pass",
+          "[sweep][bad-input]") {
+  // A workload that asks for no memory (a launch on device arrays requests none), and a filter
+  // selecting none of a workload's requests: both would "pass" having failed nothing.
+  const Workload no_requests = [](LlvmRuntimeExecutor &) -> RhiStatus { return {}; };
+  auto none = kiln::testing::sweep(no_requests, mock_options());
+  REQUIRE_FALSE(none);
+  CHECK(none.error().kind == WorkloadError::Kind::selects_nothing);
+  CHECK(none.error().name() == "SweepError");
+  CHECK_THAT(none.error().message, Catch::Contains("made no allocation request, so"));
+
+  SweepOptions options = mock_options();
+  options.filter = value_or_throw(runtime::FaultSpec::parse("category=argument_buffer"));
+  auto filtered = kiln::testing::sweep(tiny_workload, options);  // its requests: ndarray, staging
+  REQUIRE_FALSE(filtered);
+  CHECK(filtered.error().kind == WorkloadError::Kind::selects_nothing);
+  CHECK_THAT(filtered.error().message,
+             Catch::Contains("no allocation request selected by 'category=argument_buffer'"));
+}

@@ -119,8 +119,9 @@ def sweep(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SweepReport:
     what was raised, what was left held).
 
     Errors: InvalidTypeError when fn is not callable; SweepError (with .report) when a run broke
-    the contract, raised after every run, or when the clean run itself raises (from that
-    exception); NondeterministicWorkloadError when a run made fewer than i requests (the workload does not allocate the same way each time).
+    the contract, raised after every run, when the clean run itself raises (from that
+    exception), or when it made no allocation request (nothing would be tested);
+    NondeterministicWorkloadError when a run made fewer than i requests (the workload does not allocate the same way each time).
     Nothing stays armed after sweep returns or raises. fn runs on the executor current at the
     call; it must not call kiln.init: a run that replaced the executor raises SweepError (the
     fault was armed on the executor it replaced, so nothing was tested). Not thread-safe: no
@@ -138,6 +139,11 @@ def sweep(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SweepReport:
         allocations = _kiln._fault_allocation_count()
         _kiln._pop_fault()
     _check_same_executor(generation, "the clean run", SweepReport(allocations, ()))
+    if allocations == 0:  # a sweep that fails nothing tests nothing: never a pass
+        raise SweepError(
+            "sweep: the workload made no allocation request, so there is nothing to fail and "
+            "nothing was tested (a launch requests only staging for host (numpy) operands; the "
+            "executor's own buffers are made by kiln.init)", SweepReport(0, ()))
     runs: list[SweepRun] = []
     for at in range(1, allocations + 1):
         run, count = _run_with_fault(at, fn, args, kwargs, baseline)

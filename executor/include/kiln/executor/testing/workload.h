@@ -43,6 +43,7 @@ struct WorkloadError {
     setup_failed,          ///< an executor for a run could not be made (`cause` says why)
     fails_without_fault,   ///< sweep: the counting run (no fault) did not succeed
     nondeterministic,      ///< a run made fewer requests than the counting run promised
+    selects_nothing,       ///< sweep: the counting run made no (selected) request: nothing to test
     fails_at_max_budget,   ///< min_budget: the workload fails under the largest budget
     not_out_of_memory,     ///< min_budget: a smaller budget gave an error other than OOM
   };
