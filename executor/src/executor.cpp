@@ -100,7 +100,10 @@ RhiStatus LlvmRuntimeExecutor::init_runtime() {
   // The launcher's argument and result buffers live as long as the executor, so a launch
   // allocates only staging for its host operands (none for most launches).
   const bool host = context_->device->host_addressable();
-  const int64_t max_tasks = host ? CpuKernelLauncher::max_tasks_for(config_.num_threads)
+  // The pool's thread count, resolved once: the result buffer is sized for it and the pool is
+  // made with it (hardware_concurrency() read twice could differ, leaving the buffer short).
+  const unsigned threads = CpuKernelLauncher::pool_threads(config_.num_threads);
+  const int64_t max_tasks = host ? CpuKernelLauncher::max_tasks_for(threads)
                                  : GpuKernelLauncher::kMaxLaunchTasks;
   std::vector<runtime::AllocRequest> requests = {
       {MemoryCategory::runtime_heap, sizeof(KilnRuntime), /*zero_fill=*/true},
@@ -122,7 +125,7 @@ RhiStatus LlvmRuntimeExecutor::init_runtime() {
     buffers.heap_bytes = config_.device_heap_bytes;
   }
   if (host) {
-    launcher_ = std::make_unique<CpuKernelLauncher>(memory, *program_, buffers, config_.num_threads);
+    launcher_ = std::make_unique<CpuKernelLauncher>(memory, *program_, buffers, threads);
     return launcher_->bind();
   }
   auto &gpu = static_cast<GpuDevice &>(*context_->device);

@@ -151,10 +151,10 @@ class CpuKernelLauncher final : public KernelLauncher {
   /// thread): what the executor sizes the result buffer by, before the launcher exists.
   [[nodiscard]] static int64_t max_tasks_for(unsigned num_threads);
   static constexpr int64_t kTasksPerThread = 4;
-
- private:
   /// The pool threads `num_threads` asks for (0: one per hardware thread, at least 1).
   [[nodiscard]] static unsigned pool_threads(unsigned num_threads);
+
+ private:
   RhiExpected<KilnKernelFn> check_kernel(const std::string &kernel) override;
   int64_t task_count(const LaunchSpec &spec) const override;
   RhiStatus execute(const std::string &kernel, KilnKernelFn fn, uint64_t runtime_address,
