@@ -53,9 +53,11 @@ py::dict failure_fields(const Failure &failure) {
   fields["budget_check"] = std::string(to_string(failure.budget_check));
   fields["advice"] = failure.advice;
   fields["device"] = failure.device;
-  // The category of the request that failed: named only where the failure is one (as
-  // Failure::message() does); a usage mistake or a fault of another operation has none.
-  const bool names_request = failure.result == RhiResult::out_of_memory && failure.allocating;
+  // The device category of the request that failed: named only where the failure is one (as
+  // Failure::message() does); a usage mistake, a fault of another operation or a host
+  // allocation has none.
+  const bool names_request = failure.result == RhiResult::out_of_memory && failure.allocating &&
+                             failure.oom_source != OomSource::host;
   fields["category"] = names_request ? std::string(to_string(failure.category)) : std::string();
   fields["site"] = std::string(failure.site);
   fields["driver_status"] = std::string(failure.driver_status);

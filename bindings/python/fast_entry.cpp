@@ -3,6 +3,7 @@
 #include "fast_entry.h"
 
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "ndarray.h"
@@ -55,8 +56,15 @@ int fast_ndarray_init(PyObject *self, PyObject *args, PyObject *kwargs) {
   py::detail::value_and_holder v_h = inst->get_value_and_holder(g_ndarray_info);
   if (v_h.instance_registered() || v_h.value_ptr() != nullptr) return g_pybind11_init(self, args, kwargs);
   PyObject *done = run_guarded([&] {
-    v_h.value_ptr() = new PyArray(make_ndarray(PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1)));
-    g_ndarray_info->init_instance(inst, nullptr);
+    auto array = std::make_unique<PyArray>(make_ndarray(PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1)));
+    v_h.value_ptr() = array.get();
+    try {
+      g_ndarray_info->init_instance(inst, nullptr);  // the holder takes the value
+    } catch (...) {
+      v_h.value_ptr() = nullptr;  // never half-made: the array is destroyed here, its memory freed
+      throw;
+    }
+    array.release();
     Py_RETURN_NONE;
   });
   if (done == nullptr) return -1;
