@@ -34,8 +34,9 @@ inline constexpr std::string_view kExitStatusHelp =
     "  2   usage error (bad option or value, unwritable --json/--junit path, conflicting\n"
     "      --sweep/--min-budget options); nothing ran\n"
     "  3   --sweep or --min-budget has no answer: the cases do not pass without a fault\n"
-    "      (SweepError) or under the largest budget (MinBudgetError), or allocate differently\n"
-    "      on each run (NondeterministicWorkloadError)\n"
+    "      (SweepError) or under the largest budget (MinBudgetError), make no request a\n"
+    "      sweep could fail (SweepError), or allocate differently on each run\n"
+    "      (NondeterministicWorkloadError)\n"
     "  77  the backend is not available here (no driver, a stub driver, no device:\n"
     "      NotSupportedError at set-up); automake's \"skipped\"\n";
 
