@@ -39,11 +39,14 @@ PyObject *g_recast = nullptr;
 constexpr InterfaceKnobs kPythonKnobs{"kiln.init(budget_bytes=...)", "kiln.init(reserve_bytes=...)",
                                       "kiln.init(device_heap_bytes=...)"};
 
-thread_local int t_in_observer = 0;  // > 0 while an OOM observer runs on this thread
+// The thread-locals every call reads are constant-initialized and initial-exec: a
+// thread-pointer-relative load, not a __tls_get_addr call (as thread_cache_front.cpp's).
+// > 0 while an OOM observer runs on this thread.
+constinit thread_local int t_in_observer __attribute__((tls_model("initial-exec"))) = 0;
 
 // A KeyboardInterrupt or SystemExit an OOM observer raised on this thread (a new reference),
 // raised when the call that ran the observer returns (check()), in place of its result.
-thread_local PyObject *t_observer_interrupt = nullptr;
+constinit thread_local PyObject *t_observer_interrupt __attribute__((tls_model("initial-exec"))) = nullptr;
 
 /// The keyword arguments of an exception class: every field of `failure`.
 py::dict failure_fields(const Failure &failure) {

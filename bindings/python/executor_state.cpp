@@ -40,7 +40,7 @@ constexpr auto kShutdownWait = std::chrono::seconds(10);  // a call inside kiln 
 std::atomic<int> g_calls_inside{0};  // outermost kiln calls in progress, every thread
 std::atomic<bool> g_closing{false};
 std::thread::id g_closing_thread;  // guarded by the GIL: the thread that ran kiln._shutdown
-thread_local int t_call_depth = 0;
+constinit thread_local int t_call_depth __attribute__((tls_model("initial-exec"))) = 0;  // initial-exec: see error_mapping.cpp
 
 [[noreturn]] void park_forever() {
   (void)PyEval_SaveThread();  // releases the GIL; this thread never takes it back

@@ -2,9 +2,11 @@
 // builtins that replace the hot module functions, and kiln.ndarray's tp_init.
 #include "fast_entry.h"
 
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "ndarray.h"
 
@@ -19,6 +21,72 @@ void translate_active_exception() {
   PyErr_SetString(PyExc_SystemError, "Exception escaped from default exception translator!");
 }
 
+namespace {
+
+/// The method wrapper of a fast entry in a class: an instancemethod (`cls.name` is the function
+/// itself; `a.name` binds `a` first) that is also a method descriptor (Py_TPFLAGS_METHOD_DESCRIPTOR),
+/// so that the interpreter calls `a.name(...)` as `name(a, ...)` without making a bound method
+/// object per call, and never checks the type of `a` (the function does: kiln's named error).
+struct FastMethod {
+  PyObject_HEAD
+  PyObject *function;  // a strong reference
+  vectorcallfunc vectorcall;
+};
+
+PyObject *fast_method_call(PyObject *self, PyObject *const *args, std::size_t nargsf, PyObject *kwnames) {
+  return PyObject_Vectorcall(reinterpret_cast<FastMethod *>(self)->function, args, nargsf, kwnames);
+}
+
+PyObject *fast_method_get(PyObject *self, PyObject *obj, PyObject * /*type*/) {
+  PyObject *function = reinterpret_cast<FastMethod *>(self)->function;
+  if (obj == nullptr || obj == Py_None) return Py_NewRef(function);
+  return PyMethod_New(function, obj);
+}
+
+/// __doc__, and any attribute the wrapper lacks (__name__, __qualname__, ...), are the
+/// function's, as instancemethod's are.
+PyObject *fast_method_getattro(PyObject *self, PyObject *name) {
+  PyObject *function = reinterpret_cast<FastMethod *>(self)->function;
+  if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "__doc__") == 0)
+    return PyObject_GetAttr(function, name);
+  PyObject *own = PyObject_GenericGetAttr(self, name);
+  if (own != nullptr || !PyErr_ExceptionMatches(PyExc_AttributeError)) return own;
+  PyErr_Clear();
+  return PyObject_GetAttr(function, name);
+}
+
+void fast_method_dealloc(PyObject *self) {
+  Py_XDECREF(reinterpret_cast<FastMethod *>(self)->function);
+  PyObject_Free(self);
+}
+
+PyTypeObject g_fast_method_type = [] {
+  PyTypeObject t{};
+  Py_SET_REFCNT(&t, 1);  // a static type: never deallocated
+  t.tp_name = "kiln._kiln.fast_method";
+  t.tp_basicsize = sizeof(FastMethod);
+  t.tp_dealloc = &fast_method_dealloc;
+  t.tp_vectorcall_offset = offsetof(FastMethod, vectorcall);
+  t.tp_call = &PyVectorcall_Call;
+  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_METHOD_DESCRIPTOR | Py_TPFLAGS_HAVE_VECTORCALL;
+  t.tp_descr_get = &fast_method_get;
+  t.tp_getattro = &fast_method_getattro;
+  return t;
+}();
+
+/// A new FastMethod wrapping `function`.
+py::object new_fast_method(PyObject *function) {
+  if (!(g_fast_method_type.tp_flags & Py_TPFLAGS_READY) && PyType_Ready(&g_fast_method_type) < 0)
+    throw py::error_already_set();
+  auto *method = PyObject_New(FastMethod, &g_fast_method_type);
+  if (method == nullptr) throw py::error_already_set();
+  method->function = Py_NewRef(function);
+  method->vectorcall = &fast_method_call;
+  return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject *>(method));
+}
+
+}  // namespace
+
 PyObject *install_fast_function(py::handle scope, const char *name, FastCall fast) {
   py::object slow = scope.attr(name);  // a class gives its method's function
   const py::object doc = slow.attr("__doc__");
@@ -31,10 +99,7 @@ PyObject *install_fast_function(py::handle scope, const char *name, FastCall fas
   auto fast_fn = py::reinterpret_steal<py::object>(
       PyCFunction_NewEx(def, is_class ? nullptr : scope.ptr(), module_name.ptr()));
   if (!fast_fn) throw py::error_already_set();
-  if (is_class) {
-    fast_fn = py::reinterpret_steal<py::object>(PyInstanceMethod_New(fast_fn.ptr()));
-    if (!fast_fn) throw py::error_already_set();
-  }
+  if (is_class) fast_fn = new_fast_method(fast_fn.ptr());
   scope.attr(name) = fast_fn;
   return slow.release().ptr();
 }
@@ -42,29 +107,50 @@ PyObject *install_fast_function(py::handle scope, const char *name, FastCall fas
 namespace {
 
 const py::detail::type_info *g_ndarray_info = nullptr;
-initproc g_pybind11_init = nullptr;  // the tp_init pybind11's __init__ gave kiln.ndarray
+PyObject *g_pybind11_init_function = nullptr;  // pybind11's __init__ (never released)
+initproc g_pybind11_init = nullptr;  // the tp_init that calls kiln.ndarray.__init__
 
-/// kiln.ndarray's tp_init: (dtype, shape) positional on a fresh kiln.ndarray here, as
-/// pybind11's factory __init__ does it (the value, then init_instance makes the holder and
-/// registers the instance); anything else (keywords, another count, a subclass, a second
-/// __init__ on a constructed array) by pybind11's __init__.
+/// True for an array fast_ndarray_init made: constructed, but not in pybind11's table of
+/// registered instances (a hash-map node made and erased per array: a sixth of an allocation's
+/// cost; the table only maps C++ pointers back to their Python objects, for returning a PyArray
+/// by pointer or reference, which kiln never does, and pybind11's dealloc deregisters only what
+/// was registered).
+bool made_unregistered(const py::detail::value_and_holder &v_h) {
+  return v_h.holder_constructed() && !v_h.instance_registered();
+}
+
+/// kiln.ndarray.__init__ as an attribute (`a.__init__(...)`, `kiln.ndarray.__init__(a, ...)`):
+/// a second __init__ of an array fast_ndarray_init made is ignored, whatever its arguments, as
+/// pybind11's dispatcher ignores one on an instance it registered (it recognizes those by their
+/// registration); every other call goes to pybind11's __init__.
+PyObject *ndarray_init_attribute(PyObject * /*unused*/, PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames) {
+  if (nargs >= 1 && PyObject_TypeCheck(args[0], g_ndarray_info->type)) {
+    auto *inst = reinterpret_cast<py::detail::instance *>(args[0]);
+    if (made_unregistered(inst->get_value_and_holder(g_ndarray_info))) Py_RETURN_NONE;
+  }
+  return PyObject_Vectorcall(g_pybind11_init_function, args, static_cast<std::size_t>(nargs), kwnames);
+}
+
+/// kiln.ndarray's tp_init (what `kiln.ndarray(...)` runs): (dtype, shape) positional on a fresh
+/// kiln.ndarray here, as pybind11's factory __init__ does it but unregistered (made_unregistered);
+/// anything else (keywords, another count, a subclass) by pybind11's __init__.
+static_assert(std::is_same_v<py::class_<PyArray>::holder_type, std::unique_ptr<PyArray>>,
+              "fast_ndarray_init constructs kiln.ndarray's holder itself");
 int fast_ndarray_init(PyObject *self, PyObject *args, PyObject *kwargs) {
+  auto *inst = reinterpret_cast<py::detail::instance *>(self);
   if (kwargs != nullptr || !PyTuple_CheckExact(args) || PyTuple_GET_SIZE(args) != 2 ||
       Py_TYPE(self) != g_ndarray_info->type)
     return g_pybind11_init(self, args, kwargs);
-  auto *inst = reinterpret_cast<py::detail::instance *>(self);
   py::detail::value_and_holder v_h = inst->get_value_and_holder(g_ndarray_info);
-  if (v_h.instance_registered() || v_h.value_ptr() != nullptr) return g_pybind11_init(self, args, kwargs);
+  if (v_h.instance_registered() || v_h.holder_constructed() || v_h.value_ptr() != nullptr)
+    return g_pybind11_init(self, args, kwargs);
   PyObject *done = run_guarded([&] {
     auto array = std::make_unique<PyArray>(make_ndarray(PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1)));
+    // The holder takes the value, as pybind11's init_holder does (nothing here throws).
     v_h.value_ptr() = array.get();
-    try {
-      g_ndarray_info->init_instance(inst, nullptr);  // the holder takes the value
-    } catch (...) {
-      v_h.value_ptr() = nullptr;  // never half-made: the array is destroyed here, its memory freed
-      throw;
-    }
-    array.release();
+    new (std::addressof(v_h.holder<std::unique_ptr<PyArray>>())) std::unique_ptr<PyArray>(std::move(array));
+    v_h.set_holder_constructed();
     Py_RETURN_NONE;
   });
   if (done == nullptr) return -1;
@@ -77,6 +163,9 @@ int fast_ndarray_init(PyObject *self, PyObject *args, PyObject *kwargs) {
 void install_fast_ndarray_init(py::handle cls, const py::detail::type_info *info) {
   auto *type = reinterpret_cast<PyTypeObject *>(cls.ptr());
   g_ndarray_info = info;
+  // The attribute first: setting __init__ on the type resets tp_init to the generic slot, which
+  // calls the attribute (the fallback of fast_ndarray_init).
+  g_pybind11_init_function = install_fast_function(cls, "__init__", &ndarray_init_attribute);
   g_pybind11_init = type->tp_init;
   type->tp_init = &fast_ndarray_init;
 }

@@ -54,16 +54,20 @@ RhiExpected<ShapeInfo> compute_shape_info(DataType dtype, std::span<const int64_
   const bool zero_size = std::find(shape.begin(), shape.end(), 0) != shape.end();
   info.size_bytes = zero_size ? 0 : nonzero_bytes;
   info.num_elements = info.size_bytes / itemsize(dtype);
-  // Row-major strides in elements; a zero-size array's strides treat 0 as 1 and saturate to 0
-  // where that product would overflow (they address nothing).
-  info.strides.assign(shape.size(), 1);
+  return info;
+}
+
+std::vector<int64_t> row_major_strides(std::span<const int64_t> shape) {
+  // A zero-size array's strides treat 0 as 1 and saturate to 0 where that product would
+  // overflow (they address nothing).
+  std::vector<int64_t> strides(shape.size(), 1);
   for (std::size_t i = shape.size(); i-- > 1;) {
     int64_t stride = 0;
-    if (info.strides[i] == 0 || __builtin_mul_overflow(info.strides[i], std::max<int64_t>(shape[i], 1), &stride))
+    if (strides[i] == 0 || __builtin_mul_overflow(strides[i], std::max<int64_t>(shape[i], 1), &stride))
       stride = 0;
-    info.strides[i - 1] = stride;
+    strides[i - 1] = stride;
   }
-  return info;
+  return strides;
 }
 
 RhiExpected<std::optional<DeviceAllocation>> Ndarray::allocation(const char *site) const {

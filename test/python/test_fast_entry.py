@@ -142,13 +142,28 @@ def test_a_subclass_is_constructed_by_pybind11s_init():
     assert kiln.reduce_sum(s) == 12.0
 
 
-def test_calling_init_again_leaves_the_array_as_it_was():
-    a = kiln.ndarray(kiln.f32, (2,))
+@pytest.mark.parametrize("made_by", ["positional", "keyword"])
+@pytest.mark.parametrize("again", [
+    lambda a: a.__init__(kiln.f64, (5,)),
+    lambda a: kiln.ndarray.__init__(a, kiln.f64, (5,)),
+    lambda a: a.__init__(dtype=kiln.f64, shape=(5,)),
+    lambda a: a.__init__(),
+    lambda a: a.__init__("not a dtype", None),
+], ids=["positional", "through_class", "keyword", "no_args", "bad_args"])
+def test_calling_init_again_leaves_the_array_as_it_was(made_by, again):
+    # A second __init__ is ignored (pybind11's rule), also on an array the fast tp_init made,
+    # which pybind11 does not register: no new value, no leaked first one.
+    live = kiln._kiln._live_array_bytes()
+    allocated = kiln.memory_stats()["allocated_bytes"]
+    a = kiln.ndarray(kiln.f32, (2,)) if made_by == "positional" else kiln.ndarray(dtype=kiln.f32, shape=(2,))
     kiln.fill(a, 7.0)
-    assert a.__init__(kiln.f64, (5,)) is None
-    kiln.ndarray.__init__(a, kiln.f64, (5,))
+    assert again(a) is None
     assert a.shape == (2,) and a.dtype == kiln.f32
     np.testing.assert_array_equal(a.to_numpy(), [7.0, 7.0])
+    assert kiln._kiln._live_array_bytes() == live + 8
+    del a
+    assert kiln._kiln._live_array_bytes() == live
+    assert kiln.memory_stats()["allocated_bytes"] == allocated
 
 
 @pytest.mark.parametrize("by_keyword", [False, True], ids=["positional", "keyword"])

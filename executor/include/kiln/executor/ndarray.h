@@ -20,11 +20,10 @@ class DeviceMemory;
 }
 struct DeviceContext;
 
-/// The element count, byte count and strides of a shape, computed with overflow checks.
+/// The element count and byte count of a shape, computed with overflow checks.
 struct ShapeInfo {
   uint64_t num_elements = 0;
   uint64_t size_bytes = 0;
-  std::vector<int64_t> strides;  ///< in elements, row-major
 };
 /// The most dimensions an ndarray may have: numpy's limit (NPY_MAXDIMS on numpy 1.x), so that
 /// every kiln array has a numpy twin.
@@ -34,6 +33,10 @@ inline constexpr std::size_t kMaxDimensions = 32;
 /// fit in int64 (numpy's rule; never wraps to a small allocation). A zero dimension gives a
 /// zero-size array: allowed, and it allocates nothing.
 [[nodiscard]] RhiExpected<ShapeInfo> compute_shape_info(DataType dtype, std::span<const int64_t> shape);
+/// The row-major strides of `shape`, in elements. A zero-size shape's strides treat 0 as 1 and
+/// are 0 where that product would overflow (they address nothing). Computed when asked: an
+/// array's creation allocates no strides.
+[[nodiscard]] std::vector<int64_t> row_major_strides(std::span<const int64_t> shape);
 /// "f32[2, 3]".
 [[nodiscard]] std::string describe_array(DataType dtype, std::span<const int64_t> shape);
 
@@ -46,7 +49,7 @@ class Ndarray {
   Ndarray() = default;
   [[nodiscard]] DataType dtype() const;
   [[nodiscard]] const std::vector<int64_t> &shape() const;
-  [[nodiscard]] const std::vector<int64_t> &strides() const;  ///< in elements
+  [[nodiscard]] std::vector<int64_t> strides() const;  ///< in elements, row-major (computed)
   [[nodiscard]] uint64_t num_elements() const;
   [[nodiscard]] uint64_t nbytes() const;
   [[nodiscard]] bool is_freed() const;
@@ -84,7 +87,7 @@ struct Ndarray::State {
 
 inline DataType Ndarray::dtype() const { return state_->dtype; }
 inline const std::vector<int64_t> &Ndarray::shape() const { return state_->shape; }
-inline const std::vector<int64_t> &Ndarray::strides() const { return state_->info.strides; }
+inline std::vector<int64_t> Ndarray::strides() const { return row_major_strides(state_->shape); }
 inline uint64_t Ndarray::num_elements() const { return state_->info.num_elements; }
 inline uint64_t Ndarray::nbytes() const { return state_->info.size_bytes; }
 inline bool Ndarray::is_freed() const { return state_->freed; }
