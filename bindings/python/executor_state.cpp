@@ -49,7 +49,10 @@ constinit thread_local int t_call_depth __attribute__((tls_model("initial-exec")
 
 // A forked child has only the forking thread: the calls other threads had in progress are not.
 ForkRegistration g_calls_fork_registration(ForkHooks{
-    nullptr, nullptr, [] { g_calls_inside.store(t_call_depth > 0 ? 1 : 0, std::memory_order_relaxed); }});
+    nullptr, nullptr, [] {
+      g_calls_inside.store(t_call_depth > 0 ? 1 : 0, std::memory_order_relaxed);
+      g_calls_without_gil.store(0, std::memory_order_relaxed);  // the forking thread holds the GIL
+    }});
 
 /// Waits (GIL released) until no other thread is inside kiln, at most kShutdownWait.
 void wait_for_calls_inside() {

@@ -10,8 +10,10 @@
 
 #include <cxxabi.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "kiln/executor/executor.h"
@@ -20,20 +22,35 @@ namespace kiln::python {
 
 namespace py = pybind11;
 
+/// The calls inside without_gil now, over every thread: incremented with the GIL held before it
+/// is released, decremented once the call is done (it holds no kiln lock any more) and before
+/// the GIL is taken back. Zero, read with the GIL held, means that no thread can be holding a
+/// kiln lock while it waits for the GIL (see launch_small in ndarray.h). A forked child starts
+/// at zero.
+inline std::atomic<int> g_calls_without_gil{0};
+
 /// Runs `fn` with the GIL released and takes the GIL back. At interpreter exit a daemon thread
 /// that takes the GIL back is ended by CPython (pthread_exit, a forced unwind); that unwind must
 /// pass through here, never through a noexcept destructor (pybind11's gil_scoped_release), which
 /// would end the whole process in std::terminate.
 template <class Fn>
 auto without_gil(Fn &&fn) -> decltype(fn()) {
+  g_calls_without_gil.fetch_add(1, std::memory_order_relaxed);
+  bool counted = true;
+  const auto done = [&counted] {
+    if (std::exchange(counted, false)) g_calls_without_gil.fetch_sub(1, std::memory_order_release);
+  };
   PyThreadState *state = PyEval_SaveThread();
   try {
     auto result = fn();
+    done();
     PyEval_RestoreThread(state);  // may end this thread (interpreter exit): a forced unwind
     return result;
   } catch (abi::__forced_unwind &) {
+    done();
     throw;  // the thread is ending: there is no GIL to take back
   } catch (...) {
+    done();
     PyEval_RestoreThread(state);
     throw;
   }

@@ -104,6 +104,28 @@ auto launch(std::initializer_list<PyArray *> arrays, Fn &&fn) {
   return without_gil(std::forward<Fn>(fn));
 }
 
+/// The most elements of a launch that launch_small runs with the GIL held: 16,384 (64 KiB of
+/// f32), a few microseconds of work at most, far below the interpreter's 5 ms switch interval.
+/// (numpy keeps the GIL for its small loops too, below 500 elements.)
+inline constexpr uint64_t kLaunchWithGilMaxElements = uint64_t{1} << 14;
+
+/// Runs `fn` as launch() does, except a launch of at most kLaunchWithGilMaxElements elements on a
+/// host-code device (cpu, mock: one task, on this thread) while no other thread is inside
+/// without_gil: that one runs with the GIL held and without busy marks (no other thread runs
+/// Python meanwhile, so none can free an operand), because releasing and re-taking the GIL
+/// cost about as much as such a launch. Only for a launch that allocates nothing and calls no
+/// Python: every operand a kiln array (fill, copy, axpy, reduce_sum), no staging, so no OOM
+/// observer. Deadlock-free: a thread waits for the GIL while holding a kiln lock (the launcher's,
+/// in an OOM observer of a launch's staging) only inside without_gil, which the count shows.
+template <class Fn>
+auto launch_small(const LlvmRuntimeExecutor &ex, uint64_t num_elements,
+                  std::initializer_list<PyArray *> arrays, Fn &&fn) {
+  if (num_elements <= kLaunchWithGilMaxElements && codegen_arch(ex.device()) == CodegenArch::host &&
+      g_calls_without_gil.load(std::memory_order_acquire) == 0)
+    return fn();
+  return launch(arrays, std::forward<Fn>(fn));
+}
+
 /// kiln.ndarray(dtype, shape): a new array on the current executor. Errors: those of to_dtype,
 /// to_shape and LlvmRuntimeExecutor::ndarray; InvalidUsageError inside an OOM observer.
 PyArray make_ndarray(py::handle dtype, py::handle shape);

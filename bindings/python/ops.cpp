@@ -4,7 +4,8 @@
 // Every operation checks all its arguments (types, then dtypes, shapes and aliasing in the
 // executor) before it allocates or copies anything: a usage mistake is never out-of-memory.
 // Threading: arguments are read with the GIL held; the kernels run in launch() with the GIL
-// released and the arrays marked busy. Errors: argument errors come from conversions.h and
+// released and the arrays marked busy, except a small element-wise launch on the CPU, which
+// launch_small runs with the GIL held (ndarray.h). Errors: argument errors come from conversions.h and
 // as_array, executor failures from check() (error_mapping.h).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -30,13 +31,14 @@ void fill(py::handle out_obj, py::handle value) {
   const Operand out = first_operand(out_obj, "fill", "out");
   const Scalar s = to_scalar(value, out.array.dtype(), "fill");
   auto ex = executor();
-  check(launch({&out.py}, [&] { return ex->fill(out.array, s); }));
+  check(launch_small(*ex, out.array.num_elements(), {&out.py}, [&] { return ex->fill(out.array, s); }));
 }
 
 void copy(py::handle dst_obj, py::handle src_obj) {
   const auto [dst, src] = first_operands(dst_obj, src_obj, "copy", "dst", "src");
   auto ex = executor();
-  check(launch({&dst.py, &src.py}, [&] { return ex->copy(dst.array, src.array); }));
+  check(launch_small(*ex, dst.array.num_elements(), {&dst.py, &src.py},
+                     [&] { return ex->copy(dst.array, src.array); }));
 }
 
 /// axpy with x in host memory: checked against y before any copy of it, then staged for the
@@ -63,13 +65,14 @@ void axpy(py::handle alpha, py::handle x, py::handle y_obj) {
   if (!py::isinstance<PyArray>(x)) return axpy_from_host(*ex, a, x, y.py, y.array);
   PyArray &xa = as_array(x, "axpy", "x");
   const Ndarray &xx = xa.get("axpy");
-  check(launch({&xa, &y.py}, [&] { return ex->axpy(a, xx, y.array); }));
+  check(launch_small(*ex, y.array.num_elements(), {&xa, &y.py}, [&] { return ex->axpy(a, xx, y.array); }));
 }
 
 py::object reduce_sum(py::handle x_obj) {
   const Operand x = first_operand(x_obj, "reduce_sum", "x");
   auto ex = executor();
-  const Scalar sum = check(launch({&x.py}, [&] { return ex->reduce_sum(x.array); }));
+  const Scalar sum =
+      check(launch_small(*ex, x.array.num_elements(), {&x.py}, [&] { return ex->reduce_sum(x.array); }));
   if (is_floating(x.array.dtype())) return py::float_(sum.f64);
   return py::int_(sum.i64);
 }
