@@ -51,7 +51,7 @@ constinit thread_local int t_call_depth __attribute__((tls_model("initial-exec")
 ForkRegistration g_calls_fork_registration(ForkHooks{
     nullptr, nullptr, [] {
       g_calls_inside.store(t_call_depth > 0 ? 1 : 0, std::memory_order_relaxed);
-      g_calls_without_gil.store(0, std::memory_order_relaxed);  // the forking thread holds the GIL
+      g_calls_without_gil.store(t_calls_without_gil, std::memory_order_relaxed);
     }});
 
 /// Waits (GIL released) until no other thread is inside kiln, at most kShutdownWait.

@@ -26,8 +26,10 @@ namespace py = pybind11;
 /// is released, decremented once the call is done (it holds no kiln lock any more) and before
 /// the GIL is taken back. Zero, read with the GIL held, means that no thread can be holding a
 /// kiln lock while it waits for the GIL (see launch_small in ndarray.h). A forked child starts
-/// at zero.
+/// from the forking thread's own calls.
 inline std::atomic<int> g_calls_without_gil{0};
+/// This thread's share of g_calls_without_gil (what a forked child starts from).
+constinit inline thread_local int t_calls_without_gil __attribute__((tls_model("initial-exec"))) = 0;
 
 /// Runs `fn` with the GIL released and takes the GIL back. At interpreter exit a daemon thread
 /// that takes the GIL back is ended by CPython (pthread_exit, a forced unwind); that unwind must
@@ -36,9 +38,12 @@ inline std::atomic<int> g_calls_without_gil{0};
 template <class Fn>
 auto without_gil(Fn &&fn) -> decltype(fn()) {
   g_calls_without_gil.fetch_add(1, std::memory_order_relaxed);
+  ++t_calls_without_gil;
   bool counted = true;
   const auto done = [&counted] {
-    if (std::exchange(counted, false)) g_calls_without_gil.fetch_sub(1, std::memory_order_release);
+    if (!std::exchange(counted, false)) return;
+    --t_calls_without_gil;
+    g_calls_without_gil.fetch_sub(1, std::memory_order_release);
   };
   PyThreadState *state = PyEval_SaveThread();
   try {

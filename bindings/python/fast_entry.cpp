@@ -39,7 +39,7 @@ PyObject *fast_method_call(PyObject *self, PyObject *const *args, std::size_t na
 
 PyObject *fast_method_get(PyObject *self, PyObject *obj, PyObject * /*type*/) {
   PyObject *function = reinterpret_cast<FastMethod *>(self)->function;
-  if (obj == nullptr || obj == Py_None) return Py_NewRef(function);
+  if (obj == nullptr) return Py_NewRef(function);
   return PyMethod_New(function, obj);
 }
 

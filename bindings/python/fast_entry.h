@@ -52,9 +52,9 @@ using FastCall = PyObject *(*)(PyObject *, PyObject *const *, Py_ssize_t, PyObje
 
 /// Replaces function `name` of `scope` (a pybind11 function of a module, or a method of a
 /// pybind11 class) by a builtin with the same name, __module__ and __doc__ that calls `fast`; a
-/// method is wrapped as pybind11 wraps its own (an instancemethod: `a.name(...)` passes `a`
-/// first, `cls.name(x, ...)` passes x, whatever it is). Returns the pybind11 function, kept
-/// alive for the process (the fast entry's fallback).
+/// method is wrapped as an instancemethod that is also a method descriptor (`a.name(...)` passes
+/// `a` first without making a bound method, `cls.name(x, ...)` passes x, whatever it is).
+/// Returns the pybind11 function, kept alive for the process (the fast entry's fallback).
 PyObject *install_fast_function(py::handle scope, const char *name, FastCall fast);
 
 /// The fast entry of `Fn`, a C++ function of N py::handle arguments (a method's first is self)
