@@ -235,8 +235,8 @@ RhiExpected<Ndarray> LlvmRuntimeExecutor::wrap_external(DataType dtype, std::spa
 }
 
 RhiStatus LlvmRuntimeExecutor::free(Ndarray &array) {
-  KILN_RETURN_IF_ERROR(check_usable("free", array));
-  KILN_ASSIGN_OR_RETURN(const std::optional<DeviceAllocation> alloc, array.allocation("free"));
+  KILN_RETURN_IF_ERROR(check_usable("free", array));  // a handle, not freed, of this executor
+  const std::optional<DeviceAllocation> alloc = array.state_->alloc;
   if (array.state_->release_external) {
     array.state_->freed = true;
     array.state_->freed_device_name = device().name();
