@@ -88,7 +88,7 @@ py::object new_fast_method(PyObject *function) {
 }  // namespace
 
 PyObject *install_fast_function(py::handle scope, const char *name, FastCall fast) {
-  py::object slow = scope.attr(name);  // a class gives its method's function
+  py::object slow = scope.attr(name);  // a class gives pybind11's method object (instancemethod)
   const py::object doc = slow.attr("__doc__");
   // The method table entry and its docstring live as long as the function: for the process.
   auto *def = new PyMethodDef{name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast)),
@@ -158,6 +158,11 @@ int fast_ndarray_init(PyObject *self, PyObject *args, PyObject *kwargs) {
   return 0;
 }
 
+/// Takes `object` out of the garbage collector's lists (gc.get_objects, gc.get_referrers).
+void untrack(PyObject *object) {
+  if (PyObject_IS_GC(object) && PyObject_GC_IsTracked(object)) PyObject_GC_UnTrack(object);
+}
+
 }  // namespace
 
 void install_fast_ndarray_init(py::handle cls, const py::detail::type_info *info) {
@@ -166,6 +171,13 @@ void install_fast_ndarray_init(py::handle cls, const py::detail::type_info *info
   // The attribute first: setting __init__ on the type resets tp_init to the generic slot, which
   // calls the attribute (the fallback of fast_ndarray_init).
   g_pybind11_init_function = install_fast_function(cls, "__init__", &ndarray_init_attribute);
+  // Out of the garbage collector's sight (gc.get_objects, gc.get_referrers): called directly,
+  // pybind11's __init__ would construct a second value over an array fast_ndarray_init made (it
+  // skips only instances it registered), leaking the first under its views. Both live for the
+  // process, so they are never collected either way.
+  untrack(g_pybind11_init_function);  // pybind11's method object (an instancemethod)
+  if (PyInstanceMethod_Check(g_pybind11_init_function))
+    untrack(PyInstanceMethod_GET_FUNCTION(g_pybind11_init_function));
   g_pybind11_init = type->tp_init;
   type->tp_init = &fast_ndarray_init;
 }

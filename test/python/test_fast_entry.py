@@ -166,6 +166,21 @@ def test_calling_init_again_leaves_the_array_as_it_was(made_by, again):
     assert kiln.memory_stats()["allocated_bytes"] == allocated
 
 
+def test_pybind11s_own_init_is_out_of_the_garbage_collectors_sight():
+    # pybind11's __init__, kept as the fast tp_init's fallback, would construct a second value
+    # over an array the fast path made (it skips only instances it registered). The only
+    # __init__ of kiln.ndarray that Python code can reach is kiln.ndarray.__init__.
+    import gc
+    reachable = [o for o in gc.get_objects()
+                 if getattr(o, "__name__", None) == "__init__" and callable(o)
+                 and (getattr(o, "__doc__", None) or "").startswith("__init__(self, dtype")]
+    assert reachable == [kiln.ndarray.__init__] or reachable == []
+    a = kiln.ndarray(kiln.f32, (2,))
+    for other in gc.get_referrers(kiln.ndarray.__init__):
+        assert not (callable(other) and getattr(other, "__name__", None) == "__init__")
+    del a
+
+
 @pytest.mark.parametrize("by_keyword", [False, True], ids=["positional", "keyword"])
 @pytest.mark.parametrize("kind, error", [
     ("bad_alloc", kiln.HostOutOfMemoryError),
