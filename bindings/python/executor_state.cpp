@@ -37,8 +37,7 @@ namespace {
 // with the process) and waits, GIL released, for the calls already inside to return.
 
 constexpr auto kShutdownWait = std::chrono::seconds(10);  // a call inside kiln that never ends
-std::atomic<int> g_calls_inside{0};  // outermost kiln calls in progress, every thread
-std::atomic<bool> g_closing{false};
+std::atomic<int> g_calls_inside{0};  // outermost kiln calls in progress, every thread (add_with_gil)
 std::thread::id g_closing_thread;  // guarded by the GIL: the thread that ran kiln._shutdown
 constinit thread_local int t_call_depth __attribute__((tls_model("initial-exec"))) = 0;  // initial-exec: see error_mapping.cpp
 
@@ -178,11 +177,11 @@ CallGuard::CallGuard() {
   if (t_call_depth == 0 && g_closing.load(std::memory_order_acquire) &&
       std::this_thread::get_id() != g_closing_thread)
     park_forever();
-  if (t_call_depth++ == 0) g_calls_inside.fetch_add(1, std::memory_order_acq_rel);
+  if (t_call_depth++ == 0) add_with_gil(g_calls_inside, 1);
 }
 
 CallGuard::~CallGuard() {
-  if (--t_call_depth == 0) g_calls_inside.fetch_sub(1, std::memory_order_acq_rel);
+  if (--t_call_depth == 0) add_with_gil(g_calls_inside, -1);
 }
 
 std::shared_ptr<LlvmRuntimeExecutor> executor() {
@@ -208,6 +207,14 @@ void forget_observer(uint64_t id) { std::erase(g_observer_ids, id); }
 std::vector<FaultBlock> &fault_blocks() { return g_fault_blocks; }
 
 uint64_t executor_generation() { return g_executor_generation; }
+
+uint64_t generation_of(const LlvmRuntimeExecutor &ex) {
+  return &ex == g_executor.get() ? g_executor_generation : 0;
+}
+
+LlvmRuntimeExecutor *executor_of_generation(uint64_t generation) {
+  return generation != 0 && generation == g_executor_generation ? g_executor.get() : nullptr;
+}
 
 void register_executor_state(py::module_ &m) {
   def_typed(m, "init",

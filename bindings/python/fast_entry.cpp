@@ -146,7 +146,7 @@ int fast_ndarray_init(PyObject *self, PyObject *args, PyObject *kwargs) {
   if (v_h.instance_registered() || v_h.holder_constructed() || v_h.value_ptr() != nullptr)
     return g_pybind11_init(self, args, kwargs);
   PyObject *done = run_guarded([&] {
-    auto array = std::make_unique<PyArray>(make_ndarray(PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1)));
+    std::unique_ptr<PyArray> array = make_ndarray(PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1));
     // The holder takes the value, as pybind11's init_holder does (nothing here throws).
     v_h.value_ptr() = array.get();
     new (std::addressof(v_h.holder<std::unique_ptr<PyArray>>())) std::unique_ptr<PyArray>(std::move(array));

@@ -68,12 +68,12 @@ PyArray *initialized_array(py::handle value) {
 
 }  // namespace
 
-PyArray make_ndarray(py::handle dtype, py::handle shape) {
+std::unique_ptr<PyArray> make_ndarray(py::handle dtype, py::handle shape) {
   check_not_in_observer("ndarray");
   const DataType dt = to_dtype(dtype);
   const ShapeArg dims = to_shape(shape);
   auto ex = executor();
-  return PyArray(check(ex->ndarray(dt, dims.dims())), ex);
+  return std::make_unique<PyArray>(check(ex->ndarray(dt, dims.dims())), ex);  // made in place
 }
 
 namespace {
@@ -97,8 +97,8 @@ void free_array(py::handle self) {
                                     "garbage collection frees it",
                                     a.description()));
   const Ndarray &array = a.get("free");
-  if (auto owner = a.owner.lock()) {
-    check(owner->free(a.array));
+  if (LlvmRuntimeExecutor *owner = executor_of_generation(a.executor_generation)) {
+    check(owner->free(a.array));  // frees without calling Python: `owner` stays valid
     a.live.release();
     return;
   }
@@ -230,7 +230,7 @@ void def_methods(py::class_<PyArray> &cls) {
 
 PyArray::PyArray(Ndarray a, const std::shared_ptr<LlvmRuntimeExecutor> &ex)
     : array(std::move(a)),
-      owner(ex),
+      executor_generation(generation_of(*ex)),
       device(ex->device().name()),
       dtype(array.dtype()),
       nbytes(array.nbytes()),
@@ -242,7 +242,7 @@ std::atomic<uint64_t> g_live_array_bytes{0};
 }  // namespace
 
 LiveArrayBytes::LiveArrayBytes(uint64_t bytes) : bytes_(bytes) {
-  g_live_array_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  if (bytes != 0) add_with_gil(g_live_array_bytes, bytes);
 }
 
 LiveArrayBytes::LiveArrayBytes(LiveArrayBytes &&other) noexcept : bytes_(other.bytes_) {
@@ -259,7 +259,8 @@ LiveArrayBytes &LiveArrayBytes::operator=(LiveArrayBytes &&other) noexcept {
 }
 
 void LiveArrayBytes::release() {
-  g_live_array_bytes.fetch_sub(bytes_, std::memory_order_relaxed);
+  if (bytes_ == 0) return;  // freed, moved from or empty: no locked instruction
+  add_with_gil(g_live_array_bytes, uint64_t{0} - bytes_);
   bytes_ = 0;
 }
 

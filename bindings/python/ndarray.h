@@ -28,7 +28,8 @@ namespace py = pybind11;
 /// The bytes of every kiln.ndarray alive and not freed, over every executor (an array outlives
 /// the executor kiln.init replaced): what kiln.testing's leak check reads when the executor it
 /// measured is gone. One per PyArray: counted at construction, given back once by release()
-/// (free) or the destructor; a move hands its count over. Thread-safe (atomic).
+/// (free) or the destructor; a move hands its count over. Changed with the GIL held
+/// (add_with_gil), read atomically.
 class LiveArrayBytes {
  public:
   explicit LiveArrayBytes(uint64_t bytes);
@@ -46,11 +47,14 @@ class LiveArrayBytes {
   uint64_t bytes_;
 };
 
-/// A kiln.ndarray: one Ndarray handle (the only one), the executor that made it (weakly: arrays
-/// never keep an executor alive, only its device), and the state of views and running launches.
+/// A kiln.ndarray: one Ndarray handle (the only one), the generation of the executor that made
+/// it (arrays never keep an executor alive, only its device), and the state of views and running
+/// launches.
 struct PyArray {
   Ndarray array;
-  std::weak_ptr<LlvmRuntimeExecutor> owner;
+  // executor_generation() of the global executor that made it; 0 when kiln.init had replaced
+  // that executor before the array was made (executor_of_generation).
+  uint64_t executor_generation = 0;
   std::string device;
   DataType dtype;
   std::vector<int64_t> dropped_shape;  // the shape, kept once free() dropped the handle
@@ -128,7 +132,8 @@ auto launch_small(const LlvmRuntimeExecutor &ex, uint64_t num_elements,
 
 /// kiln.ndarray(dtype, shape): a new array on the current executor. Errors: those of to_dtype,
 /// to_shape and LlvmRuntimeExecutor::ndarray; InvalidUsageError inside an OOM observer.
-PyArray make_ndarray(py::handle dtype, py::handle shape);
+/// Returns the value as pybind11's holder owns it (no move of a PyArray).
+std::unique_ptr<PyArray> make_ndarray(py::handle dtype, py::handle shape);
 
 /// `value` as a kiln.ndarray of `site`'s argument `name`. Errors: InvalidTypeError when it is
 /// not one (a numpy array, a list, ...); InvalidUsageError for an instance made by
