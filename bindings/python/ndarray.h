@@ -20,6 +20,7 @@
 
 #include "executor_state.h"
 #include "kiln/executor/executor.h"
+#include "kiln/executor/launcher.h"
 
 namespace kiln::python {
 
@@ -112,6 +113,8 @@ auto launch(std::initializer_list<PyArray *> arrays, Fn &&fn) {
 /// f32), a few microseconds of work at most, far below the interpreter's 5 ms switch interval.
 /// (numpy keeps the GIL for its small loops too, below 500 elements.)
 inline constexpr uint64_t kLaunchWithGilMaxElements = uint64_t{1} << 14;
+static_assert(kLaunchWithGilMaxElements <= static_cast<uint64_t>(kDefaultMinElementsPerTask),
+              "launch_small's launches must run as one task on the calling thread");
 
 /// Runs `fn` as launch() does, except a launch of at most kLaunchWithGilMaxElements elements on a
 /// host-code device (cpu, mock: one task, on this thread) while no other thread is inside

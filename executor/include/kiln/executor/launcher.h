@@ -36,13 +36,17 @@ struct HostOperand {
   std::span<const std::byte> bytes;
 };
 
+/// LaunchSpec::min_elements_per_task's default: a CPU launch of at most this many elements runs
+/// as one task, on the calling thread.
+inline constexpr int64_t kDefaultMinElementsPerTask = int64_t{1} << 16;
+
 /// What to launch. `args.ptr` slots for device arrays are filled by the caller; host operands,
 /// the result buffer's address, num_tasks and iteration_size are filled by the launcher.
 struct LaunchSpec {
   std::string kernel;                ///< "kiln_axpy_f32"
   KilnKernelArgs args{};
   int64_t iteration_size = 0;        ///< elements (or rows, for matmul) of the iteration space
-  int64_t min_elements_per_task = 1 << 16;  ///< CPU: below this a launch runs as one task
+  int64_t min_elements_per_task = kDefaultMinElementsPerTask;  ///< CPU: up to this, one task
   std::vector<HostOperand> host_operands;
   /// Clear the first num_tasks result slots before the kernel runs and read them back after.
   /// Every kernel that writes result slots (reduce_sum, compact_positive) must set it.
