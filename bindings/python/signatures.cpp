@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <optional>
 #include <string>
 
 #include "error_mapping.h"
@@ -17,6 +18,15 @@ namespace kiln::python {
   if (!kwargs.empty()) given += " and keywords " + std::string(py::repr(kwargs));
   if (given.size() > 200) given = given.substr(0, 200) + "...";
   raise_invalid_type(name, fmt::format("{}{} does not take the arguments {}", name, parameters, given));
+}
+
+[[noreturn]] void raise_method_mismatch(const char *name, const char *parameters,
+                                        const py::args &args, const py::kwargs &kwargs) {
+  if (args.empty())
+    raise_invalid_type(name, fmt::format("{} is a method of kiln.ndarray: call it on an array, "
+                                         "a.{}{}, or pass the array first",
+                                         name, name, parameters));
+  raise_signature_mismatch(name, parameters, py::args(args[py::slice(1, std::nullopt, 1)]), kwargs);
 }
 
 void typed_mismatch(py::module_ &scope, const char *name, const char *parameters) {

@@ -33,11 +33,16 @@ void def_typed(py::module_ &m, const char *name, const char *parameters, Fn &&fn
   typed_mismatch(m, name, parameters);
 }
 
-/// typed_mismatch for method `name` of class `cls`.
+/// Raises InvalidTypeError for a call of method `name` of kiln.ndarray through the class without
+/// an array (`kiln.ndarray.free()`), or names the arguments after self that match no signature.
+[[noreturn]] void raise_method_mismatch(const char *name, const char *parameters,
+                                        const py::args &args, const py::kwargs &kwargs);
+
+/// typed_mismatch for method `name` of class `cls`; it also takes a call without self.
 template <class Class>
 void typed_method_mismatch(Class &cls, const char *name, const char *parameters) {
-  cls.def(name, [name, parameters](py::handle, py::args args, py::kwargs kwargs) {
-    raise_signature_mismatch(name, parameters, args, kwargs);
+  cls.def(name, [name, parameters](py::args args, py::kwargs kwargs) {
+    raise_method_mismatch(name, parameters, args, kwargs);
   });
 }
 
