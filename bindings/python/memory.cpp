@@ -76,25 +76,49 @@ struct PyCallback {
   PyCallback &operator=(const PyCallback &) = delete;
 };
 
-/// Calls `callback` with the exception of `failure` (from DeviceMemory, any thread).
-void notify(const PyCallback &callback, const Failure &failure) {
-  if (!Py_IsInitialized() || python_is_finalizing()) return;
-  py::gil_scoped_acquire gil;
-  py::error_scope keep;  // whatever error was pending stays pending
-  ObserverScope in_observer;
+/// Runs the observer (GIL held) and deals with what it raised; nothing here owns a Python
+/// reference across the call. Errors never reach C++ (see notify).
+void call_observer(const PyCallback &callback, const Failure &failure) {
+  PyObject *exception = nullptr;
   try {
-    py::handle(callback.fn)(make_exception(failure));
+    exception = make_exception(failure).release().ptr();
   } catch (py::error_already_set &e) {
-    if (!e.matches(PyExc_Exception)) {  // KeyboardInterrupt, SystemExit: the caller gets it
-      stash_observer_interrupt(e);
-      return;
-    }
-    // Never into C++: reported like an error in __del__.
     e.discard_as_unraisable(py::reinterpret_borrow<py::object>(callback.fn));
+    return;
   } catch (const std::exception &e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
     PyErr_WriteUnraisable(callback.fn);
+    return;
   }
+  PyObject *result = PyObject_CallOneArg(callback.fn, exception);  // CPython may end the thread here
+  Py_DECREF(exception);
+  if (result != nullptr) {
+    Py_DECREF(result);
+    return;
+  }
+  if (!PyErr_ExceptionMatches(PyExc_Exception)) {  // KeyboardInterrupt, SystemExit: the caller gets it
+    stash_observer_interrupt(py::error_already_set());
+    return;
+  }
+  PyErr_WriteUnraisable(callback.fn);  // never into C++: reported like an error in __del__
+}
+
+/// Calls `callback` with the exception of `failure` (from DeviceMemory, any thread). No RAII
+/// holds the GIL or a Python object here: at interpreter exit, after kiln._shutdown's wait gave
+/// up on a long observer, CPython ends this thread inside the observer (a forced unwind). The
+/// unwind must then neither release the GIL, which the finalizing thread holds, nor touch an
+/// object without it: what the thread held is left as it is, the process is ending.
+void notify(const PyCallback &callback, const Failure &failure) {
+  if (!Py_IsInitialized() || python_is_finalizing()) return;
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject *pending_type = nullptr, *pending_value = nullptr, *pending_traceback = nullptr;
+  PyErr_Fetch(&pending_type, &pending_value, &pending_traceback);  // stays pending afterwards
+  {
+    ObserverScope in_observer;  // thread-local flags only: safe to unwind
+    call_observer(callback, failure);
+  }
+  PyErr_Restore(pending_type, pending_value, pending_traceback);
+  PyGILState_Release(gil);
 }
 
 uint64_t add_oom_observer(py::handle fn) {

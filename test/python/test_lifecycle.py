@@ -329,6 +329,39 @@ def test_exit_with_daemon_threads_inside_kiln_keeps_the_status(arch):
         assert_clean(proc, status)
 
 
+OBSERVER_OUTLASTS_THE_EXIT_WAIT = """
+    import time
+    MODE = sys.argv[2]
+    kiln.init(ARCH, budget_bytes=40 << 20, reserve_bytes=0, **INIT)
+    started = threading.Event()
+    def observer(error):  # outlasts kiln._shutdown's 10 s wait: CPython ends its thread in here
+        started.set()
+        end = time.monotonic() + 14
+        while time.monotonic() < end:
+            time.sleep(0.003)
+    kiln.add_oom_observer(observer)
+    if MODE == "staging":  # inside a launch that released the GIL (a host operand's staging)
+        host = np.ones(1 << 22, np.float32)
+        work = lambda: kiln.axpy(1.0, host, kiln.ndarray(kiln.f32, (1 << 22,)))
+    else:                  # inside kiln.ndarray, GIL held
+        work = lambda: [kiln.ndarray(kiln.f32, (1 << 22,)) for _ in range(10)]
+    threading.Thread(target=work, daemon=True).start()
+    started.wait()
+"""
+
+
+@pytest.mark.parametrize("arch", [p for p in BACKENDS if p.values[0] in ("cpu", "mock")])
+def test_exit_while_an_observer_outlasts_the_wait_is_clean(arch):
+    # CPython ends the observer's thread once finalization starts (a forced unwind through the
+    # observer's C++ caller): that unwind must not release the GIL the exiting thread holds,
+    # nor drop Python references without it (was: abort or segfault at exit).
+    with ThreadPoolExecutor(2) as pool:
+        procs = list(pool.map(lambda mode: run_script(arch, OBSERVER_OUTLASTS_THE_EXIT_WAIT, mode),
+                              ["staging", "ndarray"]))
+    for proc in procs:
+        assert_clean(proc, 0)
+
+
 # --- host memory exhaustion during init and JIT --------------------------------------------------
 
 HOST_OOM = """
