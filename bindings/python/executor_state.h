@@ -38,7 +38,7 @@ inline std::atomic<bool> g_closing{false};
 /// without the GIL (kiln._shutdown's wait) read the counter atomically.
 template <class T>
 void add_with_gil(std::atomic<T> &counter, T delta) {
-  if (!g_closing.load(std::memory_order_relaxed)) [[likely]]
+  if (!g_closing.load(std::memory_order_acquire)) [[likely]]
     counter.store(static_cast<T>(counter.load(std::memory_order_relaxed) + delta),
                   std::memory_order_release);
   else

@@ -2,12 +2,16 @@
 // builtins that replace the hot module functions, and kiln.ndarray's tp_init.
 #include "fast_entry.h"
 
+#include <fmt/format.h>
+
 #include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <type_traits>
 
+#include "conversions.h"
+#include "error_mapping.h"
 #include "ndarray.h"
 
 namespace kiln::python {
@@ -123,12 +127,18 @@ bool made_unregistered(const py::detail::value_and_holder &v_h) {
 /// a second __init__ of an array fast_ndarray_init made is ignored, whatever its arguments, as
 /// pybind11's dispatcher ignores one on an instance it registered (it recognizes those by their
 /// registration); every other call goes to pybind11's __init__.
+/// Without an array first (`kiln.ndarray.__init__()`, `kiln.ndarray.__init__(3, ...)`) it raises
+/// InvalidTypeError, as the other methods do, where pybind11 raises a plain TypeError.
 PyObject *ndarray_init_attribute(PyObject * /*unused*/, PyObject *const *args, Py_ssize_t nargs,
                                  PyObject *kwnames) {
-  if (nargs >= 1 && PyObject_TypeCheck(args[0], g_ndarray_info->type)) {
-    auto *inst = reinterpret_cast<py::detail::instance *>(args[0]);
-    if (made_unregistered(inst->get_value_and_holder(g_ndarray_info))) Py_RETURN_NONE;
-  }
+  if (nargs == 0 || !PyObject_TypeCheck(args[0], g_ndarray_info->type))
+    return run_guarded([&]() -> PyObject * {
+      raise_invalid_type("__init__", fmt::format("__init__: self must be a kiln.ndarray, got {} "
+                                                 "(make arrays with kiln.ndarray(dtype, shape))",
+                                                 nargs == 0 ? "no argument" : type_name(args[0])));
+    });
+  auto *inst = reinterpret_cast<py::detail::instance *>(args[0]);
+  if (made_unregistered(inst->get_value_and_holder(g_ndarray_info))) Py_RETURN_NONE;
   return PyObject_Vectorcall(g_pybind11_init_function, args, static_cast<std::size_t>(nargs), kwnames);
 }
 
@@ -170,14 +180,18 @@ void install_fast_ndarray_init(py::handle cls, const py::detail::type_info *info
   g_ndarray_info = info;
   // The attribute first: setting __init__ on the type resets tp_init to the generic slot, which
   // calls the attribute (the fallback of fast_ndarray_init).
-  g_pybind11_init_function = install_fast_function(cls, "__init__", &ndarray_init_attribute);
+  PyObject *method = install_fast_function(cls, "__init__", &ndarray_init_attribute);
+  // Only the function is kept (called with self first, as its instancemethod would call it); the
+  // instancemethod goes, still tracked (CPython 3.11 frees one without checking that it is).
+  g_pybind11_init_function = PyInstanceMethod_Check(method)
+                                 ? Py_NewRef(PyInstanceMethod_GET_FUNCTION(method))
+                                 : Py_NewRef(method);
+  Py_DECREF(method);
   // Out of the garbage collector's sight (gc.get_objects, gc.get_referrers): called directly,
   // pybind11's __init__ would construct a second value over an array fast_ndarray_init made (it
-  // skips only instances it registered), leaking the first under its views. Both live for the
-  // process, so they are never collected either way.
-  untrack(g_pybind11_init_function);  // pybind11's method object (an instancemethod)
-  if (PyInstanceMethod_Check(g_pybind11_init_function))
-    untrack(PyInstanceMethod_GET_FUNCTION(g_pybind11_init_function));
+  // skips only instances it registered), leaking the first under its views. Kept for the
+  // process: never collected either way (a builtin function is freed safely untracked).
+  untrack(g_pybind11_init_function);
   g_pybind11_init = type->tp_init;
   type->tp_init = &fast_ndarray_init;
 }

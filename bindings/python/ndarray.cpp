@@ -98,7 +98,9 @@ void free_array(py::handle self) {
                                     a.description()));
   const Ndarray &array = a.get("free");
   if (LlvmRuntimeExecutor *owner = executor_of_generation(a.executor_generation)) {
-    check(owner->free(a.array));  // frees without calling Python: `owner` stays valid
+    // `owner` may be gone once free returns: an imported array's release (the producer's
+    // DLPack deleter) may run Python that calls kiln.init; free runs it last (executor.h).
+    check(owner->free(a.array));
     a.live.release();
     return;
   }

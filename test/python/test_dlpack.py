@@ -171,6 +171,28 @@ def test_imported_array_keeps_the_numpy_array_alive_until_it_is_gone():
     del k
 
 
+def test_free_whose_producer_release_replaces_the_executor_is_safe():
+    # free() of an imported array runs the producer's deleter, which may run Python that calls
+    # kiln.init and so destroys the executor free() was called on: free runs it last.
+    replaced = []
+    class Buffer(bytearray):
+        def __del__(self):
+            kiln.init("cpu")
+            replaced.append(True)
+    kiln.init("cpu")
+    src = np.frombuffer(Buffer(32), dtype=np.float32)
+    live = kiln._kiln._live_array_bytes()
+    k = kiln.from_dlpack(src)
+    del src
+    gc.collect()
+    k.free()
+    assert replaced == [True] and k.is_freed
+    assert kiln._kiln._live_array_bytes() == live
+    x = kiln.ndarray(kiln.f32, (4,))  # the new executor works
+    kiln.fill(x, 2.0)
+    assert kiln.reduce_sum(x) == 8.0
+
+
 def test_free_of_an_imported_array_gives_the_memory_back_once():
     src = np.arange(4, dtype=np.float32)
     base = sys.getrefcount(src)

@@ -171,14 +171,28 @@ def test_pybind11s_own_init_is_out_of_the_garbage_collectors_sight():
     # over an array the fast path made (it skips only instances it registered). The only
     # __init__ of kiln.ndarray that Python code can reach is kiln.ndarray.__init__.
     import gc
-    reachable = [o for o in gc.get_objects()
-                 if getattr(o, "__name__", None) == "__init__" and callable(o)
-                 and (getattr(o, "__doc__", None) or "").startswith("__init__(self, dtype")]
-    assert reachable == [kiln.ndarray.__init__] or reachable == []
+    doc = kiln.ndarray.__init__.__doc__
+    assert doc
+    def inits(objects):
+        return [o for o in objects if callable(o) and getattr(o, "__name__", None) == "__init__"
+                and getattr(o, "__doc__", None) == doc]
+    ours = (kiln.ndarray.__init__, kiln.ndarray.__dict__["__init__"])  # function, its descriptor
     a = kiln.ndarray(kiln.f32, (2,))
-    for other in gc.get_referrers(kiln.ndarray.__init__):
-        assert not (callable(other) and getattr(other, "__name__", None) == "__init__")
-    del a
+    tracked = gc.get_objects()
+    assert kiln.ndarray.__init__ in inits(tracked)  # the filter finds an __init__ of ndarray
+    others = [o for o in inits(tracked + gc.get_referents(*tracked)) if all(o is not x for x in ours)]
+    assert others == []
+    del a, tracked
+
+
+@pytest.mark.parametrize("call", [
+    lambda: kiln.ndarray.__init__(),
+    lambda: kiln.ndarray.__init__(np.zeros(3), kiln.f32, (4,)),
+    lambda: kiln.ndarray.__init__(5, kiln.f32, (4,)),
+], ids=["no-self", "numpy-self", "int-self"])
+def test_init_without_an_array_is_invalid_type(call):
+    with pytest.raises(BAD_TYPE, match="__init__: self must be a kiln.ndarray"):
+        call()
 
 
 @pytest.mark.parametrize("by_keyword", [False, True], ids=["positional", "keyword"])

@@ -84,8 +84,9 @@ class LlvmRuntimeExecutor {
   /// array), device_lost.
   [[nodiscard]] RhiExpected<Ndarray> wrap_external(DataType dtype, std::span<const int64_t> shape,
                                                    uint64_t address, std::function<void()> release);
-  /// Frees the array's memory now (for wrap_external's arrays: gives it back to its owner).
-  /// Errors: invalid_usage if already freed.
+  /// Frees the array's memory now (for wrap_external's arrays: gives it back to its owner, as
+  /// the last thing it does: the release may destroy this executor, as a DLPack producer's
+  /// deleter that runs Python can). Errors: invalid_usage if already freed.
   [[nodiscard]] RhiStatus free(Ndarray &array);
   /// Copies host bytes in / out; `bytes.size()` must equal array.nbytes(). Errors: invalid_usage.
   [[nodiscard]] RhiStatus write(const Ndarray &array, std::span<const std::byte> bytes);
