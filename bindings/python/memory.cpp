@@ -83,6 +83,10 @@ void call_observer(const PyCallback &callback, const Failure &failure) {
   try {
     exception = make_exception(failure).release().ptr();
   } catch (py::error_already_set &e) {
+    if (!e.matches(PyExc_Exception)) {  // KeyboardInterrupt, SystemExit: the caller gets it
+      stash_observer_interrupt(e);
+      return;
+    }
     e.discard_as_unraisable(py::reinterpret_borrow<py::object>(callback.fn));
     return;
   } catch (const std::exception &e) {
