@@ -67,7 +67,7 @@ class ShapeArg {
   [[nodiscard]] std::span<const int64_t> dims() const { return {dims_.data(), ndim_}; }
 
  private:
-  std::array<int64_t, kMaxDimensions> dims_{};
+  std::array<int64_t, kMaxDimensions> dims_;  // only the first ndim_ are set (no zero-fill)
   std::size_t ndim_ = 0;
 };
 

@@ -190,12 +190,7 @@ RhiExpected<std::shared_ptr<Ndarray::State>> LlvmRuntimeExecutor::new_array_stat
     info.error().device = device().name();
     return std::unexpected(std::move(info).error());
   }
-  auto state = std::make_shared<Ndarray::State>();
-  state->context = context_;
-  state->dtype = dtype;
-  state->shape.assign(shape.begin(), shape.end());
-  state->info = std::move(*info);
-  return state;
+  return std::make_shared<Ndarray::State>(context_, dtype, shape, *info);
 }
 
 RhiExpected<Ndarray> LlvmRuntimeExecutor::ndarray(DataType dtype, std::span<const int64_t> shape) {

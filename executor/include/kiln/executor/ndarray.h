@@ -72,6 +72,14 @@ class Ndarray {
 };
 
 struct Ndarray::State {
+  // A user-provided constructor: make_shared then default-initializes instead of zero-filling
+  // the whole state first (a `rep stos` per array, ~5% of an allocation from Python).
+  State(std::shared_ptr<DeviceContext> device_context, DataType array_dtype,
+        std::span<const int64_t> array_shape, ShapeInfo shape_info)
+      : context(std::move(device_context)),
+        dtype(array_dtype),
+        shape(array_shape.begin(), array_shape.end()),
+        info(shape_info) {}
   std::shared_ptr<DeviceContext> context;  // null once freed
   std::string freed_device_name;           // the device's name, once freed
   DataType dtype;
