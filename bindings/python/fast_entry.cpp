@@ -2,6 +2,8 @@
 // builtins that replace the hot module functions, and kiln.ndarray's tp_init.
 #include "fast_entry.h"
 
+#include <structmember.h>  // PyMemberDef, T_PYSSIZET, READONLY (3.11)
+
 #include <fmt/format.h>
 
 #include <cstddef>
@@ -142,21 +144,19 @@ PyObject *ndarray_init_attribute(PyObject * /*unused*/, PyObject *const *args, P
   return PyObject_Vectorcall(g_pybind11_init_function, args, static_cast<std::size_t>(nargs), kwnames);
 }
 
-/// kiln.ndarray's tp_init (what `kiln.ndarray(...)` runs): (dtype, shape) positional on a fresh
-/// kiln.ndarray here, as pybind11's factory __init__ does it but unregistered (made_unregistered);
-/// anything else (keywords, another count, a subclass) by pybind11's __init__.
+/// True for an instance tp_new just made: no value, no holder, not registered.
+bool is_fresh(const py::detail::value_and_holder &v_h) {
+  return !v_h.instance_registered() && !v_h.holder_constructed() && v_h.value_ptr() == nullptr;
+}
+
+/// Makes the array of (dtype, shape) into `self`, a fresh kiln.ndarray (is_fresh), as pybind11's
+/// factory __init__ does it but unregistered (made_unregistered). 0, or -1 with the Python error
+/// set (kiln's named error; `self` keeps no value).
 static_assert(std::is_same_v<py::class_<PyArray>::holder_type, std::unique_ptr<PyArray>>,
-              "fast_ndarray_init constructs kiln.ndarray's holder itself");
-int fast_ndarray_init(PyObject *self, PyObject *args, PyObject *kwargs) {
-  auto *inst = reinterpret_cast<py::detail::instance *>(self);
-  if (kwargs != nullptr || !PyTuple_CheckExact(args) || PyTuple_GET_SIZE(args) != 2 ||
-      Py_TYPE(self) != g_ndarray_info->type)
-    return g_pybind11_init(self, args, kwargs);
-  py::detail::value_and_holder v_h = inst->get_value_and_holder(g_ndarray_info);
-  if (v_h.instance_registered() || v_h.holder_constructed() || v_h.value_ptr() != nullptr)
-    return g_pybind11_init(self, args, kwargs);
+              "construct_array constructs kiln.ndarray's holder itself");
+int construct_array(py::detail::value_and_holder &v_h, PyObject *dtype, PyObject *shape) {
   PyObject *done = run_guarded([&] {
-    std::unique_ptr<PyArray> array = make_ndarray(PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1));
+    std::unique_ptr<PyArray> array = make_ndarray(dtype, shape);
     // The holder takes the value, as pybind11's init_holder does (nothing here throws).
     v_h.value_ptr() = array.get();
     new (std::addressof(v_h.holder<std::unique_ptr<PyArray>>())) std::unique_ptr<PyArray>(std::move(array));
@@ -166,6 +166,62 @@ int fast_ndarray_init(PyObject *self, PyObject *args, PyObject *kwargs) {
   if (done == nullptr) return -1;
   Py_DECREF(done);
   return 0;
+}
+
+/// kiln.ndarray's tp_init (what `kiln.ndarray(...)` runs when ndarray_vectorcall hands the call
+/// on): (dtype, shape) positional on a fresh kiln.ndarray here (construct_array); anything else
+/// (keywords, another count, a subclass) by pybind11's __init__.
+int fast_ndarray_init(PyObject *self, PyObject *args, PyObject *kwargs) {
+  auto *inst = reinterpret_cast<py::detail::instance *>(self);
+  if (kwargs != nullptr || !PyTuple_CheckExact(args) || PyTuple_GET_SIZE(args) != 2 ||
+      Py_TYPE(self) != g_ndarray_info->type)
+    return g_pybind11_init(self, args, kwargs);
+  py::detail::value_and_holder v_h = inst->get_value_and_holder(g_ndarray_info);
+  if (!is_fresh(v_h)) return g_pybind11_init(self, args, kwargs);
+  return construct_array(v_h, PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1));
+}
+
+newfunc g_pybind11_new = nullptr;      // kiln.ndarray's tp_new (pybind11's)
+PyObject *g_no_arguments = nullptr;    // () for tp_new (never released)
+
+/// A call of the class `callable` through its metaclass's tp_call (pybind11's: tp_new, then
+/// tp_init, then its check that __init__ made the value), with the argument tuple and keyword
+/// dict the vectorcall convention does without.
+PyObject *call_through_metaclass(PyObject *callable, PyObject *const *args, std::size_t nargsf,
+                                 PyObject *kwnames) {
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  auto positional = py::reinterpret_steal<py::object>(PyTuple_New(nargs));
+  if (!positional) return nullptr;
+  for (Py_ssize_t i = 0; i < nargs; ++i) PyTuple_SET_ITEM(positional.ptr(), i, Py_NewRef(args[i]));
+  py::object keywords;
+  if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0) {
+    keywords = py::reinterpret_steal<py::object>(PyDict_New());
+    if (!keywords) return nullptr;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); ++i)
+      if (PyDict_SetItem(keywords.ptr(), PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) return nullptr;
+  }
+  return Py_TYPE(callable)->tp_call(callable, positional.ptr(), keywords.ptr());
+}
+
+/// kiln.ndarray's tp_vectorcall (what `kiln.ndarray(dtype, shape)` runs, PEP 590): with two
+/// positional arguments it makes the instance (pybind11's tp_new) and the array
+/// (construct_array) without an argument tuple or pybind11's metaclass __call__; any other call,
+/// a subclass, or a class whose __new__ or __init__ was replaced goes through the metaclass.
+PyObject *ndarray_vectorcall(PyObject *callable, PyObject *const *args, std::size_t nargsf,
+                             PyObject *kwnames) {
+  auto *type = reinterpret_cast<PyTypeObject *>(callable);
+  if (kwnames != nullptr || PyVectorcall_NARGS(nargsf) != 2 || type != g_ndarray_info->type ||
+      type->tp_new != g_pybind11_new || type->tp_init != &fast_ndarray_init)
+    return call_through_metaclass(callable, args, nargsf, kwnames);
+  PyObject *self = type->tp_new(type, g_no_arguments, nullptr);
+  if (self == nullptr) return nullptr;
+  auto *inst = reinterpret_cast<py::detail::instance *>(self);
+  py::detail::value_and_holder v_h = inst->get_value_and_holder(g_ndarray_info);
+  if (construct_array(v_h, args[0], args[1]) < 0) {
+    Py_DECREF(self);  // pybind11's dealloc of an instance without a value
+    return nullptr;
+  }
+  return self;
 }
 
 /// Takes `object` out of the garbage collector's lists (gc.get_objects, gc.get_referrers).
@@ -194,6 +250,29 @@ void install_fast_ndarray_init(py::handle cls, const py::detail::type_info *info
   untrack(g_pybind11_init_function);
   g_pybind11_init = type->tp_init;
   type->tp_init = &fast_ndarray_init;
+  g_pybind11_new = type->tp_new;
+  g_no_arguments = PyTuple_New(0);
+  if (g_no_arguments == nullptr) throw py::error_already_set();
+  // Used only when the metaclass (ndarray_metaclass) has Py_TPFLAGS_HAVE_VECTORCALL; never
+  // inherited by subclasses (they go through the metaclass's __call__).
+  type->tp_vectorcall = &ndarray_vectorcall;
+}
+
+py::object ndarray_metaclass() {
+  PyTypeObject *base = py::detail::get_internals().default_metaclass;
+  static PyMemberDef members[] = {
+      {"__vectorcalloffset__", T_PYSSIZET, offsetof(PyTypeObject, tp_vectorcall), READONLY, nullptr},
+      {nullptr, 0, 0, 0, nullptr}};
+  PyType_Slot slots[] = {{Py_tp_call, reinterpret_cast<void *>(base->tp_call)},
+                         {Py_tp_members, members},
+                         {0, nullptr}};
+  PyType_Spec spec{"kiln._kiln.ndarray_type", 0, 0,
+                   Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL, slots};
+  auto bases = py::reinterpret_steal<py::object>(PyTuple_Pack(1, reinterpret_cast<PyObject *>(base)));
+  if (!bases) throw py::error_already_set();
+  auto meta = py::reinterpret_steal<py::object>(PyType_FromSpecWithBases(&spec, bases.ptr()));
+  if (!meta) throw py::error_already_set();
+  return meta;
 }
 
 }  // namespace kiln::python

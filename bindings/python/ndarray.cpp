@@ -337,7 +337,8 @@ std::pair<Operand, Operand> first_operands(py::handle a, py::handle b, const cha
 }
 
 void register_ndarray(py::module_ &m) {
-  py::class_<PyArray> cls(m, "ndarray", doc("ndarray"), py::buffer_protocol());
+  py::class_<PyArray> cls(m, "ndarray", doc("ndarray"), py::buffer_protocol(),
+                          py::metaclass(ndarray_metaclass()));
   g_ndarray_info = py::detail::get_type_info(typeid(PyArray));
   cls.def(py::init(&make_ndarray), doc("ndarray.__init__"), py::arg("dtype"), py::arg("shape"), guarded());
   def_properties(cls);

@@ -136,10 +136,53 @@ def test_a_budget_refusal_is_the_same_named_error_both_ways():
 def test_a_subclass_is_constructed_by_pybind11s_init():
     class Sub(kiln.ndarray):
         pass
+    assert type(Sub) is type(kiln.ndarray)  # the metaclass with vectorcall: only the class has it
     s = Sub(kiln.f64, (2, 2))
     assert type(s) is Sub and s.shape == (2, 2) and s.dtype == kiln.f64
     kiln.fill(s, 3.0)
     assert kiln.reduce_sum(s) == 12.0
+
+
+def test_a_refused_array_leaves_no_instance_behind():
+    """kiln.ndarray(dtype, shape) makes the instance, then the array (the class's vectorcall):
+    when the array is refused, the instance goes (an instance holds a reference to its class)."""
+    import sys
+
+    def refused(shape):
+        try:
+            kiln.ndarray(kiln.f32, shape)
+        except (kiln.InvalidUsageError, kiln.BudgetExceededError) as e:
+            return type(e)
+    before = sys.getrefcount(kiln.ndarray)
+    errors = [refused(shape) for _ in range(50) for shape in [(-1,), (1 << 40,)]]
+    after = sys.getrefcount(kiln.ndarray)  # not in the assert: pytest's rewriting holds one
+    assert errors == [kiln.InvalidUsageError, kiln.BudgetExceededError] * 50
+    assert after == before
+
+
+REPLACED_INIT_SCRIPT = r"""
+import kiln
+calls = []
+original = kiln.ndarray.__init__
+def init(self, *args, **kwargs):
+    calls.append(args)
+    original(self, *args, **kwargs)
+kiln.ndarray.__init__ = init
+a = kiln.ndarray(kiln.f32, (2,))
+kiln.fill(a, 1.5)
+print(calls, a.shape, kiln.reduce_sum(a))
+"""
+
+
+def test_a_replaced_init_is_called():
+    """Calling the class skips tp_init only while kiln.ndarray's own __init__ is in place: one the
+    user put there instead runs (a subprocess: the class stays changed)."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", REPLACED_INIT_SCRIPT], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[(<dtype.f32: 0>, (2,))] (2,) 3.0", proc.stdout
 
 
 @pytest.mark.parametrize("made_by", ["positional", "keyword"])
