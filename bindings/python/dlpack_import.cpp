@@ -156,7 +156,7 @@ PyArray from_dlpack(py::handle x) {
       ex->wrap_external(spec.dtype, spec.shape, spec.address, [managed] { delete_imported(managed); });
   // The array owns the tensor now: the capsule must not call the deleter too.
   if (wrapped) PyCapsule_SetName(capsule.ptr(), kUsedCapsuleName);
-  return PyArray(check(std::move(wrapped)), ex);
+  return PyArray(check(std::move(wrapped)), *ex);
 }
 
 }  // namespace kiln::python::dlpack

@@ -40,6 +40,8 @@ constexpr auto kShutdownWait = std::chrono::seconds(10);  // a call inside kiln 
 std::atomic<int> g_calls_inside{0};  // outermost kiln calls in progress, every thread (add_with_gil)
 std::thread::id g_closing_thread;  // guarded by the GIL: the thread that ran kiln._shutdown
 constinit thread_local int t_call_depth __attribute__((tls_model("initial-exec"))) = 0;  // initial-exec: see error_mapping.cpp
+int g_borrows = 0;  // open BorrowedExecutors, every thread (guarded by the GIL)
+constinit thread_local int t_borrows __attribute__((tls_model("initial-exec"))) = 0;  // this thread's
 
 [[noreturn]] void park_forever() {
   (void)PyEval_SaveThread();  // releases the GIL; this thread never takes it back
@@ -51,6 +53,7 @@ ForkRegistration g_calls_fork_registration(ForkHooks{
     nullptr, nullptr, [] {
       g_calls_inside.store(t_call_depth > 0 ? 1 : 0, std::memory_order_relaxed);
       g_calls_without_gil.store(t_calls_without_gil, std::memory_order_relaxed);
+      g_borrows = t_borrows;
     }});
 
 /// Waits (GIL released) until no other thread is inside kiln, at most kShutdownWait.
@@ -72,6 +75,7 @@ std::shared_ptr<LlvmRuntimeExecutor> g_executor;  // guarded by the GIL
 std::vector<uint64_t> g_observer_ids;              // observers added from Python to g_executor
 std::vector<FaultBlock> g_fault_blocks;            // see fault_blocks()
 uint64_t g_executor_generation = 0;                // see executor_generation()
+std::vector<std::shared_ptr<LlvmRuntimeExecutor>> g_retired;  // replaced while borrowed
 
 /// Replaces the global executor. The old one's Python observers are removed first: its device
 /// may live on (arrays keep it), and an observer that refers to such an array would otherwise
@@ -81,6 +85,7 @@ void replace_executor(std::shared_ptr<LlvmRuntimeExecutor> fresh) {
     for (uint64_t id : g_observer_ids) (void)g_executor->memory().remove_oom_observer(id);
   g_observer_ids.clear();
   g_fault_blocks.clear();  // they armed the old executor's plan
+  if (g_borrows > 0 && g_executor) g_retired.push_back(std::move(g_executor));  // BorrowedExecutor
   g_executor = std::move(fresh);
   ++g_executor_generation;
 }
@@ -192,6 +197,24 @@ std::shared_ptr<LlvmRuntimeExecutor> executor() {
   return g_executor;
 }
 
+LlvmRuntimeExecutor &borrow_executor() {
+  if (!g_executor) (void)executor();
+  return *g_executor;
+}
+
+BorrowedExecutor::BorrowedExecutor() : executor_(&borrow_executor()) {
+  ++g_borrows;
+  ++t_borrows;
+}
+
+BorrowedExecutor::~BorrowedExecutor() {
+  --t_borrows;
+  // After kiln._shutdown a thread that CPython ends may unwind through here without the GIL:
+  // the retired executors then go with the process.
+  if (--g_borrows == 0 && !g_retired.empty() && !g_closing.load(std::memory_order_acquire))
+    g_retired.clear();
+}
+
 void check_not_in_observer(const char *site) {
   if (in_observer())
     raise_invalid_usage("kiln", site,
@@ -233,6 +256,7 @@ void register_executor_state(py::module_ &m) {
             guarded());
   m.def("_shutdown", &shutdown);
   m.def("_executor_generation", &executor_generation);
+  m.def("_retired_executors", [] { return g_retired.size(); });  // BorrowedExecutor's, for tests
 }
 
 }  // namespace kiln::python

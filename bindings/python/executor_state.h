@@ -98,6 +98,26 @@ using guarded = py::call_guard<CallGuard>;
 /// Errors: those of kiln.init.
 std::shared_ptr<LlvmRuntimeExecutor> executor();
 
+/// The global executor (made as executor() makes it; errors: those of kiln.init) without a
+/// reference count, for the hottest call (kiln.ndarray: two atomic read-modify-writes of the
+/// shared_ptr per array, about 12 ns). It stays alive until this borrow ends even if kiln.init
+/// replaces it meanwhile (an OOM observer may release the GIL and let another thread run
+/// kiln.init): the replaced executor is retired, not destroyed, while any borrow is open, and the
+/// last borrow to end destroys the retired ones (not after kiln._shutdown: they go with the
+/// process). Made and ended with the GIL held; not copyable.
+class BorrowedExecutor {
+ public:
+  BorrowedExecutor();
+  ~BorrowedExecutor();
+  BorrowedExecutor(const BorrowedExecutor &) = delete;
+  BorrowedExecutor &operator=(const BorrowedExecutor &) = delete;
+  LlvmRuntimeExecutor &operator*() const { return *executor_; }
+  LlvmRuntimeExecutor *operator->() const { return executor_; }
+
+ private:
+  LlvmRuntimeExecutor *executor_;
+};
+
 /// Refuses what an OOM observer must not do: allocate or launch on the device whose allocation
 /// is failing (DeviceMemory's contract; a launch would also re-enter the launcher's lock).
 /// Errors: InvalidUsageError naming kiln.`site`.

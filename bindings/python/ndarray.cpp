@@ -72,8 +72,8 @@ std::unique_ptr<PyArray> make_ndarray(py::handle dtype, py::handle shape) {
   check_not_in_observer("ndarray");
   const DataType dt = to_dtype(dtype);
   const ShapeArg dims = to_shape(shape);
-  auto ex = executor();
-  return std::make_unique<PyArray>(check(ex->ndarray(dt, dims.dims())), ex);  // made in place
+  const BorrowedExecutor ex;
+  return std::make_unique<PyArray>(check(ex->ndarray(dt, dims.dims())), *ex);  // made in place
 }
 
 namespace {
@@ -119,7 +119,7 @@ PyArray from_numpy(py::handle value) {
   auto ex = executor();
   // The device array first: a refusal comes before a host copy of a non-contiguous input (a
   // broadcast view of terabytes is refused by the budget, not by the host's memory).
-  PyArray out(check(ex->ndarray(dtype, shape)), ex);
+  PyArray out(check(ex->ndarray(dtype, shape)), *ex);
   const py::array arr = contiguous_host_array(input, "from_numpy");
   const auto *data = static_cast<const std::byte *>(arr.data());
   const std::span<const std::byte> bytes(data, static_cast<std::size_t>(arr.nbytes()));
@@ -156,7 +156,7 @@ PyArray copy_array(py::handle self) {
   const Operand src = first_operand(self, "copy", "self");
   auto ex = executor();
   check(ex->check_usable("copy", src.array));  // before the new array is allocated
-  PyArray out(check(ex->ndarray(src.array.dtype(), src.array.shape())), ex);
+  PyArray out(check(ex->ndarray(src.array.dtype(), src.array.shape())), *ex);
   check(launch({&src.py}, [&] { return ex->copy(out.array, src.array); }));
   return out;
 }
@@ -230,10 +230,10 @@ void def_methods(py::class_<PyArray> &cls) {
 
 }  // namespace
 
-PyArray::PyArray(Ndarray a, const std::shared_ptr<LlvmRuntimeExecutor> &ex)
+PyArray::PyArray(Ndarray a, const LlvmRuntimeExecutor &ex)
     : array(std::move(a)),
-      executor_generation(generation_of(*ex)),
-      device(ex->device().name()),
+      executor_generation(generation_of(ex)),
+      device(ex.device().name()),
       dtype(array.dtype()),
       nbytes(array.nbytes()),
       size(array.num_elements()),

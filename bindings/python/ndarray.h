@@ -72,7 +72,7 @@ struct PyArray {
   std::vector<Py_ssize_t> view_shape, view_strides;
   LiveArrayBytes live;  // released when freed
 
-  PyArray(Ndarray a, const std::shared_ptr<LlvmRuntimeExecutor> &ex);
+  PyArray(Ndarray a, const LlvmRuntimeExecutor &ex);
 
   [[nodiscard]] bool is_freed() const { return dropped || array.is_freed(); }
   /// The dimensions: the handle's (an array's creation copies none), kept once it is dropped.

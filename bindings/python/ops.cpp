@@ -86,7 +86,7 @@ py::object matmul(py::handle a_obj, py::handle b_obj, py::object out_obj) {
   const std::array<int64_t, 2> shape = check(ex->matmul_output_shape(aa, bb));
   if (out_obj.is_none()) {
     BusyScope operands({&a.py, &b.py});  // an OOM observer may not free them while out is allocated
-    out_obj = py::cast(PyArray(check(ex->ndarray(aa.dtype(), shape)), ex));
+    out_obj = py::cast(PyArray(check(ex->ndarray(aa.dtype(), shape)), *ex));
   }
   PyArray &c = as_array(out_obj, "matmul", "out");
   const Ndarray &cc = c.get("matmul");  // shape, dtype and aliasing are checked by the executor
@@ -98,7 +98,7 @@ PyArray compact_positive(py::handle x_obj) {
   const Operand x = first_operand(x_obj, "compact_positive", "x");
   auto ex = executor();
   Ndarray out = check(launch({&x.py}, [&] { return ex->compact_positive(x.array); }));
-  return PyArray(std::move(out), ex);
+  return PyArray(std::move(out), *ex);
 }
 
 }  // namespace

@@ -326,6 +326,42 @@ def test_init_drops_the_observers_of_the_executor_it_replaces():
     assert len(seen) == 1 and kiln.remove_oom_observer(oid)
 
 
+def test_an_executor_replaced_while_kiln_ndarray_is_in_an_observer_lives_until_it_returns():
+    """kiln.ndarray holds the executor without a reference count (BorrowedExecutor): when its
+    allocation's OOM observer lets another thread run kiln.init, the replaced executor is retired,
+    not destroyed, until that call has returned; then it goes."""
+    import threading
+    kiln.init("cpu", num_threads=2, fault_at=1)
+    entered, go = threading.Event(), threading.Event()
+
+    def observer(error):
+        entered.set()
+        go.wait(30)  # GIL released: the main thread runs kiln.init meanwhile
+    kiln.add_oom_observer(observer)
+    outcome = []
+
+    def allocate():
+        try:
+            kiln.ndarray(kiln.f32, (1024,))
+        except MemoryError as e:
+            outcome.append(e)
+    thread = threading.Thread(target=allocate)
+    thread.start()
+    assert entered.wait(30)
+    kiln.init("cpu", num_threads=2)
+    retired_while_inside = kiln._kiln._retired_executors()
+    go.set()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert retired_while_inside == 1
+    assert [type(e) for e in outcome] == [kiln.DeviceOutOfMemoryError]
+    assert outcome[0].requested_bytes == 4096 and outcome[0].device == "cpu"
+    assert kiln._kiln._retired_executors() == 0
+    a = kiln.ndarray(kiln.f32, (4,))
+    kiln.fill(a, 1.0)
+    assert kiln.reduce_sum(a) == 4.0
+
+
 def test_an_observer_that_refers_to_an_array_does_not_leak_after_init():
     import gc
     import weakref

@@ -472,6 +472,11 @@ def _executor_generation() -> int:
     compares it before and after a workload to tell that the workload replaced the executor."""
 
 
+def _retired_executors() -> int:
+    """How many executors kiln.init replaced while a kiln.ndarray call was still inside them (an
+    OOM observer let another thread run) and are kept until those calls return (tests)."""
+
+
 def _shutdown() -> None:
     """Interpreter exit (atexit): later calls from other threads park; waits up to 10 s for the
     calls inside kiln, then drops the executor."""
