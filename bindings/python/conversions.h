@@ -64,6 +64,7 @@ class ShapeArg {
     dims_[ndim_++] = dim;
     return true;
   }
+  void clear() { ndim_ = 0; }
   [[nodiscard]] std::span<const int64_t> dims() const { return {dims_.data(), ndim_}; }
 
  private:
