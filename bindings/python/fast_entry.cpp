@@ -181,8 +181,51 @@ int fast_ndarray_init(PyObject *self, PyObject *args, PyObject *kwargs) {
   return construct_array(v_h, PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1));
 }
 
-newfunc g_pybind11_new = nullptr;      // kiln.ndarray's tp_new (pybind11's)
-PyObject *g_no_arguments = nullptr;    // () for tp_new (never released)
+newfunc g_pybind11_new = nullptr;         // kiln.ndarray's tp_new (pybind11's)
+PyObject *g_no_arguments = nullptr;       // () for tp_new (never released)
+destructor g_pybind11_dealloc = nullptr;  // kiln.ndarray's tp_dealloc (pybind11's)
+bool g_simple_layout = false;  // pybind11 lays kiln.ndarray out simply (new_simple_instance)
+
+/// A fresh instance of kiln.ndarray (`type`, the exact class) as pybind11's tp_new makes it when
+/// g_simple_layout (value pointer and holder inside the object; no value yet), without pybind11's
+/// lookup of the class's C++ types. nullptr with the Python error set when Python cannot
+/// allocate the object (MemoryError).
+PyObject *new_simple_instance(PyTypeObject *type) {
+  PyObject *self = type->tp_alloc(type, 0);
+  if (self == nullptr) return nullptr;
+  auto *inst = reinterpret_cast<py::detail::instance *>(self);
+  inst->simple_layout = true;
+  inst->simple_value_holder[0] = nullptr;
+  inst->simple_holder_constructed = false;
+  inst->simple_instance_registered = false;
+  inst->owned = true;
+  return self;
+}
+
+/// kiln.ndarray's tp_dealloc. An instance of the exact class in the simple layout, not in
+/// pybind11's table, without weak references or keep-alive patients, and with its holder or no
+/// value (what kiln.ndarray(dtype, shape) and ndarray.__new__ make) is destroyed here as
+/// pybind11's dealloc destroys it, without its lookup of the class's C++ types; anything else
+/// (a subclass's instance too) by pybind11's dealloc.
+void ndarray_dealloc(PyObject *self) {
+  auto *inst = reinterpret_cast<py::detail::instance *>(self);
+  PyTypeObject *type = Py_TYPE(self);
+  if (type != g_ndarray_info->type || !inst->simple_layout || inst->simple_instance_registered ||
+      inst->weakrefs != nullptr || inst->has_patients ||
+      (!inst->simple_holder_constructed && inst->simple_value_holder[0] != nullptr)) {
+    g_pybind11_dealloc(self);
+    return;
+  }
+  if (inst->simple_holder_constructed) {
+    py::error_scope pending;   // as pybind11's: the value's destructor may run Python
+    py::detail::value_and_holder v_h = inst->get_value_and_holder(g_ndarray_info);
+    v_h.holder<std::unique_ptr<PyArray>>().~unique_ptr();
+    inst->simple_holder_constructed = false;
+  }
+  inst->simple_value_holder[0] = nullptr;
+  type->tp_free(self);
+  Py_DECREF(type);  // a heap type's instance holds a reference to it
+}
 
 /// A call of the class `callable` through its metaclass's tp_call (pybind11's: tp_new, then
 /// tp_init, then its check that __init__ made the value), with the argument tuple and keyword
@@ -213,7 +256,7 @@ PyObject *ndarray_vectorcall(PyObject *callable, PyObject *const *args, std::siz
   if (kwnames != nullptr || PyVectorcall_NARGS(nargsf) != 2 || type != g_ndarray_info->type ||
       type->tp_new != g_pybind11_new || type->tp_init != &fast_ndarray_init)
     return call_through_metaclass(callable, args, nargsf, kwnames);
-  PyObject *self = type->tp_new(type, g_no_arguments, nullptr);
+  PyObject *self = g_simple_layout ? new_simple_instance(type) : type->tp_new(type, g_no_arguments, nullptr);
   if (self == nullptr) return nullptr;
   auto *inst = reinterpret_cast<py::detail::instance *>(self);
   py::detail::value_and_holder v_h = inst->get_value_and_holder(g_ndarray_info);
@@ -230,6 +273,8 @@ void untrack(PyObject *object) {
 }
 
 }  // namespace
+
+std::size_t registered_instances() { return py::detail::get_internals().registered_instances.size(); }
 
 void install_fast_ndarray_init(py::handle cls, const py::detail::type_info *info) {
   auto *type = reinterpret_cast<PyTypeObject *>(cls.ptr());
@@ -253,6 +298,13 @@ void install_fast_ndarray_init(py::handle cls, const py::detail::type_info *info
   g_pybind11_new = type->tp_new;
   g_no_arguments = PyTuple_New(0);
   if (g_no_arguments == nullptr) throw py::error_already_set();
+  // pybind11's own rule for the simple layout (instance::allocate_layout).
+  g_simple_layout = py::detail::all_type_info(type).size() == 1 &&
+                    info->holder_size_in_ptrs <= py::detail::instance_simple_holder_in_ptrs();
+  if (g_simple_layout && !PyType_IS_GC(type)) {
+    g_pybind11_dealloc = type->tp_dealloc;
+    type->tp_dealloc = &ndarray_dealloc;
+  }
   // Used only when the metaclass (ndarray_metaclass) has Py_TPFLAGS_HAVE_VECTORCALL; never
   // inherited by subclasses (they go through the metaclass's __call__).
   type->tp_vectorcall = &ndarray_vectorcall;

@@ -97,6 +97,10 @@ class FastFunction {
 /// (defining __init__ resets tp_init).
 void install_fast_ndarray_init(py::handle cls, const py::detail::type_info *info);
 
+/// How many instances pybind11's table of registered instances holds (tests: kiln.ndarray's
+/// tp_dealloc must deregister every instance pybind11 registered).
+std::size_t registered_instances();
+
 /// kiln.ndarray's metaclass, `kiln._kiln.ndarray_type`: pybind11's metaclass with the vectorcall
 /// protocol on (PEP 590), so that calling the class runs its tp_vectorcall. Every other kiln
 /// class keeps pybind11's metaclass. Throws py::error_already_set if Python cannot make it.

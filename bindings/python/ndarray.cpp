@@ -353,6 +353,7 @@ void register_ndarray(py::module_ &m) {
   typed_method_mismatch(cls, "to_numpy", "()");
   FastFunction<&free_array, 1>::install(cls, "free");
   install_fast_ndarray_init(cls, g_ndarray_info);  // last: a later __init__ would undo it
+  m.def("_registered_instances", &registered_instances);  // for tests
 }
 
 }  // namespace kiln::python

@@ -161,6 +161,37 @@ def test_a_refused_array_leaves_no_instance_behind():
     assert after == before
 
 
+def test_every_kind_of_instance_goes_whole():
+    """kiln.ndarray's own tp_dealloc handles what kiln.ndarray(dtype, shape) makes and hands the
+    rest to pybind11's: an array with weak references (cleared, callbacks run), one pybind11's
+    __init__ registered (deregistered), a subclass's instance (its __dict__ released)."""
+    import gc
+    import weakref
+    called = []
+    a = kiln.ndarray(kiln.f32, (4,))
+    ref = weakref.ref(a, called.append)
+    del a
+    assert ref() is None and len(called) == 1
+
+    registered = kiln._kiln._registered_instances()
+    b = kiln.ndarray(dtype=kiln.f32, shape=(4,))  # pybind11's __init__: registered
+    assert kiln._kiln._registered_instances() == registered + 1
+    del b
+    assert kiln._kiln._registered_instances() == registered
+
+    class Sub(kiln.ndarray):
+        pass
+
+    class Payload:
+        pass
+    s = Sub(kiln.f32, (4,))
+    s.payload = Payload()
+    payload = weakref.ref(s.payload)
+    del s
+    gc.collect()
+    assert payload() is None
+
+
 REPLACED_INIT_SCRIPT = r"""
 import kiln
 calls = []

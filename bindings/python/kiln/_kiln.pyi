@@ -472,6 +472,11 @@ def _executor_generation() -> int:
     compares it before and after a workload to tell that the workload replaced the executor."""
 
 
+def _registered_instances() -> int:
+    """How many objects pybind11's table of registered instances holds (tests: an array made
+    through pybind11's __init__ is registered there and must leave it when it goes)."""
+
+
 def _retired_executors() -> int:
     """How many executors kiln.init replaced while a kiln.ndarray call was still inside them (an
     OOM observer let another thread run) and are kept until those calls return (tests)."""
