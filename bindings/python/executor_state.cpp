@@ -40,8 +40,6 @@ constexpr auto kShutdownWait = std::chrono::seconds(10);  // a call inside kiln 
 std::atomic<int> g_calls_inside{0};  // outermost kiln calls in progress, every thread (add_with_gil)
 std::thread::id g_closing_thread;  // guarded by the GIL: the thread that ran kiln._shutdown
 constinit thread_local int t_call_depth __attribute__((tls_model("initial-exec"))) = 0;  // initial-exec: see error_mapping.cpp
-int g_borrows = 0;  // open BorrowedExecutors, every thread (guarded by the GIL)
-constinit thread_local int t_borrows __attribute__((tls_model("initial-exec"))) = 0;  // this thread's
 
 [[noreturn]] void park_forever() {
   (void)PyEval_SaveThread();  // releases the GIL; this thread never takes it back
@@ -53,7 +51,6 @@ ForkRegistration g_calls_fork_registration(ForkHooks{
     nullptr, nullptr, [] {
       g_calls_inside.store(t_call_depth > 0 ? 1 : 0, std::memory_order_relaxed);
       g_calls_without_gil.store(t_calls_without_gil, std::memory_order_relaxed);
-      g_borrows = t_borrows;
     }});
 
 /// Waits (GIL released) until no other thread is inside kiln, at most kShutdownWait.
@@ -75,7 +72,46 @@ std::shared_ptr<LlvmRuntimeExecutor> g_executor;  // guarded by the GIL
 std::vector<uint64_t> g_observer_ids;              // observers added from Python to g_executor
 std::vector<FaultBlock> g_fault_blocks;            // see fault_blocks()
 uint64_t g_executor_generation = 0;                // see executor_generation()
-std::vector<std::shared_ptr<LlvmRuntimeExecutor>> g_retired;  // replaced while borrowed
+
+// ----------------------------------------------------------------------------------------------
+// Borrows of the global executor (BorrowedExecutor).
+
+int g_current_borrows = 0;  // open borrows of g_executor, every thread (guarded by the GIL)
+/// The executor this thread borrows: a thread holds at most one borrow at a time (make_ndarray's;
+/// an OOM observer, the only Python that runs inside one, cannot call kiln.ndarray).
+constinit thread_local LlvmRuntimeExecutor *t_borrowed __attribute__((tls_model("initial-exec"))) = nullptr;
+
+/// An executor kiln.init replaced while it was borrowed, with its open borrows.
+struct RetiredExecutor {
+  std::shared_ptr<LlvmRuntimeExecutor> executor;
+  int borrows = 0;
+};
+/// The retired executors (guarded by the GIL). Never destroyed: at interpreter exit a thread that
+/// CPython ends may still be inside one, and the list's static destructor would run it down.
+std::vector<RetiredExecutor> &retired() {
+  static auto *list = new std::vector<RetiredExecutor>;
+  return *list;
+}
+
+/// Destroys the retired executors nobody borrows any more (a forked child's, whose borrowers
+/// were other threads of the parent). Not after kiln._shutdown: they go with the process.
+void release_unborrowed() {
+  if (g_closing.load(std::memory_order_acquire)) return;
+  std::vector<RetiredExecutor> done;
+  done.reserve(retired().size());  // the moves below cannot throw
+  std::erase_if(retired(), [&done](RetiredExecutor &r) {
+    if (r.borrows > 0) return false;
+    done.push_back(std::move(r));
+    return true;
+  });
+}  // `done` goes once the list is consistent: an executor's destructor may run anything
+
+// A forked child has only the forking thread: its own borrow is the only one still open.
+ForkRegistration g_borrows_fork_registration(ForkHooks{
+    nullptr, nullptr, [] {
+      g_current_borrows = t_borrowed != nullptr && t_borrowed == g_executor.get() ? 1 : 0;
+      for (RetiredExecutor &r : retired()) r.borrows = r.executor.get() == t_borrowed ? 1 : 0;
+    }});
 
 /// Replaces the global executor. The old one's Python observers are removed first: its device
 /// may live on (arrays keep it), and an observer that refers to such an array would otherwise
@@ -85,9 +121,14 @@ void replace_executor(std::shared_ptr<LlvmRuntimeExecutor> fresh) {
     for (uint64_t id : g_observer_ids) (void)g_executor->memory().remove_oom_observer(id);
   g_observer_ids.clear();
   g_fault_blocks.clear();  // they armed the old executor's plan
-  if (g_borrows > 0 && g_executor) g_retired.push_back(std::move(g_executor));  // BorrowedExecutor
+  if (g_executor && g_current_borrows > 0) {  // BorrowedExecutor: kept until its borrows end
+    retired().reserve(retired().size() + 1);  // push_back cannot throw with g_executor moved
+    retired().push_back({std::move(g_executor), g_current_borrows});
+  }
+  g_current_borrows = 0;
   g_executor = std::move(fresh);
   ++g_executor_generation;
+  release_unborrowed();
 }
 
 /// init's mock_other_process_bytes: an int or a list, tuple or 1-D array of ints.
@@ -197,22 +238,39 @@ std::shared_ptr<LlvmRuntimeExecutor> executor() {
   return g_executor;
 }
 
-LlvmRuntimeExecutor &borrow_executor() {
+namespace {
+
+LlvmRuntimeExecutor &current_executor() {
   if (!g_executor) (void)executor();
   return *g_executor;
 }
 
-BorrowedExecutor::BorrowedExecutor() : executor_(&borrow_executor()) {
-  ++g_borrows;
-  ++t_borrows;
+/// Ends a borrow of `ex`, a retired executor: the last one destroys it.
+void end_retired_borrow(const LlvmRuntimeExecutor *ex) {
+  auto &list = retired();
+  const auto it = std::find_if(list.begin(), list.end(),
+                               [ex](const RetiredExecutor &r) { return r.executor.get() == ex; });
+  if (it == list.end() || --it->borrows > 0) return;
+  release_unborrowed();
+}
+
+}  // namespace
+
+BorrowedExecutor::BorrowedExecutor() : executor_(&current_executor()) {
+  ++g_current_borrows;
+  t_borrowed = executor_;
 }
 
 BorrowedExecutor::~BorrowedExecutor() {
-  --t_borrows;
+  t_borrowed = nullptr;
   // After kiln._shutdown a thread that CPython ends may unwind through here without the GIL:
-  // the retired executors then go with the process.
-  if (--g_borrows == 0 && !g_retired.empty() && !g_closing.load(std::memory_order_acquire))
-    g_retired.clear();
+  // nothing is counted or destroyed any more (the retired executors go with the process).
+  if (g_closing.load(std::memory_order_acquire)) return;
+  // The borrowed executor is alive (current or retired), so no other executor has its address.
+  if (executor_ == g_executor.get())
+    --g_current_borrows;
+  else
+    end_retired_borrow(executor_);
 }
 
 void check_not_in_observer(const char *site) {
@@ -256,7 +314,7 @@ void register_executor_state(py::module_ &m) {
             guarded());
   m.def("_shutdown", &shutdown);
   m.def("_executor_generation", &executor_generation);
-  m.def("_retired_executors", [] { return g_retired.size(); });  // BorrowedExecutor's, for tests
+  m.def("_retired_executors", [] { return retired().size(); });  // BorrowedExecutor's, for tests
 }
 
 }  // namespace kiln::python

@@ -98,13 +98,15 @@ using guarded = py::call_guard<CallGuard>;
 /// Errors: those of kiln.init.
 std::shared_ptr<LlvmRuntimeExecutor> executor();
 
-/// The global executor (made as executor() makes it; errors: those of kiln.init) without a
-/// reference count, for the hottest call (kiln.ndarray: two atomic read-modify-writes of the
-/// shared_ptr per array, about 12 ns). It stays alive until this borrow ends even if kiln.init
-/// replaces it meanwhile (an OOM observer may release the GIL and let another thread run
-/// kiln.init): the replaced executor is retired, not destroyed, while any borrow is open, and the
-/// last borrow to end destroys the retired ones (not after kiln._shutdown: they go with the
-/// process). Made and ended with the GIL held; not copyable.
+/// The global executor (made as executor() makes it: the constructor may run kiln.init; errors:
+/// those of kiln.init) without a reference count, for the hottest call (kiln.ndarray: two atomic
+/// read-modify-writes of the shared_ptr per array, about 12 ns). It stays alive until this borrow
+/// ends even if kiln.init replaces it meanwhile (an OOM observer may release the GIL and let
+/// another thread run kiln.init): a replaced executor with open borrows is retired, not
+/// destroyed, and its last borrow destroys it. After kiln._shutdown nothing retired is destroyed
+/// (a thread that CPython ends at exit may unwind through a borrow without the GIL): it goes with
+/// the process. Made with the GIL held, ended with it held until kiln._shutdown; a thread holds
+/// at most one at a time (make_ndarray's). Not copyable.
 class BorrowedExecutor {
  public:
   BorrowedExecutor();

@@ -326,40 +326,64 @@ def test_init_drops_the_observers_of_the_executor_it_replaces():
     assert len(seen) == 1 and kiln.remove_oom_observer(oid)
 
 
+class _ObserverGate:
+    """Thread `name` calls kiln.ndarray(f32, (elements,)) and stops in the OOM observer of its
+    refused allocation (GIL released) until open() (the observer then frees `victim`, so that
+    the retry succeeds); the array, or the error, is in .outcome once joined."""
+
+    def __init__(self, victim, elements):
+        import threading
+        self.entered, self.go, self.outcome = threading.Event(), threading.Event(), []
+
+        def observer(error):
+            if not self.entered.is_set():
+                self.entered.set()
+                self.go.wait(30)
+                victim.free()
+        kiln.add_oom_observer(observer)
+
+        def allocate():
+            try:
+                self.outcome.append(kiln.ndarray(kiln.f32, (elements,)))
+            except MemoryError as e:
+                self.outcome.append(e)
+        self.thread = threading.Thread(target=allocate)
+        self.thread.start()
+        assert self.entered.wait(30)
+
+    def open(self):
+        self.go.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+        [result] = self.outcome
+        return result
+
+
 def test_an_executor_replaced_while_kiln_ndarray_is_in_an_observer_lives_until_it_returns():
     """kiln.ndarray holds the executor without a reference count (BorrowedExecutor): when its
     allocation's OOM observer lets another thread run kiln.init, the replaced executor is retired,
-    not destroyed, until that call has returned; then it goes."""
-    import threading
-    kiln.init("cpu", num_threads=2, fault_at=1)
-    entered, go = threading.Event(), threading.Event()
-
-    def observer(error):
-        entered.set()
-        go.wait(30)  # GIL released: the main thread runs kiln.init meanwhile
-    kiln.add_oom_observer(observer)
-    outcome = []
-
-    def allocate():
-        try:
-            kiln.ndarray(kiln.f32, (1024,))
-        except MemoryError as e:
-            outcome.append(e)
-    thread = threading.Thread(target=allocate)
-    thread.start()
-    assert entered.wait(30)
+    not destroyed, until that call has returned (its retry allocates on it); then it goes. Each
+    retired executor goes with its own last borrow, not with the last borrow of any executor."""
+    kiln.init("cpu", num_threads=2, budget_bytes=32 * MiB, device_heap_bytes=1 * MiB)
+    first = _ObserverGate(kiln.ndarray(kiln.f32, (7_000_000,)), 2_000_000)  # 28 of 32 MiB held
+    kiln.init("cpu", num_threads=2, budget_bytes=32 * MiB, device_heap_bytes=1 * MiB)
+    assert kiln._kiln._retired_executors() == 1
+    second = _ObserverGate(kiln.ndarray(kiln.f32, (7_000_000,)), 2_000_000)
     kiln.init("cpu", num_threads=2)
-    retired_while_inside = kiln._kiln._retired_executors()
-    go.set()
-    thread.join(30)
-    assert not thread.is_alive()
-    assert retired_while_inside == 1
-    assert [type(e) for e in outcome] == [kiln.DeviceOutOfMemoryError]
-    assert outcome[0].requested_bytes == 4096 and outcome[0].device == "cpu"
+    assert kiln._kiln._retired_executors() == 2
+    a = first.open()
+    assert kiln._kiln._retired_executors() == 1  # the first went; the second is still borrowed
+    b = second.open()
     assert kiln._kiln._retired_executors() == 0
-    a = kiln.ndarray(kiln.f32, (4,))
-    kiln.fill(a, 1.0)
-    assert kiln.reduce_sum(a) == 4.0
+    for made in (a, b):  # made on a retired executor: whole, and free() drops its handle
+        assert made.shape == (2_000_000,) and made.device == "cpu"
+        with pytest.raises(kiln.InvalidUsageError, match="belongs to another executor"):
+            kiln.fill(made, 1.0)  # as for any array of a replaced executor
+        made.free()
+        assert made.is_freed
+    c = kiln.ndarray(kiln.f32, (4,))
+    kiln.fill(c, 1.0)
+    assert kiln.reduce_sum(c) == 4.0
 
 
 def test_an_observer_that_refers_to_an_array_does_not_leak_after_init():
