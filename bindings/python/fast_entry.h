@@ -90,20 +90,4 @@ class FastFunction {
   static inline PyObject *slow_ = nullptr;  // the pybind11 function (never released)
 };
 
-/// Gives kiln.ndarray (`cls`, pybind11's `info` of PyArray; made with ndarray_metaclass()) a
-/// tp_vectorcall and a tp_init that run `kiln.ndarray(dtype, shape)` with two positional
-/// arguments themselves (make_ndarray, as the pybind11 __init__ does) and hand every other call
-/// to the __init__ pybind11 defined. Call after the class's last __init__ overload is defined
-/// (defining __init__ resets tp_init).
-void install_fast_ndarray_init(py::handle cls, const py::detail::type_info *info);
-
-/// How many instances pybind11's table of registered instances holds (tests: kiln.ndarray's
-/// tp_dealloc must deregister every instance pybind11 registered).
-std::size_t registered_instances();
-
-/// kiln.ndarray's metaclass, `kiln._kiln.ndarray_type`: pybind11's metaclass with the vectorcall
-/// protocol on (PEP 590), so that calling the class runs its tp_vectorcall. Every other kiln
-/// class keeps pybind11's metaclass. Throws py::error_already_set if Python cannot make it.
-py::object ndarray_metaclass();
-
 }  // namespace kiln::python

@@ -22,6 +22,7 @@
 #include "conversions.h"
 #include "error_mapping.h"
 #include "fast_entry.h"
+#include "ndarray_type.h"
 #include "host_input.h"
 #include "kiln/rhi/fork_hooks.h"
 #include "registration.h"
@@ -352,7 +353,7 @@ void register_ndarray(py::module_ &m) {
   typed_method_mismatch(cls, "free", "()");
   typed_method_mismatch(cls, "to_numpy", "()");
   FastFunction<&free_array, 1>::install(cls, "free");
-  install_fast_ndarray_init(cls, g_ndarray_info);  // last: a later __init__ would undo it
+  install_ndarray_type(cls, g_ndarray_info);  // last: a later __init__ would undo it
   m.def("_registered_instances", &registered_instances);  // for tests
 }
 

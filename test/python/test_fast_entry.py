@@ -1,6 +1,7 @@
-"""The fast entries (bindings/python/fast_entry.h) of kiln.ndarray(dtype, shape), kiln.fill,
-copy, axpy and reduce_sum: called with every argument positional they skip pybind11's
-dispatcher; called any other way (keywords, a wrong count, a subclass) pybind11's function runs.
+"""The fast entries (bindings/python/fast_entry.h, ndarray_type.h) of kiln.ndarray(dtype,
+shape), kiln.fill, copy, axpy and reduce_sum: called with every argument positional they skip
+pybind11's dispatcher; called any other way (keywords, a wrong count, a subclass) pybind11's
+function runs.
 Both ways must agree: the same results, the same named errors, the same metadata.
 """
 import pickle
@@ -137,7 +138,7 @@ def test_a_budget_refusal_is_the_same_named_error_both_ways():
 def test_a_subclass_is_constructed_by_pybind11s_init():
     class Sub(kiln.ndarray):
         pass
-    assert type(Sub) is type(kiln.ndarray)  # the metaclass with vectorcall: only the class has it
+    assert type(Sub) is type(kiln.ndarray)  # the metaclass, whose vectorcall only the class has
     s = Sub(kiln.f64, (2, 2))
     assert type(s) is Sub and s.shape == (2, 2) and s.dtype == kiln.f64
     kiln.fill(s, 3.0)
@@ -164,7 +165,8 @@ def test_a_refused_array_leaves_no_instance_behind():
 def test_every_kind_of_instance_goes_whole():
     """kiln.ndarray's own tp_dealloc handles what kiln.ndarray(dtype, shape) makes and hands the
     rest to pybind11's: an array with weak references (cleared, callbacks run), one pybind11's
-    __init__ registered (deregistered), a subclass's instance (its __dict__ released)."""
+    __init__ registered (deregistered); a subclass's instance (pybind11's throughout) still goes
+    whole, its __dict__ with it."""
     import gc
     import weakref
     called = []
@@ -192,26 +194,39 @@ def test_every_kind_of_instance_goes_whole():
     assert payload() is None
 
 
-REPLACED_INIT_SCRIPT = r"""
+REPLACED_SCRIPT = r"""
+import sys
 import kiln
 calls = []
-original = kiln.ndarray.__init__
-def init(self, *args, **kwargs):
-    calls.append(args)
-    original(self, *args, **kwargs)
-kiln.ndarray.__init__ = init
+slot = sys.argv[1]
+original = getattr(kiln.ndarray, slot)
+if slot == "__init__":
+    def replacement(self, *args, **kwargs):
+        calls.append(args)
+        original(self, *args, **kwargs)
+else:
+    def replacement(cls, *args, **kwargs):
+        calls.append(args)
+        return original(cls)
+setattr(kiln.ndarray, slot, replacement)
 a = kiln.ndarray(kiln.f32, (2,))
 kiln.fill(a, 1.5)
 print(calls, a.shape, kiln.reduce_sum(a))
 """
 
 
-def test_a_replaced_init_is_called():
-    """Calling the class skips tp_init only while kiln.ndarray's own __init__ is in place: one the
-    user put there instead runs (a subprocess: the class stays changed)."""
+def test_calling_the_class_takes_its_vectorcall():
+    assert type(kiln.ndarray).__flags__ & (1 << 11)  # Py_TPFLAGS_HAVE_VECTORCALL
+    assert type(kiln.ndarray).__name__ == "ndarray_type"
+
+
+@pytest.mark.parametrize("slot", ["__init__", "__new__"])
+def test_a_replaced_init_or_new_is_called(slot):
+    """Calling the class skips tp_new and tp_init only while kiln.ndarray's own are in place: one
+    the user put there instead runs (a subprocess: the class stays changed)."""
     import subprocess
     import sys
-    proc = subprocess.run([sys.executable, "-c", REPLACED_INIT_SCRIPT], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", REPLACED_SCRIPT, slot], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[(<dtype.f32: 0>, (2,))] (2,) 3.0", proc.stdout
