@@ -6,10 +6,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <new>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "conversions.h"
 #include "error_mapping.h"
@@ -38,6 +41,58 @@ bool made_unregistered(const py::detail::value_and_holder &v_h) {
   return v_h.holder_constructed() && !v_h.instance_registered();
 }
 
+/// The kiln.ndarrays whose __init__ is running now, with the thread running it (guarded by the
+/// GIL). An __init__ releases the GIL while an OOM observer runs: a second __init__ of the same
+/// instance from another thread meanwhile would construct a second value that the first one's
+/// then overwrites (a leaked array, and pybind11's dealloc ends the process over the instance it
+/// registered and lost). The same thread nests (tp_init calls the __init__ attribute).
+struct Initializing {
+  PyObject *self;
+  unsigned long thread;  // PyThread_get_thread_ident()
+};
+std::vector<Initializing> g_initializing;
+
+/// Marks `self` as being initialized by this thread while it lives. When another thread is
+/// initializing `self`, or the mark cannot be recorded, entered() is false and the Python error
+/// is set: InvalidUsageError (or MemoryError).
+class InitScope {
+ public:
+  explicit InitScope(PyObject *self) : self_(self) {
+    const unsigned long thread = PyThread_get_thread_ident();
+    const auto it = std::find_if(g_initializing.begin(), g_initializing.end(),
+                                 [self](const Initializing &i) { return i.self == self; });
+    if (it != g_initializing.end()) {
+      if (it->thread == thread) {  // nested in this thread's own __init__
+        entered_ = true;
+        return;
+      }
+      (void)run_guarded([]() -> PyObject * {
+        raise_invalid_usage("kiln", "__init__",
+                            "__init__: another __init__ of this kiln.ndarray is still running (on "
+                            "another thread, inside an OOM observer); an array is made once");
+      });
+      return;
+    }
+    try {
+      g_initializing.push_back({self, thread});
+      entered_ = marked_ = true;
+    } catch (const std::bad_alloc &) {
+      PyErr_NoMemory();
+    }
+  }
+  ~InitScope() {
+    if (marked_) std::erase_if(g_initializing, [this](const Initializing &i) { return i.self == self_; });
+  }
+  InitScope(const InitScope &) = delete;
+  InitScope &operator=(const InitScope &) = delete;
+  [[nodiscard]] bool entered() const { return entered_; }
+
+ private:
+  PyObject *self_;
+  bool entered_ = false;  // the __init__ may run
+  bool marked_ = false;   // this scope put the mark (the outermost of this thread)
+};
+
 /// kiln.ndarray.__init__ as an attribute (`a.__init__(...)`, `kiln.ndarray.__init__(a, ...)`):
 /// a second __init__ of an array fast_ndarray_init made is ignored, whatever its arguments, as
 /// pybind11's dispatcher ignores one on an instance it registered (it recognizes those by their
@@ -54,6 +109,8 @@ PyObject *ndarray_init_attribute(PyObject * /*unused*/, PyObject *const *args, P
     });
   auto *inst = reinterpret_cast<py::detail::instance *>(args[0]);
   if (made_unregistered(inst->get_value_and_holder(g_ndarray_info))) Py_RETURN_NONE;
+  const InitScope scope(args[0]);
+  if (!scope.entered()) return nullptr;
   return PyObject_Vectorcall(g_pybind11_init_function, args, static_cast<std::size_t>(nargs), kwnames);
 }
 
@@ -86,6 +143,8 @@ int construct_array(py::detail::value_and_holder &v_h, PyObject *dtype, PyObject
 /// (keywords, another count, a subclass) by pybind11's __init__.
 int fast_ndarray_init(PyObject *self, PyObject *args, PyObject *kwargs) {
   auto *inst = reinterpret_cast<py::detail::instance *>(self);
+  const InitScope scope(self);  // a replaced __new__ may hand out an instance being initialized
+  if (!scope.entered()) return -1;
   if (kwargs != nullptr || !PyTuple_CheckExact(args) || PyTuple_GET_SIZE(args) != 2 ||
       Py_TYPE(self) != g_ndarray_info->type)
     return g_pybind11_init(self, args, kwargs);

@@ -232,6 +232,39 @@ def test_a_replaced_init_or_new_is_called(slot):
     assert proc.stdout.strip() == "[(<dtype.f32: 0>, (2,))] (2,) 3.0", proc.stdout
 
 
+def test_a_second_init_while_the_first_waits_in_an_observer_is_refused():
+    """a = kiln.ndarray.__new__(kiln.ndarray), then a.__init__ on two threads: the first waits in
+    the OOM observer of its allocation (GIL released) and the second comes in meanwhile. The
+    second is InvalidUsageError; the first finishes; the array goes whole (it was registered by
+    pybind11's __init__ and leaves its table)."""
+    import threading
+    kiln.init("cpu", num_threads=1, fault_at=2)
+    pad = [kiln.ndarray(kiln.f32, (4096,))]  # allocation 1
+    entered, go = threading.Event(), threading.Event()
+
+    def observer(error):
+        entered.set()
+        go.wait(30)
+        if pad:
+            pad.pop().free()  # the refused allocation is retried, and succeeds
+    kiln.add_oom_observer(observer)
+    registered = kiln._kiln._registered_instances()
+    a = kiln.ndarray.__new__(kiln.ndarray)
+    thread = threading.Thread(target=lambda: a.__init__(kiln.f32, (1024,)))  # allocation 2: refused
+    thread.start()
+    assert entered.wait(30)
+    with pytest.raises(kiln.InvalidUsageError, match="another __init__ of this kiln.ndarray"):
+        a.__init__(kiln.f32, (8,))
+    go.set()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert a.shape == (1024,)
+    kiln.fill(a, 2.0)
+    assert kiln.reduce_sum(a) == 2048.0
+    del a
+    assert kiln._kiln._registered_instances() == registered
+
+
 @pytest.mark.parametrize("made_by", ["positional", "keyword"])
 @pytest.mark.parametrize("again", [
     lambda a: a.__init__(kiln.f64, (5,)),
