@@ -77,9 +77,8 @@ uint64_t g_executor_generation = 0;                // see executor_generation()
 // Borrows of the global executor (BorrowedExecutor).
 
 int g_current_borrows = 0;  // open borrows of g_executor, every thread (guarded by the GIL)
-/// The executor this thread borrows: a thread holds at most one borrow at a time (make_ndarray's;
-/// an OOM observer, the only Python that runs inside one, cannot call kiln.ndarray).
-constinit thread_local LlvmRuntimeExecutor *t_borrowed __attribute__((tls_model("initial-exec"))) = nullptr;
+/// This thread's innermost open borrow; each links to the one it is nested in.
+constinit thread_local const BorrowedExecutor *t_innermost_borrow __attribute__((tls_model("initial-exec"))) = nullptr;
 
 /// An executor kiln.init replaced while it was borrowed, with its open borrows.
 struct RetiredExecutor {
@@ -106,11 +105,19 @@ void release_unborrowed() {
   });
 }  // `done` goes once the list is consistent: an executor's destructor may run anything
 
-// A forked child has only the forking thread: its own borrow is the only one still open.
+// A forked child has only the forking thread: its own borrows are the only ones still open.
 ForkRegistration g_borrows_fork_registration(ForkHooks{
     nullptr, nullptr, [] {
-      g_current_borrows = t_borrowed != nullptr && t_borrowed == g_executor.get() ? 1 : 0;
-      for (RetiredExecutor &r : retired()) r.borrows = r.executor.get() == t_borrowed ? 1 : 0;
+      g_current_borrows = 0;
+      for (RetiredExecutor &r : retired()) r.borrows = 0;
+      for (const BorrowedExecutor *b = t_innermost_borrow; b != nullptr; b = b->enclosing()) {
+        if (&**b == g_executor.get()) {
+          ++g_current_borrows;
+          continue;
+        }
+        for (RetiredExecutor &r : retired())
+          if (r.executor.get() == &**b) ++r.borrows;
+      }
     }});
 
 /// Replaces the global executor. The old one's Python observers are removed first: its device
@@ -256,13 +263,13 @@ void end_retired_borrow(const LlvmRuntimeExecutor *ex) {
 
 }  // namespace
 
-BorrowedExecutor::BorrowedExecutor() : executor_(&current_executor()) {
+BorrowedExecutor::BorrowedExecutor() : executor_(&current_executor()), enclosing_(t_innermost_borrow) {
   ++g_current_borrows;
-  t_borrowed = executor_;
+  t_innermost_borrow = this;
 }
 
 BorrowedExecutor::~BorrowedExecutor() {
-  t_borrowed = nullptr;
+  t_innermost_borrow = enclosing_;
   // After kiln._shutdown a thread that CPython ends may unwind through here without the GIL:
   // nothing is counted or destroyed any more (the retired executors go with the process).
   if (g_closing.load(std::memory_order_acquire)) return;

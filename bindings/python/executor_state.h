@@ -105,8 +105,9 @@ std::shared_ptr<LlvmRuntimeExecutor> executor();
 /// another thread run kiln.init): a replaced executor with open borrows is retired, not
 /// destroyed, and its last borrow destroys it. After kiln._shutdown nothing retired is destroyed
 /// (a thread that CPython ends at exit may unwind through a borrow without the GIL): it goes with
-/// the process. Made with the GIL held, ended with it held until kiln._shutdown; a thread holds
-/// at most one at a time (make_ndarray's). Not copyable.
+/// the process. Made with the GIL held, ended with it held until kiln._shutdown; borrows nest
+/// (Python code that runs inside one, an observer or a garbage collection while an error is
+/// built, may call kiln.ndarray again). Not copyable.
 class BorrowedExecutor {
  public:
   BorrowedExecutor();
@@ -115,9 +116,12 @@ class BorrowedExecutor {
   BorrowedExecutor &operator=(const BorrowedExecutor &) = delete;
   LlvmRuntimeExecutor &operator*() const { return *executor_; }
   LlvmRuntimeExecutor *operator->() const { return executor_; }
+  /// The borrow this thread had open when this one began (a forked child recounts the chain).
+  [[nodiscard]] const BorrowedExecutor *enclosing() const { return enclosing_; }
 
  private:
   LlvmRuntimeExecutor *executor_;
+  const BorrowedExecutor *enclosing_;
 };
 
 /// Refuses what an OOM observer must not do: allocate or launch on the device whose allocation

@@ -30,9 +30,8 @@ namespace {
 
 const py::detail::type_info *g_ndarray_info = nullptr;
 PyObject *g_pybind11_init_function = nullptr;  // pybind11's __init__ (never released)
-initproc g_pybind11_init = nullptr;  // the tp_init that calls kiln.ndarray.__init__
 
-/// True for an array fast_ndarray_init made: constructed, but not in pybind11's table of
+/// True for an array construct_array made: constructed, but not in pybind11's table of
 /// registered instances (a hash-map node made and erased per array: a sixth of an allocation's
 /// cost; the table only maps C++ pointers back to their Python objects, for returning a PyArray
 /// by pointer or reference, which kiln never does, and pybind11's dealloc deregisters only what
@@ -41,47 +40,37 @@ bool made_unregistered(const py::detail::value_and_holder &v_h) {
   return v_h.holder_constructed() && !v_h.instance_registered();
 }
 
-/// The kiln.ndarrays whose __init__ is running now, with the thread running it (guarded by the
-/// GIL). An __init__ releases the GIL while an OOM observer runs: a second __init__ of the same
-/// instance from another thread meanwhile would construct a second value that the first one's
-/// then overwrites (a leaked array, and pybind11's dealloc ends the process over the instance it
-/// registered and lost). The same thread nests (tp_init calls the __init__ attribute).
-struct Initializing {
-  PyObject *self;
-  unsigned long thread;  // PyThread_get_thread_ident()
-};
-std::vector<Initializing> g_initializing;
+/// The kiln.ndarrays whose __init__ is running now, on any thread (guarded by the GIL). An
+/// __init__ runs Python before its array exists (its arguments' __index__; an OOM observer, with
+/// the GIL released so that other threads run): a second __init__ of the same instance meanwhile
+/// would construct a second value that the first then overwrites (a leaked array, and pybind11's
+/// dealloc ends the process over the instance it registered and lost).
+std::vector<PyObject *> g_initializing;
 
-/// Marks `self` as being initialized by this thread while it lives. When another thread is
-/// initializing `self`, or the mark cannot be recorded, entered() is false and the Python error
-/// is set: InvalidUsageError (or MemoryError).
+/// Marks `self` as being initialized while it lives. When `self` already is (a second __init__,
+/// from this thread or another), or the mark cannot be recorded, entered() is false and the
+/// Python error is set: InvalidUsageError (or MemoryError).
 class InitScope {
  public:
   explicit InitScope(PyObject *self) : self_(self) {
-    const unsigned long thread = PyThread_get_thread_ident();
-    const auto it = std::find_if(g_initializing.begin(), g_initializing.end(),
-                                 [self](const Initializing &i) { return i.self == self; });
-    if (it != g_initializing.end()) {
-      if (it->thread == thread) {  // nested in this thread's own __init__
-        entered_ = true;
-        return;
-      }
+    if (std::find(g_initializing.begin(), g_initializing.end(), self) != g_initializing.end()) {
       (void)run_guarded([]() -> PyObject * {
         raise_invalid_usage("kiln", "__init__",
                             "__init__: another __init__ of this kiln.ndarray is still running (on "
-                            "another thread, inside an OOM observer); an array is made once");
+                            "another thread inside an OOM observer, or in the conversion of its "
+                            "own arguments); an array is made once");
       });
       return;
     }
     try {
-      g_initializing.push_back({self, thread});
-      entered_ = marked_ = true;
+      g_initializing.push_back(self);
+      entered_ = true;
     } catch (const std::bad_alloc &) {
       PyErr_NoMemory();
     }
   }
   ~InitScope() {
-    if (marked_) std::erase_if(g_initializing, [this](const Initializing &i) { return i.self == self_; });
+    if (entered_) std::erase(g_initializing, self_);
   }
   InitScope(const InitScope &) = delete;
   InitScope &operator=(const InitScope &) = delete;
@@ -89,12 +78,24 @@ class InitScope {
 
  private:
   PyObject *self_;
-  bool entered_ = false;  // the __init__ may run
-  bool marked_ = false;   // this scope put the mark (the outermost of this thread)
+  bool entered_ = false;
 };
 
+/// pybind11's __init__ of `self` with `args` and `kwargs` (tp_init's arguments), called directly:
+/// not through the class's `__init__` attribute, which would see this __init__ as a second one.
+int call_pybind11_init(PyObject *self, PyObject *args, PyObject *kwargs) {
+  const Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+  auto with_self = py::reinterpret_steal<py::object>(PyTuple_New(nargs + 1));
+  if (!with_self) return -1;
+  PyTuple_SET_ITEM(with_self.ptr(), 0, Py_NewRef(self));
+  for (Py_ssize_t i = 0; i < nargs; ++i)
+    PyTuple_SET_ITEM(with_self.ptr(), i + 1, Py_NewRef(PyTuple_GET_ITEM(args, i)));
+  auto result = py::reinterpret_steal<py::object>(PyObject_Call(g_pybind11_init_function, with_self.ptr(), kwargs));
+  return result ? 0 : -1;
+}
+
 /// kiln.ndarray.__init__ as an attribute (`a.__init__(...)`, `kiln.ndarray.__init__(a, ...)`):
-/// a second __init__ of an array fast_ndarray_init made is ignored, whatever its arguments, as
+/// a second __init__ of an array construct_array made is ignored, whatever its arguments, as
 /// pybind11's dispatcher ignores one on an instance it registered (it recognizes those by their
 /// registration); every other call goes to pybind11's __init__.
 /// Without an array first (`kiln.ndarray.__init__()`, `kiln.ndarray.__init__(3, ...)`) it raises
@@ -127,6 +128,8 @@ static_assert(std::is_same_v<py::class_<PyArray>::holder_type, std::unique_ptr<P
 int construct_array(py::detail::value_and_holder &v_h, PyObject *dtype, PyObject *shape) {
   PyObject *done = run_guarded([&] {
     std::unique_ptr<PyArray> array = make_ndarray(dtype, shape);
+    if (!is_fresh(v_h))  // InitScope refuses a second __init__: this never happens
+      raise_invalid_usage("kiln", "__init__", "__init__: the kiln.ndarray was made meanwhile");
     // The holder takes the value, as pybind11's init_holder does (nothing here throws).
     v_h.value_ptr() = array.get();
     new (std::addressof(v_h.holder<std::unique_ptr<PyArray>>())) std::unique_ptr<PyArray>(std::move(array));
@@ -139,17 +142,19 @@ int construct_array(py::detail::value_and_holder &v_h, PyObject *dtype, PyObject
 }
 
 /// kiln.ndarray's tp_init (what `kiln.ndarray(...)` runs when ndarray_vectorcall hands the call
-/// on): (dtype, shape) positional on a fresh kiln.ndarray here (construct_array); anything else
-/// (keywords, another count, a subclass) by pybind11's __init__.
+/// on): (dtype, shape) positional on a fresh kiln.ndarray here (construct_array); a second
+/// __init__ of an array construct_array made is ignored; anything else (keywords, another count,
+/// a subclass) by pybind11's __init__, called directly. One __init__ per instance at a time
+/// (InitScope).
 int fast_ndarray_init(PyObject *self, PyObject *args, PyObject *kwargs) {
   auto *inst = reinterpret_cast<py::detail::instance *>(self);
   const InitScope scope(self);  // a replaced __new__ may hand out an instance being initialized
   if (!scope.entered()) return -1;
-  if (kwargs != nullptr || !PyTuple_CheckExact(args) || PyTuple_GET_SIZE(args) != 2 ||
-      Py_TYPE(self) != g_ndarray_info->type)
-    return g_pybind11_init(self, args, kwargs);
   py::detail::value_and_holder v_h = inst->get_value_and_holder(g_ndarray_info);
-  if (!is_fresh(v_h)) return g_pybind11_init(self, args, kwargs);
+  if (made_unregistered(v_h)) return 0;  // ignored, as ndarray_init_attribute ignores it
+  if (kwargs != nullptr || !PyTuple_CheckExact(args) || PyTuple_GET_SIZE(args) != 2 ||
+      Py_TYPE(self) != g_ndarray_info->type || !is_fresh(v_h))
+    return call_pybind11_init(self, args, kwargs);
   return construct_array(v_h, PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1));
 }
 
@@ -265,11 +270,10 @@ void install_ndarray_type(py::handle cls, const py::detail::type_info *info) {
                                  : Py_NewRef(method);
   Py_DECREF(method);
   // Out of the garbage collector's sight (gc.get_objects, gc.get_referrers): called directly,
-  // pybind11's __init__ would construct a second value over an array fast_ndarray_init made (it
+  // pybind11's __init__ would construct a second value over an array construct_array made (it
   // skips only instances it registered), leaking the first under its views. Kept for the
   // process: never collected either way (a builtin function is freed safely untracked).
   untrack(g_pybind11_init_function);
-  g_pybind11_init = type->tp_init;
   type->tp_init = &fast_ndarray_init;
   g_pybind11_new = type->tp_new;
   g_no_arguments = PyTuple_New(0);

@@ -265,6 +265,39 @@ def test_a_second_init_while_the_first_waits_in_an_observer_is_refused():
     assert kiln._kiln._registered_instances() == registered
 
 
+@pytest.mark.parametrize("way", ["attribute", "tp_init"])
+def test_an_init_from_its_own_arguments_conversion_is_refused(way):
+    """The shape's __index__ calls __init__ on the instance being initialized (directly, or
+    through the class's tp_init with a __new__ that hands that instance out): InvalidUsageError
+    (inside the outer call's InvalidTypeError for the raising __index__), never a value made over
+    another; the instance stays empty and goes whole."""
+    registered = kiln._kiln._registered_instances()
+    a = kiln.ndarray.__new__(kiln.ndarray)
+
+    class Reentering:
+        def __index__(self):
+            a.__init__(kiln.f32, (8,))
+            return 3
+    with pytest.raises(kiln.InvalidTypeError) as info:
+        if way == "attribute":
+            a.__init__(kiln.f32, (2, Reentering()))
+        else:
+            kiln.ndarray.__new__ = staticmethod(lambda cls, *args: a)
+            try:
+                kiln.ndarray(kiln.f32, (2, Reentering()))
+            finally:
+                del kiln.ndarray.__new__  # pybind11's, inherited, again
+    assert isinstance(info.value.__cause__, kiln.InvalidUsageError)
+    assert "another __init__ of this kiln.ndarray" in str(info.value.__cause__)
+    with pytest.raises(kiln.InvalidUsageError):
+        a.shape
+    del a
+    assert kiln._kiln._registered_instances() == registered
+    b = kiln.ndarray(kiln.f32, (2, 3))
+    assert b.shape == (2, 3)
+    assert kiln._kiln._registered_instances() == registered  # the fast path is back
+
+
 @pytest.mark.parametrize("made_by", ["positional", "keyword"])
 @pytest.mark.parametrize("again", [
     lambda a: a.__init__(kiln.f64, (5,)),

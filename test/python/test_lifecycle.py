@@ -187,6 +187,51 @@ FORK_GPU = """
 """
 
 
+# A refused kiln.ndarray builds its error while it still borrows the executor; a garbage
+# collection there runs Python (gc.callbacks) that calls kiln.ndarray (a nested borrow, ended) and
+# forks. The child still holds the outer borrow: kiln.init there must retire that executor, not
+# destroy it under the call (the child then finishes the call and the retired executor goes).
+NESTED_BORROW_FORK_SCRIPT = r"""
+import gc, os, sys
+import kiln
+kiln.init("cpu", num_threads=1, budget_bytes=64 << 20)
+armed, report = [True], []
+
+def collecting(phase, info):
+    if phase != "start" or not armed[0]:
+        return
+    armed[0] = False
+    kiln.ndarray(kiln.f32, (8,))  # a borrow nested in the refused call's, ended before the fork
+    if os.fork() == 0:
+        kiln.init("cpu", num_threads=1)  # the executor the refused call still borrows: retired
+        report.append(kiln._kiln._retired_executors())
+    else:
+        report.append("parent")
+
+gc.callbacks.append(collecting)
+gc.set_threshold(1)
+try:
+    kiln.ndarray(kiln.f32, (1 << 30,))  # refused; its error is built inside the borrow (a collection)
+except MemoryError:
+    pass
+gc.set_threshold(700)
+gc.callbacks.remove(collecting)
+if report == ["parent"]:
+    _, status = os.wait()
+    print("parent", os.waitstatus_to_exitcode(status), flush=True)
+    sys.exit(0)
+print("child", report, kiln._kiln._retired_executors(), flush=True)
+os._exit(0)
+"""
+
+
+def test_a_forked_child_keeps_the_executor_its_open_borrow_holds_after_a_nested_one():
+    proc = subprocess.run([sys.executable, "-c", NESTED_BORROW_FORK_SCRIPT], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.split("\n")) == ["", "child [1] 0", "parent 0"], proc.stdout
+
+
 @pytest.mark.parametrize("arch", GPU_BACKENDS)
 def test_forked_child_on_a_gpu_gets_NotSupportedError_then_a_new_init_works(arch):
     assert_prints_ok(arch, FORK_GPU)
