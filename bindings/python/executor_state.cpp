@@ -92,8 +92,9 @@ std::vector<RetiredExecutor> &retired() {
   return *list;
 }
 
-/// Destroys the retired executors nobody borrows any more (a forked child's, whose borrowers
-/// were other threads of the parent). Not after kiln._shutdown: they go with the process.
+/// Destroys the retired executors nobody borrows any more: the one whose last borrow just ended,
+/// and a forked child's whose borrowers were other threads of the parent. Not after
+/// kiln._shutdown: they go with the process.
 void release_unborrowed() {
   if (g_closing.load(std::memory_order_acquire)) return;
   std::vector<RetiredExecutor> done;

@@ -260,8 +260,8 @@ std::size_t registered_instances() { return py::detail::get_internals().register
 void install_ndarray_type(py::handle cls, const py::detail::type_info *info) {
   auto *type = reinterpret_cast<PyTypeObject *>(cls.ptr());
   g_ndarray_info = info;
-  // The attribute first: setting __init__ on the type resets tp_init to the generic slot, which
-  // calls the attribute (the fallback of fast_ndarray_init).
+  // The attribute first: setting __init__ on the type resets tp_init to the generic slot (which
+  // calls the attribute); tp_init is set after it.
   PyObject *method = install_fast_function(cls, "__init__", &ndarray_init_attribute);
   // Only the function is kept (called with self first, as its instancemethod would call it); the
   // instancemethod goes, still tracked (CPython 3.11 frees one without checking that it is).
