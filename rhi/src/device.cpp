@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "kiln/rhi/device.h"
+#include "kiln/rhi/user_text.h"
 
 namespace kiln {
 
@@ -34,7 +35,7 @@ RhiExpected<Backend> parse_backend(std::string_view name) {
   }
   return std::unexpected(invalid_usage(
       "kiln", "parse_backend",
-      fmt::format("unknown backend '{}'; kiln knows {}", name, known)));
+      fmt::format("unknown backend {}; kiln knows {}", quote_user_text(name), known)));
 }
 
 RhiExpected<DeviceName> parse_device_name(std::string_view name) {
@@ -48,8 +49,8 @@ RhiExpected<DeviceName> parse_device_name(std::string_view name) {
       digits.front() == '-' || digits.front() == '+')
     return std::unexpected(invalid_usage(
         "kiln", "parse_device_name",
-        fmt::format("'{}' is not a device name: after '{}:' comes a device ordinal from 0 to 9999",
-                    name, to_string(backend))));
+        fmt::format("{} is not a device name: after '{}:' comes a device ordinal from 0 to 9999",
+                    quote_user_text(name), to_string(backend))));
   return parsed;
 }
 

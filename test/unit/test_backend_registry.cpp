@@ -4,10 +4,12 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "fake_gpu_handle.h"
 #include "kiln/rhi/backend_registry.h"
 #include "kiln/rhi/mock_device.h"
+#include "kiln/rhi/user_text.h"
 
 using kiln::Backend;
 using kiln::DeviceOptions;
@@ -102,4 +104,15 @@ TEST_CASE("a device name is a backend and an optional ordinal", "[rhi][registry]
   auto unknown = parsed("tpu:1");
   REQUIRE_FALSE(unknown);
   CHECK_THAT(unknown.error().message(), Catch::Contains("unknown backend 'tpu'"));
+}
+
+TEST_CASE("a device name is echoed as passed: a NUL or a newline cannot cut or bend it", "[rhi][registry]") {
+  using namespace std::string_view_literals;
+  auto nul = kiln::parse_device_name("cpu\0x"sv);
+  REQUIRE_FALSE(nul);
+  CHECK_THAT(nul.error().message(), Catch::Contains("unknown backend 'cpu\\x00x'"));
+  auto ordinal = kiln::parse_device_name("cuda:1\n'"sv);
+  REQUIRE_FALSE(ordinal);
+  CHECK_THAT(ordinal.error().message(), Catch::Contains("'cuda:1\\n\\'' is not a device name"));
+  CHECK(kiln::quote_user_text("a\\b\x7f\xc3") == "'a\\\\b\\x7f\\xc3'");
 }
