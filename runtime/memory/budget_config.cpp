@@ -34,6 +34,12 @@ RhiExpected<std::optional<uint64_t>> pool_limit_from_env() {
 }
 
 RhiExpected<BudgetFigures> budget_figures(const BudgetConfig &config, uint64_t total_bytes) {
+  if (config.reserve_bytes && *config.reserve_bytes >= total_bytes)
+    return std::unexpected(invalid_usage(
+        "kiln", "budget_figures",
+        fmt::format("the reserve, {}, is not below the device's total memory, {}: no memory "
+                    "would be left to allocate; ask for a smaller reserve (reserve_bytes)",
+                    format_bytes(*config.reserve_bytes), format_bytes(total_bytes))));
   BudgetFigures figures;
   figures.reserve_bytes = config.reserve_bytes.value_or(default_reserve_bytes(total_bytes));
   figures.limit_bytes = total_bytes > figures.reserve_bytes ? total_bytes - figures.reserve_bytes : 0;

@@ -143,3 +143,18 @@ def test_a_hip_out_of_memory_outside_an_allocation_names_the_call(monkeypatch, e
     finally:
         kiln.init(arch="cpu", num_threads=2)
         lib.kiln_fake_hip_reset()
+
+
+def test_a_reserve_not_below_the_devices_total_is_refused_at_init_naming_the_reserve():
+    # It used to be a BudgetExceededError at the first allocation, showing reserve_bytes=0 and
+    # advising a larger budget: the reserve was the problem.
+    with pytest.raises(kiln.InvalidUsageError, match=r"the reserve, 128.00 MiB, is not below "
+                                                     r"the device's total memory, 64.00 MiB") as caught:
+        kiln.init(arch="mock", mock_capacity_bytes=64 * MiB, reserve_bytes=128 * MiB)
+    assert not isinstance(caught.value, MemoryError)
+    assert "reserve_bytes" in str(caught.value)
+    with pytest.raises(kiln.InvalidUsageError):
+        kiln.init(arch="mock", mock_capacity_bytes=64 * MiB, reserve_bytes=64 * MiB)
+    kiln.init(arch="mock", mock_capacity_bytes=64 * MiB, reserve_bytes=32 * MiB,
+              device_heap_bytes=4096)  # below the total: fine
+    assert kiln.memory_stats()["limit_bytes"] == 32 * MiB

@@ -31,7 +31,8 @@ struct BudgetConfig {
 [[nodiscard]] RhiExpected<std::optional<uint64_t>> pool_limit_from_env();
 
 /// The limit and reserve `config` gives a device of `total_bytes`: the explicit limit, else
-/// KILN_POOL_LIMIT_MB, else total - reserve. Errors: invalid_usage for a bad KILN_POOL_LIMIT_MB.
+/// KILN_POOL_LIMIT_MB, else total - reserve. Errors: invalid_usage for a bad KILN_POOL_LIMIT_MB,
+/// or an explicit reserve of at least `total_bytes` (nothing could ever be allocated).
 struct BudgetFigures {
   uint64_t limit_bytes = 0;
   uint64_t reserve_bytes = 0;
