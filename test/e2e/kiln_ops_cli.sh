@@ -116,6 +116,12 @@ check "heap exhaustion advises --heap-mb" \
 "$ops" --repeat zero > /dev/null 2>&1; check "non-numeric value exits 2" test $? -eq 2
 "$ops" --filter '(' > /dev/null 2>&1; check "bad regex exits 2" test $? -eq 2
 "$ops" --filter 'no-such-case' > /dev/null 2>&1; check "a filter matching no case exits 2" test $? -eq 2
+"$ops" --filter 'no-such-case' > /dev/null 2> "$tmp/nomatch.txt"
+check "a filter matching no case is named as the reason" grep -q "no case matches --filter 'no-such-case'" "$tmp/nomatch.txt"
+"$ops" --max-array-mb 0 > /dev/null 2> "$tmp/nofit.txt"; rc=$?
+check "a size cap that fits no case exits 2 (exit $rc)" test "$rc" -eq 2
+check "a size cap that fits no case is named, not the filter" grep -q "no case fits --max-array-mb 0" "$tmp/nofit.txt"
+check "... and not blamed on --filter" bash -c "! grep -q -- '--filter' '$tmp/nofit.txt'"
 "$ops" --bogus 1 2> "$tmp/bogus.txt"; check "an unknown option is named" grep -q 'unknown option --bogus' "$tmp/bogus.txt"
 "$ops" --bogus 2> "$tmp/bogus2.txt"; check "an unknown option without a value is named" grep -q 'unknown option --bogus' "$tmp/bogus2.txt"
 "$ops" --json /nonexistent/dir/x.json > "$tmp/nojson.txt" 2>&1; rc=$?

@@ -3,6 +3,7 @@
 // 2 usage, 77 backend unavailable).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -69,13 +70,29 @@ ExitStatus run_method(const CommandLine &cl, const std::vector<Case> &cases) {
   return deliver(cl, first, info);
 }
 
+/// Why `options` select no case: the size cap left none, or the filter matched none of what it
+/// left.
+std::string no_case_reason(const SuiteOptions &options) {
+  const std::vector<Case> sized = make_cases(options.max_array_bytes);
+  if (sized.empty()) {
+    uint64_t smallest = UINT64_MAX;
+    for (const Case &c : make_cases(UINT64_MAX)) smallest = std::min(smallest, c.max_array_bytes);
+    return fmt::format("no case fits --max-array-mb {} ({}): the smallest case's arrays take {}",
+                       options.max_array_bytes >> 20, format_bytes(options.max_array_bytes),
+                       format_bytes(smallest));
+  }
+  return fmt::format("no case matches --filter '{}' (among the {} case(s) that fit "
+                     "--max-array-mb {})",
+                     options.filter, sized.size(), options.max_array_bytes >> 20);
+}
+
 ExitStatus run(int argc, char **argv) {
   auto parsed = parse_command_line(argc, argv);
   if (!parsed) return parsed.error();
   CommandLine &cl = *parsed;
   const std::vector<Case> cases = selected_cases(cl.suite);
   if (cases.empty())
-    return usage_error(fmt::format("no case matches --filter '{}'", cl.suite.filter));
+    return usage_error(no_case_reason(cl.suite));
   if (cl.list) {
     for (const Case &c : cases) fmt::print("{}\n", c.name);
     return ExitStatus::passed;
