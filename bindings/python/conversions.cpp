@@ -190,6 +190,19 @@ uint64_t to_bytes(py::handle value, const char *name, const char *site) {
   return static_cast<uint64_t>(v);
 }
 
+int32_t to_int32(py::handle value, const char *name, const char *site) {
+  if (!is_integer(value))
+    raise_invalid_type(site, fmt::format("{}: {} must be an int, got {} {}", site, name,
+                                         type_name(value), std::string(py::repr(value))));
+  py::int_ i = index_of(value, site);
+  bool fits = false;
+  const long long v = to_long_long(i, &fits);
+  if (!fits || v < INT32_MIN || v > INT32_MAX)
+    raise_invalid_usage("kiln", site, fmt::format("{}: {} must fit in 32 bits, got {}", site, name,
+                                                  std::string(py::str(i))));
+  return static_cast<int32_t>(v);
+}
+
 std::optional<uint64_t> to_optional_bytes(const py::object &value, const char *name) {
   if (value.is_none()) return std::nullopt;
   return to_bytes(value, name);
@@ -206,7 +219,22 @@ std::string to_text(py::handle value, const char *name, const char *site) {
   if (!py::isinstance<py::str>(value))
     raise_invalid_type(site, fmt::format("{}: {} must be a str, got {} {}", site, name,
                                          type_name(value), std::string(py::repr(value))));
-  return value.cast<std::string>();
+  const std::optional<std::string_view> utf8 = utf8_of(value);
+  if (!utf8)
+    raise_invalid_usage("kiln", site, fmt::format("{}: {} {} is not valid text (it holds a lone "
+                                                  "surrogate, which has no UTF-8 form)",
+                                                  site, name, std::string(py::repr(value))));
+  return std::string(*utf8);
+}
+
+std::optional<std::string_view> utf8_of(py::handle str) {
+  Py_ssize_t length = 0;
+  const char *utf8 = PyUnicode_AsUTF8AndSize(str.ptr(), &length);
+  if (utf8 == nullptr) {
+    PyErr_Clear();  // UnicodeEncodeError: a lone surrogate
+    return std::nullopt;
+  }
+  return std::string_view(utf8, static_cast<std::size_t>(length));
 }
 
 namespace {
@@ -252,20 +280,19 @@ DataType to_dtype(py::handle value, const char *site) {
     return d;
   }
   if (py::isinstance<py::str>(value)) {
-    Py_ssize_t length = 0;
-    const char *utf8 = PyUnicode_AsUTF8AndSize(value.ptr(), &length);
-    if (utf8 == nullptr) {  // a lone surrogate: no dtype's name
-      PyErr_Clear();
+    const std::optional<std::string_view> utf8 = utf8_of(value);
+    if (!utf8)  // a lone surrogate: no dtype's name
       raise_invalid_usage("kiln", site, fmt::format("{}: {} names no dtype", site, std::string(py::repr(value))));
-    }
-    auto parsed = parse_dtype(std::string(utf8, static_cast<std::size_t>(length)));  // "f32"; then numpy's ("float32")
+    auto parsed = parse_dtype(std::string(*utf8));  // "f32"; then numpy's ("float32")
     if (parsed) return *parsed;
     py::dtype numpy_dtype;
     try {
       numpy_dtype = py::dtype::from_args(py::reinterpret_borrow<py::object>(value));
     } catch (const py::error_already_set &e) {
-      if (!e.matches(PyExc_TypeError)) throw;  // an interrupt goes on
-      return check(std::move(parsed));         // neither kiln's nor numpy's name: its error
+      // numpy's parser answers a malformed name ("f4,,") with TypeError, ValueError or even
+      // SyntaxError; an interrupt or a MemoryError goes on.
+      if (passes_through(e)) throw;
+      return check(std::move(parsed));  // neither kiln's nor numpy's name: its error
     }
     return from_numpy_dtype(numpy_dtype, site);
   }

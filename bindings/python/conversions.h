@@ -16,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/executor/executor.h"
@@ -35,6 +36,11 @@ namespace py = pybind11;
 /// Errors: InvalidTypeError (not an integer, or a bool), InvalidUsageError (out of range).
 uint64_t to_bytes(py::handle value, const char *name, const char *site = "init");
 
+/// `value` (an int, numpy integer or other __index__ object; not a bool) as an int32.
+/// Errors: InvalidTypeError (not an integer, or its __index__ raised), InvalidUsageError (beyond
+/// int32). `name` names it in the message.
+int32_t to_int32(py::handle value, const char *name, const char *site);
+
 /// to_bytes(value, name), or nullopt for None.
 std::optional<uint64_t> to_optional_bytes(const py::object &value, const char *name);
 
@@ -42,8 +48,13 @@ std::optional<uint64_t> to_optional_bytes(const py::object &value, const char *n
 /// False. Errors: InvalidTypeError.
 bool to_flag(py::handle value, const char *name, const char *site);
 
-/// A str argument of `site`. Errors: InvalidTypeError.
+/// A str argument of `site`. Errors: InvalidTypeError (not a str), InvalidUsageError (a str with
+/// a lone surrogate, which has no UTF-8 form).
 std::string to_text(py::handle value, const char *name, const char *site);
+
+/// The UTF-8 form of the str `str`, or nullopt when it holds a lone surrogate (no Python error
+/// is left set). The view lives as long as `str`.
+std::optional<std::string_view> utf8_of(py::handle str);
 
 /// A dtype argument: kiln.f32/f64/i32/i64 or their names. Errors: InvalidTypeError for other
 /// types (numpy dtypes included), InvalidUsageError for an unknown name or a kiln.dtype made

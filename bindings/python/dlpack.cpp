@@ -87,18 +87,14 @@ void check_stream(py::handle stream, DLDevice device, const std::string &kiln_de
 }
 
 /// `dl_device` (None or a (device_type, device_id) pair) must be the array's own device: kiln
-/// does not copy across devices on export. Errors: InvalidTypeError; BufferError (the
-/// specification's answer) for another device.
+/// does not copy across devices on export. Errors: InvalidTypeError (not a tuple of two ints),
+/// InvalidUsageError (an int beyond int32); BufferError (the specification's answer) for another
+/// device.
 void check_requested_device(py::handle dl_device, DLDevice device) {
   if (dl_device.is_none()) return;
-  if (!py::isinstance<py::tuple>(dl_device) || py::len(dl_device) != 2 ||
-      !is_integer(dl_device[py::int_(0)]) || !is_integer(dl_device[py::int_(1)]))
-    raise_invalid_type("__dlpack__",
-                       fmt::format("__dlpack__: dl_device must be None or a (device_type, "
-                                   "device_id) tuple of ints, got {}",
-                                   std::string(py::repr(dl_device))));
-  const int type = dl_device[py::int_(0)].cast<int>();
-  const int id = dl_device[py::int_(1)].cast<int>();
+  const DLDevice requested = to_dl_device(dl_device, "dl_device", "__dlpack__");
+  const int type = static_cast<int>(requested.device_type);
+  const int id = requested.device_id;
   if (type != static_cast<int>(device.device_type) || id != device.device_id) {
     PyErr_SetString(PyExc_BufferError,
                     fmt::format("kiln.ndarray on {} cannot be exported to {}: kiln exports "

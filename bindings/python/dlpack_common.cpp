@@ -6,7 +6,23 @@
 
 #include <cstdlib>
 
+#include "conversions.h"
+#include "error_mapping.h"
+
 namespace kiln::python::dlpack {
+
+DLDevice to_dl_device(py::handle value, const std::string &what, const char *site) {
+  // The tuple's own storage, not its __getitem__ (a tuple subclass may override it).
+  PyObject *tuple = value.ptr();
+  if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != 2 ||
+      !is_integer(PyTuple_GET_ITEM(tuple, 0)) || !is_integer(PyTuple_GET_ITEM(tuple, 1)))
+    raise_invalid_type(site, fmt::format("{}: {} is {} {}, not a (device_type, device_id) tuple "
+                                         "of two ints",
+                                         site, what, type_name(value), std::string(py::repr(value))));
+  const int32_t type = to_int32(PyTuple_GET_ITEM(tuple, 0), ("the device_type in " + what).c_str(), site);
+  const int32_t id = to_int32(PyTuple_GET_ITEM(tuple, 1), ("the device_id in " + what).c_str(), site);
+  return DLDevice{static_cast<DLDeviceType>(type), id};
+}
 
 DLDevice dl_device_of(const std::string &device_name) {
   const std::size_t colon = device_name.find(':');
@@ -19,7 +35,7 @@ DLDevice dl_device_of(const std::string &device_name) {
 
 std::string describe_device(DLDevice device) {
   switch (static_cast<int>(device.device_type)) {
-    case kDLCPU: return "cpu";
+    case kDLCPU: return device.device_id == 0 ? "cpu" : fmt::format("cpu:{}", device.device_id);
     case kDLCUDA: return fmt::format("cuda:{}", device.device_id);
     case kDLROCM: return fmt::format("rocm:{}", device.device_id);
     default: return fmt::format("DLPack device type {}:{}", static_cast<int>(device.device_type), device.device_id);
@@ -46,7 +62,12 @@ std::optional<DataType> kiln_dtype_of(DLDataType t) {
 
 std::string describe_dtype(DLDataType t) {
   static constexpr const char *kCodes[] = {"int", "uint", "float", "opaque", "bfloat", "complex"};
-  const std::string code = t.code < std::size(kCodes) ? kCodes[t.code] : fmt::format("code{}", t.code);
+  // An unknown type code is named apart from its bits ("type code 99 of 32 bits"), never run
+  // together with them.
+  if (t.code >= std::size(kCodes))
+    return fmt::format("type code {} of {} bits{}", t.code, t.bits,
+                       t.lanes == 1 ? "" : fmt::format(" x {} lanes", t.lanes));
+  const std::string code = kCodes[t.code];
   return t.lanes == 1 ? fmt::format("{}{}", code, t.bits) : fmt::format("{}{}x{}", code, t.bits, t.lanes);
 }
 

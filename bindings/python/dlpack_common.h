@@ -31,6 +31,12 @@ inline constexpr const char *kUsedCapsuleName = "used_dltensor";
 /// "float16", "uint8", "bool8", "complex64x4": a DLPack dtype as messages name it.
 [[nodiscard]] std::string describe_dtype(DLDataType t);
 
+/// The DLPack device in `value`: a tuple of exactly two ints (device_type, device_id; not
+/// bools), each within int32. `what` says where `value` came from in the message
+/// ("dl_device", "what Tensor.__dlpack_device__() returned"). Errors: InvalidTypeError (another
+/// type, another length, an element that is not an int), InvalidUsageError (beyond int32).
+[[nodiscard]] DLDevice to_dl_device(py::handle value, const std::string &what, const char *site);
+
 /// Runs `fn` with the GIL held, whichever thread calls it, keeping any pending Python error.
 /// Once the interpreter is gone or finalizing (and this thread does not hold the GIL), `fn` is
 /// skipped: what it would release is leaked, never touched without a GIL. Never throws.

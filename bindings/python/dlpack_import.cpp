@@ -39,6 +39,17 @@ void check_device(DLDevice tensor, DLDevice here, const std::string &kiln_device
                                     describe_device(tensor), kiln_device, describe_device(here)));
 }
 
+/// `x`'s attribute `name` (a DLPack protocol method). Errors: InvalidTypeError when it is not
+/// callable; what the attribute's own lookup raises goes on.
+py::object protocol_method(py::handle x, const char *name) {
+  py::object method = x.attr(name);
+  if (!PyCallable_Check(method.ptr()))
+    raise_invalid_type("from_dlpack", fmt::format("from_dlpack: {}.{} is {} {}, not a method",
+                                                  type_name(x), name, type_name(method),
+                                                  std::string(py::repr(method))));
+  return method;
+}
+
 /// The capsule of `x`: `x` itself, or what its __dlpack__ gives. When `x` has
 /// __dlpack_device__, its device is checked first (nothing is exported for a device kiln
 /// cannot take), and a GPU producer is asked for the stream kiln's launches use (the legacy
@@ -51,15 +62,18 @@ py::object capsule_of(py::handle x, DLDevice here, const std::string &kiln_devic
                                                   "array, a torch or cupy tensor, ...) or be a "
                                                   "DLPack capsule, got {}",
                                                   type_name(x)));
+  const py::object export_fn = protocol_method(x, "__dlpack__");
   py::object capsule;
   if (py::hasattr(x, "__dlpack_device__")) {
-    const py::tuple device = x.attr("__dlpack_device__")();
-    const DLDevice dl{static_cast<DLDeviceType>(device[0].cast<int>()), device[1].cast<int>()};
+    // What the producer's own method raises goes on as it is; what it returns is checked.
+    const py::object device = protocol_method(x, "__dlpack_device__")();
+    const DLDevice dl = to_dl_device(device, "what " + type_name(x) + ".__dlpack_device__() returned",
+                                     "from_dlpack");
     check_device(dl, here, kiln_device);
-    if (dl.device_type == kDLCUDA) capsule = x.attr("__dlpack__")(py::arg("stream") = 1);
-    else if (dl.device_type == kDLROCM) capsule = x.attr("__dlpack__")(py::arg("stream") = 0);
+    if (dl.device_type == kDLCUDA) capsule = export_fn(py::arg("stream") = 1);
+    else if (dl.device_type == kDLROCM) capsule = export_fn(py::arg("stream") = 0);
   }
-  if (!capsule) capsule = x.attr("__dlpack__")();
+  if (!capsule) capsule = export_fn();
   if (!PyCapsule_CheckExact(capsule.ptr()))
     raise_invalid_type("from_dlpack", fmt::format("from_dlpack: {}.__dlpack__() returned {}, not a "
                                                   "DLPack capsule",
@@ -102,6 +116,31 @@ bool is_row_major(const DLTensor &t) {
   return true;
 }
 
+/// The address of `t`'s first element (data + byte_offset), checked so that the tensor's bytes
+/// do not wrap past the end of the address space. A tensor with a negative dimension, or whose
+/// element count overflows, is left to the shape check (wrap_external names it).
+/// Errors: InvalidUsageError.
+uint64_t checked_address(const DLTensor &t, DataType dtype, const std::string &kiln_device) {
+  const uint64_t data = reinterpret_cast<uint64_t>(t.data);
+  uint64_t address = 0;
+  if (__builtin_add_overflow(data, t.byte_offset, &address))
+    raise_invalid_usage(kiln_device, "from_dlpack",
+                        fmt::format("from_dlpack: the tensor's data pointer {:#x} plus its "
+                                    "byte_offset {} is beyond the address space",
+                                    data, t.byte_offset));
+  uint64_t nbytes = itemsize(dtype);
+  for (int i = 0; i < t.ndim; ++i)
+    if (t.shape[i] < 0 || __builtin_mul_overflow(nbytes, static_cast<uint64_t>(t.shape[i]), &nbytes))
+      return address;
+  uint64_t end = 0;
+  if (__builtin_add_overflow(address, nbytes, &end))
+    raise_invalid_usage(kiln_device, "from_dlpack",
+                        fmt::format("from_dlpack: the tensor's {} bytes at {:#x} run past the end "
+                                    "of the address space",
+                                    nbytes, address));
+  return address;
+}
+
 /// `t` checked against what a kiln.ndarray on `here` can be: its device, one lane of a kiln
 /// dtype, at most kMaxDimensions dimensions, row-major contiguous. Negative dimensions and a
 /// misaligned address are refused by wrap_external. Errors: see the file comment.
@@ -131,7 +170,7 @@ ImportSpec check_tensor(const DLTensor &t, DLDevice here, const std::string &kil
                                     "always are; pass a contiguous copy (numpy.ascontiguousarray, "
                                     "tensor.contiguous())",
                                     shape, std::vector<int64_t>(t.strides, t.strides + t.ndim)));
-  const uint64_t address = reinterpret_cast<uint64_t>(t.data) + t.byte_offset;
+  const uint64_t address = checked_address(t, *dtype, kiln_device);
   return ImportSpec{*dtype, std::move(shape), address};
 }
 

@@ -109,6 +109,11 @@ void register_dtype(py::module_ &m) {
   // Replaces enum_'s own __str__ ("dtype.f32"): str(kiln.f32) == "f32".
   dtype_enum.attr("__str__") = py::cpp_function([](DataType d) { return std::string(to_string(d)); },
                                                 py::is_method(dtype_enum), doc("dtype.__str__"));
+  // Wrong arity (kiln.f32.__eq__(), kiln.dtype.__int__()): InvalidTypeError, as for kiln.ndarray.
+  typed_mismatch_for_existing(dtype_enum, "kiln.dtype",
+                              {{"__eq__", "(other)"}, {"__ne__", "(other)"}, {"__str__", "()"},
+                               {"__repr__", "()"}, {"__int__", "()"}, {"__index__", "()"},
+                               {"__hash__", "()"}, {"__getstate__", "()"}});
 }
 
 }  // namespace kiln::python

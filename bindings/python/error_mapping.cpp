@@ -68,6 +68,7 @@ py::dict failure_fields(const Failure &failure) {
   fields["oom_source"] = std::string(to_string(failure.oom_source));
   fields["detail"] = failure.detail;
   fields["context"] = py::tuple(py::cast(failure.context));
+  fields["injected"] = failure.injected;
   if (failure.has_memory) {
     fields["free_bytes"] = failure.memory.free_bytes;
     fields["total_bytes"] = failure.memory.total_bytes;

@@ -139,7 +139,12 @@ void replace_executor(std::shared_ptr<LlvmRuntimeExecutor> fresh) {
   release_unborrowed();
 }
 
-/// init's mock_other_process_bytes: an int or a list, tuple or 1-D array of ints.
+/// The most entries a mock_other_process_bytes script holds (one is read per memory query).
+constexpr std::size_t kMaxScriptEntries = 1 << 20;
+
+/// init's mock_other_process_bytes: an int or a list, tuple or 1-D array of at most
+/// kMaxScriptEntries ints. Errors: InvalidTypeError, InvalidUsageError (a value out of range, too
+/// many entries).
 std::vector<uint64_t> to_bytes_script(const py::object &value) {
   if (is_integer(value)) return {to_bytes(value, "mock_other_process_bytes")};
   const bool int_vector = py::isinstance<py::array>(value) &&
@@ -149,7 +154,13 @@ std::vector<uint64_t> to_bytes_script(const py::object &value) {
                                            "list of ints, got {} {}",
                                            type_name(value), std::string(py::repr(value))));
   std::vector<uint64_t> script;
-  for (py::handle item : value) script.push_back(to_bytes(item, "mock_other_process_bytes"));
+  for (py::handle item : value) {
+    if (script.size() == kMaxScriptEntries)  // a list subclass whose __iter__ never ends, too
+      raise_invalid_usage("kiln", "init",
+                          fmt::format("init: mock_other_process_bytes has more than {} entries",
+                                      kMaxScriptEntries));
+    script.push_back(to_bytes(item, "mock_other_process_bytes"));
+  }
   return script;
 }
 
@@ -163,7 +174,7 @@ ExecutorConfig to_config(py::handle arch, const py::object &budget_bytes,
                                            "\"amdgpu\", or \"cuda:1\" ...), got {} {}",
                                            type_name(arch), std::string(py::repr(arch))));
   ExecutorConfig config;
-  const DeviceName device = check(parse_device_name(arch.cast<std::string>()));
+  const DeviceName device = check(parse_device_name(to_text(arch, "arch", "init")));
   config.backend = device.backend;
   config.device_ordinal = device.ordinal;
   config.budget.limit_bytes = to_optional_bytes(budget_bytes, "budget_bytes");
@@ -320,9 +331,15 @@ void register_executor_state(py::module_ &m) {
             py::arg("fault_at") = py::none(), py::arg("fail_sizes_at_least") = py::none(), guarded());
   def_typed(m, "device", "()", [] { return executor()->device().name(); }, doc("device"),
             guarded());
-  m.def("_shutdown", &shutdown);
-  m.def("_executor_generation", &executor_generation);
-  m.def("_retired_executors", [] { return retired().size(); });  // BorrowedExecutor's, for tests
+  def_typed(m, "_shutdown", "()", &shutdown);
+  def_typed(m, "_executor_generation", "()", &executor_generation);
+  // The device a name means, as "backend:ordinal" ("cuda" -> "cuda:0"): kiln.init's parser, for
+  // the pytest plugin's options. Errors: InvalidTypeError (not a str), InvalidUsageError.
+  def_typed(m, "_device_key", "(name)", [](py::handle name) {
+    const DeviceName device = check(parse_device_name(to_text(name, "name", "_device_key")));
+    return fmt::format("{}:{}", to_string(device.backend), device.ordinal);
+  }, py::arg("name"), guarded());
+  def_typed(m, "_retired_executors", "()", [] { return retired().size(); });  // BorrowedExecutor's, for tests
 }
 
 }  // namespace kiln::python

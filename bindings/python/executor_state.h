@@ -136,12 +136,14 @@ void forget_observer(uint64_t id);
 
 /// An open kiln.testing.fail_allocation or kiln.testing.inject block: the FaultPlan count at
 /// which it began, the count whose allocation fails (fail_allocation), and the setting it
-/// replaced (restored when an inject block, or a block inside one, exits).
+/// replaced (restored when an inject block, or a block inside one, exits), and whether its own
+/// request went by while an inner block's plan was armed instead (so it never failed).
 struct FaultBlock {
   uint64_t start_count;  // the plan's count when the block began
   uint64_t fail_at;      // the count whose allocation fails (kNever for an inject block)
   runtime::RequestFaultPlan::Setting previous;  // the plan's setting before the block armed
   bool inject = false;   // an inject block (armed a FaultSpec)
+  bool shadowed = false;  // fail_at went by inside an inner block: this block failed nothing
 };
 /// The open blocks, innermost last. Guarded by the GIL; cleared when the executor is replaced.
 std::vector<FaultBlock> &fault_blocks();

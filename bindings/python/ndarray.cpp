@@ -352,9 +352,12 @@ void register_ndarray(py::module_ &m) {
   }));
   typed_method_mismatch(cls, "free", "()");
   typed_method_mismatch(cls, "to_numpy", "()");
+  for (const char *dunder : {"__copy__", "__reduce__", "__bool__", "__len__", "__repr__"})
+    typed_method_mismatch(cls, dunder, "()");
+  typed_method_mismatch(cls, "__deepcopy__", "(memo)");
   FastFunction<&free_array, 1>::install(cls, "free");
   install_ndarray_type(cls, g_ndarray_info);  // last: a later __init__ would undo it
-  m.def("_registered_instances", &registered_instances);  // for tests
+  def_typed(m, "_registered_instances", "()", &registered_instances);  // for tests
 }
 
 }  // namespace kiln::python

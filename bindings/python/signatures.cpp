@@ -21,11 +21,12 @@ namespace kiln::python {
 }
 
 [[noreturn]] void raise_method_mismatch(const char *name, const char *parameters,
-                                        const py::args &args, const py::kwargs &kwargs) {
+                                        const py::args &args, const py::kwargs &kwargs,
+                                        const char *owner) {
   if (args.empty())
-    raise_invalid_type(name, fmt::format("{} is a method of kiln.ndarray: call it on an array, "
-                                         "a.{}{}, or pass the array first",
-                                         name, name, parameters));
+    raise_invalid_type(name, fmt::format("{} is a method of {}: call it on an instance, "
+                                         "x.{}{}, or pass the instance first",
+                                         name, owner, name, parameters));
   raise_signature_mismatch(name, parameters, py::args(args[py::slice(1, std::nullopt, 1)]), kwargs);
 }
 
@@ -33,6 +34,25 @@ void typed_mismatch(py::module_ &scope, const char *name, const char *parameters
   scope.def(name, [name, parameters](py::args args, py::kwargs kwargs) {
     raise_signature_mismatch(name, parameters, args, kwargs);
   });
+}
+
+void typed_mismatch_for_existing(py::handle cls, const char *owner,
+                                 std::initializer_list<std::pair<const char *, const char *>> names) {
+  for (const auto &[name, parameters] : names) {
+    const py::object existing = py::getattr(cls, name, py::none());
+    // Only a pybind11 function can take another overload (its sibling chain); anything else
+    // (a slot inherited from object) would be replaced, not extended.
+    const py::handle function = py::detail::get_function(existing);
+    if (!function || !PyCFunction_Check(function.ptr()) ||
+        !py::isinstance<py::capsule>(PyCFunction_GET_SELF(function.ptr())))
+      continue;
+    py::setattr(cls, name,
+                py::cpp_function(
+                    [name, parameters, owner](py::args args, py::kwargs kwargs) {
+                      raise_method_mismatch(name, parameters, args, kwargs, owner);
+                    },
+                    py::name(name), py::is_method(cls), py::sibling(existing)));
+  }
 }
 
 }  // namespace kiln::python

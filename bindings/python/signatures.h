@@ -8,6 +8,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <initializer_list>
 #include <utility>
 
 namespace kiln::python {
@@ -33,10 +34,12 @@ void def_typed(py::module_ &m, const char *name, const char *parameters, Fn &&fn
   typed_mismatch(m, name, parameters);
 }
 
-/// Raises InvalidTypeError for a call of method `name` of kiln.ndarray through the class without
-/// an array (`kiln.ndarray.free()`), or names the arguments after self that match no signature.
+/// Raises InvalidTypeError for a call of method `name` of class `owner` ("kiln.ndarray") through
+/// the class without an instance (`kiln.ndarray.free()`), or names the arguments after self that
+/// match no signature.
 [[noreturn]] void raise_method_mismatch(const char *name, const char *parameters,
-                                        const py::args &args, const py::kwargs &kwargs);
+                                        const py::args &args, const py::kwargs &kwargs,
+                                        const char *owner = "kiln.ndarray");
 
 /// typed_mismatch for method `name` of class `cls`; it also takes a call without self.
 template <class Class>
@@ -45,5 +48,12 @@ void typed_method_mismatch(Class &cls, const char *name, const char *parameters)
     raise_method_mismatch(name, parameters, args, kwargs);
   });
 }
+
+/// typed_method_mismatch for methods class `cls` already has, defined by pybind11 itself (an
+/// enum's __int__, __hash__, ...) or set as attributes: each of `names` whose value is a pybind11
+/// function gets the InvalidTypeError overload, named "`owner`.name" in messages (`owner` and
+/// every name are literals). `parameters` is what each takes after self.
+void typed_mismatch_for_existing(py::handle cls, const char *owner,
+                                 std::initializer_list<std::pair<const char *, const char *>> names);
 
 }  // namespace kiln::python

@@ -18,6 +18,7 @@
 #include "conversions.h"
 #include "kiln/runtime/memory/fault_spec.h"
 #include "error_mapping.h"
+#include "signatures.h"
 #include "executor_state.h"
 #include "fast_entry.h"
 #include "ndarray.h"
@@ -59,23 +60,31 @@ void push_inject(py::handle spec_obj) {
   plan.arm(*spec);
 }
 
-/// Leaves the innermost block (of either kind). An inject block, or any block inside another,
-/// restores the setting it replaced: an outer fail_allocation plan counts on from its own start,
-/// an outer spec goes on from what it had seen before the inner block. The outermost
-/// fail_allocation block clears the plan and restarts the count.
-void pop_fault() {
+/// Leaves the innermost block (of either kind) and says whether its own request went by while an
+/// inner block's plan was armed instead (a fail_allocation block that failed nothing: sweep's
+/// check). An inject block, or any block inside another, restores the setting it replaced: an
+/// outer fail_allocation plan counts on from its own start, an outer spec goes on from what it
+/// had seen before the inner block; when the outer plan's request went by inside this block, the
+/// outer block is marked shadowed. The outermost fail_allocation block clears the plan and
+/// restarts the count.
+bool pop_fault() {
   runtime::RequestFaultPlan &plan = executor()->memory().fault_plan();
   std::vector<FaultBlock> &blocks = fault_blocks();
   if (blocks.empty()) {
     plan.fail_nth_allocation(FaultPlan::kNever);
-    return;
+    return false;
   }
+  const uint64_t count = plan.allocation_count();
   FaultBlock done = std::move(blocks.back());
   blocks.pop_back();
+  if (!blocks.empty() && !blocks.back().inject && blocks.back().fail_at > done.start_count &&
+      blocks.back().fail_at <= count)
+    blocks.back().shadowed = true;
   if (blocks.empty() && !done.inject)
     plan.fail_nth_allocation(FaultPlan::kNever);
   else
     plan.restore(done.previous);
+  return done.shadowed;
 }
 
 /// Allocations since the innermost open block began (or, outside blocks, since the last one
@@ -141,17 +150,18 @@ void throw_cpp_exception(py::handle kind_obj) {
 }  // namespace
 
 void register_testing(py::module_ &m) {
-  m.def("_push_fault", &push_fault, py::arg("at"), guarded());
-  m.def("_push_inject", &push_inject, py::arg("spec"), guarded());
-  m.def("_pop_fault", &pop_fault, guarded());
-  m.def("_fault_allocation_count", &fault_allocation_count, guarded());
-  m.def("_live_array_bytes", &LiveArrayBytes::total);
-  m.def("_throw_cpp_exception", &throw_cpp_exception, py::arg("kind"), guarded());
+  def_typed(m, "_push_fault", "(at)", &push_fault, py::arg("at"), guarded());
+  def_typed(m, "_push_inject", "(spec)", &push_inject, py::arg("spec"), guarded());
+  def_typed(m, "_pop_fault", "()", &pop_fault, guarded());
+  def_typed(m, "_fault_allocation_count", "()", &fault_allocation_count, guarded());
+  def_typed(m, "_live_array_bytes", "()", &LiveArrayBytes::total);
+  def_typed(m, "_throw_cpp_exception", "(kind)", &throw_cpp_exception, py::arg("kind"), guarded());
   // Called positionally it takes the fast entries' way (fast_entry.h): the test of how they
   // translate a C++ exception; by keyword, pybind11's.
   FastFunction<&throw_cpp_exception, 1>::install(m, "_throw_cpp_exception");
-  m.def("_make_error", &make_error, py::arg("result"), py::arg("oom_source") = "none",
-        py::arg("requested_bytes") = 0, py::arg("device") = "", py::arg("detail") = "", guarded());
+  def_typed(m, "_make_error", "(result, oom_source='none', requested_bytes=0, device='', detail='')",
+            &make_error, py::arg("result"), py::arg("oom_source") = "none",
+            py::arg("requested_bytes") = 0, py::arg("device") = "", py::arg("detail") = "", guarded());
 }
 
 }  // namespace kiln::python

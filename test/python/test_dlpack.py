@@ -495,3 +495,32 @@ def test_hostile_shapes_with_strides_are_named_by_the_shape_check(shape, strides
     with pytest.raises(kiln.InvalidUsageError, match=words):
         kiln.from_dlpack(t.capsule)
     assert t.calls == 0
+
+
+def test_a_tensor_whose_byte_offset_wraps_the_address_space_is_refused_untouched():
+    buffer = np.zeros(4, dtype=np.float32)
+    t = CountingTensor(buffer, (4,), byte_offset=(1 << 64) - 8)  # data + offset wraps past 2**64
+    with pytest.raises(kiln.InvalidUsageError, match="byte_offset .* beyond the address space"):
+        kiln.from_dlpack(t.capsule)
+    assert t.calls == 0  # left to its producer
+
+
+def test_a_tensor_whose_bytes_run_past_the_end_of_the_address_space_is_refused():
+    buffer = np.zeros(4, dtype=np.float32)
+    # The first element at 2**64 - 16 (aligned), 1000 of them: the last ones would wrap to 0.
+    t = CountingTensor(buffer, (1000,), byte_offset=(1 << 64) - 16 - address_of(buffer))
+    with pytest.raises(kiln.InvalidUsageError, match="4000 bytes at 0xfffffffffffffff0 run past"):
+        kiln.from_dlpack(t.capsule)
+    assert t.calls == 0
+
+
+def test_an_unknown_dlpack_type_code_is_named_apart_from_its_bits():
+    t = CountingTensor(np.zeros(4, dtype=np.float32), (4,), code=99, bits=32)
+    with pytest.raises(kiln.InvalidUsageError, match="no type code 99 of 32 bits arrays"):
+        kiln.from_dlpack(t.capsule)
+
+
+def test_a_tensor_on_another_cpu_device_names_its_id():
+    t = CountingTensor(np.zeros(4, dtype=np.float32), (4,), device=(KDLCPU, 1))
+    with pytest.raises(kiln.InvalidUsageError, match="the tensor is on cpu:1 but"):
+        kiln.from_dlpack(t.capsule)

@@ -380,9 +380,9 @@ def test_free_through_the_instance_and_the_class_frees_once():
     (lambda a: kiln.ndarray.free(3), "self must be a kiln.ndarray"),
     (lambda a: a.free(1), "does not take the arguments"),
     (lambda a: a.free(nosuch=1), "does not take the arguments"),
-    (lambda a: kiln.ndarray.free(), "is a method of kiln.ndarray: call it on an array"),
-    (lambda a: kiln.ndarray.free(nosuch=a), "is a method of kiln.ndarray: call it on an array"),
-    (lambda a: kiln.ndarray.to_numpy(), "is a method of kiln.ndarray: call it on an array"),
+    (lambda a: kiln.ndarray.free(), "is a method of kiln.ndarray: call it on an instance"),
+    (lambda a: kiln.ndarray.free(nosuch=a), "is a method of kiln.ndarray: call it on an instance"),
+    (lambda a: kiln.ndarray.to_numpy(), "is a method of kiln.ndarray: call it on an instance"),
 ], ids=["not-an-array", "extra-argument", "keyword", "no-self", "no-self-keyword", "to_numpy-no-self"])
 def test_free_refuses_what_pybind11s_free_refuses(call, message):
     a = kiln.ndarray(kiln.f32, (4,))

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import kiln
 from conftest import SOURCE_DIR
 
@@ -122,3 +124,38 @@ def test_an_installed_entry_point_and_dash_p_load_the_plugin_once(tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert outcomes(out, "test_clean[cpu]") == {"PASSED"}, out
+
+
+def test_a_device_ordinal_is_taken_and_a_device_named_twice_runs_once(tmp_path):
+    # "cuda:1" as kiln.init takes it (skipped here: no such device on the missing driver);
+    # "cpu" given twice, and "cuda" beside "cuda:0", each run once.
+    env_driver = os.environ.pop("KILN_CUDA_DRIVER", None)
+    try:
+        os.environ["KILN_CUDA_DRIVER"] = str(tmp_path / "no-such-libcuda.so")
+        done = run_pytest(tmp_path, "--kiln-backend", "cpu", "--kiln-backend", "cpu",
+                          "--kiln-backend", "cuda", "--kiln-backend", "cuda:0",
+                          "--kiln-backend", "cuda:1", "-k", "test_clean")
+    finally:
+        os.environ.pop("KILN_CUDA_DRIVER")
+        if env_driver is not None:
+            os.environ["KILN_CUDA_DRIVER"] = env_driver
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "1 passed, 2 skipped" in out, out  # cpu once; cuda (= cuda:0) once, cuda:1 once
+    assert "kiln backend cuda:1 is not available" in out, out
+    assert "kiln backend cuda is not available" in out, out  # the first spelling of cuda:0
+    assert "kiln backend cuda:0" not in out, out
+
+
+@pytest.mark.parametrize("args, named", [
+    (("--kiln-budget-mb", "0"), "--kiln-budget-mb 0: the budget must be at least 1 MiB"),
+    (("--kiln-budget-mb", "-1"), "--kiln-budget-mb -1: the budget must be at least 1 MiB"),
+    (("--kiln-backend", "gpu"), "--kiln-backend 'gpu': unknown backend 'gpu'"),
+    (("--kiln-backend", "cuda:x"), "--kiln-backend 'cuda:x': 'cuda:x' is not a device name"),
+])
+def test_a_malformed_option_stops_the_run_before_any_test(tmp_path, args, named):
+    done = run_pytest(tmp_path, *args)
+    out = done.stdout + done.stderr
+    assert done.returncode == 4, out  # pytest's usage error: no test ran, none errored
+    assert named in out, out
+    assert "passed" not in out and "test_clean" not in out, out

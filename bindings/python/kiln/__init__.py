@@ -38,6 +38,7 @@ from ._kiln import (  # noqa: F401
     add_oom_observer, remove_oom_observer,
 )
 from . import _kiln, testing  # noqa: F401
+from ._typed import typed_arguments as _typed_arguments
 from ._version import __version__ as __version__  # CMake's project(VERSION); exported for mypy
 
 __all__ = [
@@ -56,6 +57,7 @@ if _TYPE_CHECKING:
     from ._kiln import _DtypeLike, _ShapeLike
 
 
+@_typed_arguments
 def empty(shape: "_ShapeLike", dtype: "_DtypeLike" = f32) -> ndarray:
     """A new uninitialized array, in numpy's argument order: kiln.ndarray(dtype, shape).
 
@@ -66,6 +68,7 @@ def empty(shape: "_ShapeLike", dtype: "_DtypeLike" = f32) -> ndarray:
     return ndarray(dtype, shape)
 
 
+@_typed_arguments
 def zeros(shape: "_ShapeLike", dtype: "_DtypeLike" = f32) -> ndarray:
     """A new array of zeros, in numpy's argument order (kiln.empty, then kiln.fill with 0).
 

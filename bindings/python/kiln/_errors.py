@@ -50,6 +50,7 @@ FIELDS: dict[str, Any] = {
     "detail": "",           # what was wrong (invalid usage, runtime faults)
     "context": (),          # lines added on the way up, innermost first
     "advice": "",           # what to do, naming kiln.init's arguments (also in str(e))
+    "injected": False,      # a fault plan made it (kiln.testing, KILN_FAULT), not the device
 }
 
 
@@ -85,6 +86,7 @@ class Error(Exception):
     detail: str                          # what was wrong (invalid usage, runtime faults)
     context: tuple[str, ...]             # lines added on the way up, innermost first
     advice: str                          # what to do, naming kiln.init's arguments
+    injected: bool                       # a fault plan made it, not the device
 
     def __init__(self, message: str = "", **fields: Any) -> None:
         super().__init__(message)

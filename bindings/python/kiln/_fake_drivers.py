@@ -10,6 +10,7 @@ from typing import Any, Iterator, Literal, Sequence
 
 from . import _kiln
 from ._errors import InvalidUsageError, NotSupportedError
+from ._typed import typed_arguments
 
 _MiB = 1 << 20
 
@@ -96,23 +97,28 @@ class FakeDriver:
                                     f"{self.device_count() - 1}, not {device!r}")
         return int(self._fn("device_" + name)(device))
 
+    @typed_arguments
     def device_count(self) -> int:
         """The number of devices the fake offers (the block's devices=)."""
         return int(self._fn("device_count")())
 
+    @typed_arguments
     def capacity_bytes(self, device: int = 0) -> int:
         """Device `device`'s total memory."""
         return self._counter("capacity_bytes", device)
 
+    @typed_arguments
     def set_capacity_bytes(self, capacity_bytes: int) -> None:
         """Every device's total memory from now on (memory already held stays held)."""
         self._fn("set_capacity_bytes")(_non_negative(capacity_bytes, "capacity_bytes"))
 
+    @typed_arguments
     def set_other_process_bytes(self, other_bytes: int) -> None:
         """Memory other processes hold from now on: lowers the free memory the device reports
         and what an allocation can get."""
         self._fn("set_other_process_bytes")(_non_negative(other_bytes, "other_process_bytes"))
 
+    @typed_arguments
     def inject_fault(self, entry: str, nth_call: int, result: int) -> None:
         """The `nth_call`-th call of driver entry point `entry` from now (1: the next; 0: every
         call) returns the driver status `result` (e.g. 2, CUDA_ERROR_OUT_OF_MEMORY; 700,
@@ -124,28 +130,34 @@ class FakeDriver:
         if self._fn("inject_fault")(entry.encode(), nth, status):
             raise InvalidUsageError(f"inject_fault: {entry!r} is not an entry point of the fake")
 
+    @typed_arguments
     def call_count(self, entry: str) -> int:
         """Calls of driver entry point `entry`, failed ones included."""
         return int(self._fn("call_count")(entry.encode()))
 
+    @typed_arguments
     def held_bytes(self, device: int | None = None) -> int:
         """Device memory allocated and not freed (loaded code not included): on all devices
         (device None), or on device `device` (InvalidUsageError for one the fake lacks)."""
         return self._counter("held_bytes", device)
 
+    @typed_arguments
     def high_water_bytes(self, device: int | None = None) -> int:
         """The most device memory held at once, on all devices together or on `device`."""
         return self._counter("high_water_bytes", device)
 
+    @typed_arguments
     def oom_count(self, device: int | None = None) -> int:
         """Allocations the capacity refused (injected faults not counted), on all devices or on
         `device`."""
         return self._counter("oom_count", device)
 
+    @typed_arguments
     def sticky_error(self) -> int:
         """The sticky driver status every call now returns (a lost device), or 0."""
         return int(self._fn("sticky_error")())
 
+    @typed_arguments
     def launch_count(self, device: int | None = None) -> int:
         """Kernel launches that ran, on all devices or on `device`."""
         return self._counter("launch_count", device)
@@ -239,6 +251,7 @@ def _fake_block(api: _Api, capacity_bytes: int, devices: int,
             _kiln.init(arch="cpu")  # no executor outlives the block on the fake
 
 
+@typed_arguments
 def fake_cuda(capacity_bytes: int = 1 << 30, *, devices: int = 1,
               other_process_bytes: int | Sequence[int] = 0,
               faults: str = "", arch: str | None = None,
@@ -278,6 +291,7 @@ def fake_cuda(capacity_bytes: int = 1 << 30, *, devices: int = 1,
                        library)
 
 
+@typed_arguments
 def fake_hip(capacity_bytes: int = 1 << 30, *, devices: int = 1,
              other_process_bytes: int | Sequence[int] = 0,
              faults: str = "", arch: str | None = None,

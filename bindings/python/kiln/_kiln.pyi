@@ -254,7 +254,7 @@ def init(
       It is charged to the budget: a budget_bytes below it makes init raise BudgetExceededError.
     mock_capacity_bytes: the mock device's total memory.
     mock_other_process_bytes: memory "another process" holds on the mock device; a list is a
-      script of successive readings.
+      script of successive readings (at most 2**20 of them).
     num_threads: CPU worker threads for launches (None or 0: all cores; at most 1024).
     fault_at: the N-th allocation after set-up fails with DeviceOutOfMemoryError (0/None: never).
     fail_sizes_at_least: every allocation of at least this many bytes fails the same way.
@@ -438,9 +438,15 @@ def _push_inject(spec: str) -> None:
     InvalidUsageError (malformed spec, or a kernel= that names no kernel; nothing is armed)."""
 
 
-def _pop_fault() -> None:
+def _device_key(name: str) -> str:
+    """The device ``name`` means, as "backend:ordinal" ("cuda" -> "cuda:0"), by kiln.init's own
+    parser. Errors: InvalidTypeError (not a str), InvalidUsageError (not a device name)."""
+
+
+def _pop_fault() -> bool:
     """Leaves the innermost fail_allocation or inject block: the setting it replaced is armed
-    again, or the plan is cleared."""
+    again, or the plan is cleared. True when the block's own request went by while an inner
+    block's plan was armed instead (it failed nothing)."""
 
 
 def _fault_allocation_count() -> int:

@@ -7,6 +7,8 @@ from typing import Any, Callable
 
 from . import _kiln
 from ._errors import InvalidTypeError, OutOfMemoryError
+from ._typed import typed_arguments
+from ._kit import KitEscapeError, kit_call, threads_left, threads_now
 
 # Armed for the counting run: a request number no workload reaches.
 _NEVER = 1 << 62
@@ -61,6 +63,16 @@ class SweepError(AssertionError):
         self.report = report
 
 
+class ShadowedFaultError(SweepError):
+    """The request a run aimed at went by inside the workload's own kiln.testing.fail_allocation
+    or inject block, whose plan replaced the sweep's while it was open: the sweep failed nothing
+    in that run, so it tested nothing there. `at` is the request."""
+
+    def __init__(self, message: str, report: SweepReport | None = None, at: int = 0):
+        super().__init__(message, report)
+        self.at = at
+
+
 class NondeterministicWorkloadError(SweepError):
     """The workload made fewer allocation requests in a run than the sweep armed a fault for:
     it does not allocate the same way each time (so a sweep cannot aim at each request)."""
@@ -80,7 +92,9 @@ def _held_above(baseline: dict[str, int]) -> dict[str, int]:
 
 
 def _run_with_fault(at: int, fn: Callable[..., Any], args: Any, kwargs: Any,
-                    baseline: dict[str, int]) -> tuple[SweepRun, int]:
+                    baseline: dict[str, int]) -> tuple[SweepRun, int, bool]:
+    """Runs fn with request `at` failing: its SweepRun, the requests it made, and whether the
+    request went by inside the workload's own fault block (shadowed: nothing failed)."""
     _kiln._push_fault(at)
     error: BaseException | None = None
     try:
@@ -89,7 +103,7 @@ def _run_with_fault(at: int, fn: Callable[..., Any], args: Any, kwargs: Any,
         error = e
     finally:
         count = _kiln._fault_allocation_count()
-        _kiln._pop_fault()
+        shadowed = _kiln._pop_fault()
     raised = None if error is None else type(error).__name__
     detail = "" if error is None else str(error).splitlines()[0] if str(error) else ""
     category = getattr(error, "category", None) if isinstance(error, OutOfMemoryError) else None
@@ -97,7 +111,7 @@ def _run_with_fault(at: int, fn: Callable[..., Any], args: Any, kwargs: Any,
     if error is not None and not isinstance(error, Exception):
         raise error  # KeyboardInterrupt, SystemExit: not the workload's answer
     del error
-    return SweepRun(at, raised, category, detail, _held_above(baseline), oom), count
+    return SweepRun(at, raised, category, detail, _held_above(baseline), oom), count, shadowed
 
 
 def _check_same_executor(generation: int, run: str, report: SweepReport) -> None:
@@ -109,6 +123,26 @@ def _check_same_executor(generation: int, run: str, report: SweepReport) -> None
             f"(the kiln_backend fixture does)", report)
 
 
+def _check_no_threads_left(before: set[Any], run: str, report: SweepReport) -> None:
+    """Raises SweepError when the workload left threads running (started since `before`)."""
+    left = threads_left(before)
+    if left:
+        raise SweepError(
+            f"sweep: {run} of the workload left thread(s) running after it returned "
+            f"({', '.join(left)}): their allocation requests would fall into later runs, so no "
+            f"run could aim at one request; join every thread the workload starts", report)
+
+
+def _check_not_shadowed(at: int, shadowed: bool, report: SweepReport) -> None:
+    if shadowed:
+        raise ShadowedFaultError(
+            f"sweep: run {at}: allocation request {at} went by inside the workload's own "
+            f"kiln.testing.fail_allocation or inject block, whose plan replaced the sweep's: the "
+            f"sweep failed nothing in that run, so it tested nothing there; sweep a workload "
+            f"without fault blocks of its own", report, at)
+
+
+@typed_arguments
 def sweep(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SweepReport:
     """Runs fn(*args, **kwargs) once to count its allocation requests (N), then N more times,
     the i-th time with request i failing (kiln.DeviceOutOfMemoryError, as
@@ -124,21 +158,34 @@ def sweep(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SweepReport:
     NondeterministicWorkloadError when a run made fewer than i requests (the workload does not allocate the same way each time).
     Nothing stays armed after sweep returns or raises. fn runs on the executor current at the
     call; it must not call kiln.init: a run that replaced the executor raises SweepError (the
-    fault was armed on the executor it replaced, so nothing was tested). Not thread-safe: no
-    other thread may allocate meanwhile."""
+    fault was armed on the executor it replaced, so nothing was tested). Neither may a run leave
+    threads running after it returns (SweepError naming them: their requests would land in later
+    runs); threads it joins are fine, their requests count. A run whose request went by inside
+    the workload's own fail_allocation or inject block raises ShadowedFaultError (that block's
+    plan replaced the sweep's, so nothing failed). sweep or min_budget called inside fn raises
+    KitEscapeError. Not thread-safe: no other thread may allocate meanwhile."""
     if not callable(fn):
         raise InvalidTypeError(f"sweep: fn must be callable, not {type(fn).__name__}")
+    with kit_call("sweep"):
+        return _sweep(fn, args, kwargs)
+
+
+def _sweep(fn: Callable[..., Any], args: Any, kwargs: Any) -> SweepReport:
     baseline = _held_bytes()
+    threads = threads_now()
     generation = _kiln._executor_generation()
     _kiln._push_fault(_NEVER)
     try:
         fn(*args, **kwargs)
+    except KitEscapeError:
+        raise  # the workload ran a kit call of its own: that error says so
     except Exception as e:
         raise SweepError(f"sweep: the workload fails without any fault: {type(e).__name__}: {e}") from e
     finally:
         allocations = _kiln._fault_allocation_count()
         _kiln._pop_fault()
     _check_same_executor(generation, "the clean run", SweepReport(allocations, ()))
+    _check_no_threads_left(threads, "the clean run", SweepReport(allocations, ()))
     if allocations == 0:  # a sweep that fails nothing tests nothing: never a pass
         raise SweepError(
             "sweep: the workload made no allocation request, so there is nothing to fail and "
@@ -146,8 +193,10 @@ def sweep(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SweepReport:
             "executor's own buffers are made by kiln.init)", SweepReport(0, ()))
     runs: list[SweepRun] = []
     for at in range(1, allocations + 1):
-        run, count = _run_with_fault(at, fn, args, kwargs, baseline)
+        run, count, shadowed = _run_with_fault(at, fn, args, kwargs, baseline)
         _check_same_executor(generation, f"run {at}", SweepReport(allocations, tuple(runs)))
+        _check_no_threads_left(threads, f"run {at}", SweepReport(allocations, tuple(runs)))
+        _check_not_shadowed(at, shadowed, SweepReport(allocations, tuple(runs)))
         if count < at:
             report = SweepReport(allocations, tuple(runs))
             raise NondeterministicWorkloadError(
@@ -160,5 +209,6 @@ def sweep(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SweepReport:
     return report
 
 
-for _public in (SweepRun, SweepReport, SweepError, NondeterministicWorkloadError):
+for _public in (SweepRun, SweepReport, SweepError, ShadowedFaultError,
+                NondeterministicWorkloadError):
     _public.__module__ = "kiln.testing"  # where users import it from

@@ -6,15 +6,20 @@ from typing import Iterator, Literal, SupportsIndex
 from . import _kiln
 from ._errors import Error
 from ._fake_drivers import FakeDriver, fake_cuda, fake_hip
+from ._kit import KitEscapeError, check_same_executor, escaped_by_init
 from ._min_budget import BudgetReport, MinBudgetError, min_budget
-from ._sweep import NondeterministicWorkloadError, SweepError, SweepReport, SweepRun, sweep
+from ._typed import typed_arguments
+from ._sweep import (NondeterministicWorkloadError, ShadowedFaultError, SweepError, SweepReport,
+                     SweepRun, sweep)
 
 __all__ = ["fail_allocation", "inject", "allocation_count", "make_error", "sweep", "SweepReport",
-           "SweepRun", "SweepError", "NondeterministicWorkloadError", "min_budget",
-           "BudgetReport", "MinBudgetError", "fake_cuda", "fake_hip", "FakeDriver"]
+           "SweepRun", "SweepError", "ShadowedFaultError", "NondeterministicWorkloadError",
+           "min_budget", "BudgetReport", "MinBudgetError", "KitEscapeError", "fake_cuda",
+           "fake_hip", "FakeDriver"]
 
 
 @contextlib.contextmanager
+@typed_arguments
 def fail_allocation(at: SupportsIndex = 1) -> Iterator[None]:
     """Inside the block, the `at`-th allocation request (1-based, counted from the start of the
     block) fails with kiln.DeviceOutOfMemoryError (driver_status "injected fault (FaultPlan)"),
@@ -28,15 +33,15 @@ def fail_allocation(at: SupportsIndex = 1) -> Iterator[None]:
     still count for the outer block, whose plan is armed again when the inner block exits (if
     the outer block's `at`-th request went by inside the inner block, it does not fail later).
     Leaving the outermost block clears the plan, also when the block raises. Applies to the
-    executor current at entry; kiln.init() inside a block ends every open block's plan."""
+    executor current at entry; kiln.init() inside a block ends every open block's plan, and the
+    block then raises kiln.testing.KitEscapeError on exit (nothing after the call was failed; a
+    block left by an exception gets a note saying so instead)."""
     _kiln._push_fault(at)
-    try:
-        yield
-    finally:
-        _kiln._pop_fault()
+    yield from _open_block("fail_allocation")
 
 
 @contextlib.contextmanager
+@typed_arguments
 def inject(spec: str) -> Iterator[None]:
     """Inside the block, allocation requests fail per the fault spec `spec`, the same text as
     kiln-ops --fault and the KILN_FAULT variable: comma-separated key=value terms, e.g.
@@ -57,20 +62,35 @@ def inject(spec: str) -> Iterator[None]:
     On exit (also when the block raises) the setting the block replaced is restored: blocks nest
     (inject and fail_allocation alike), and an outer spec goes on from what it had seen before
     the inner block (requests inside the inner block do not count for it). Applies to the
-    executor current at entry; kiln.init() inside a block ends every open block's plan."""
+    executor current at entry; kiln.init() inside a block ends every open block's plan, and the
+    block then raises kiln.testing.KitEscapeError on exit (as fail_allocation's does)."""
     _kiln._push_inject(spec)
+    yield from _open_block("inject")
+
+
+def _open_block(call: str) -> Iterator[None]:
+    """The body of a fault block just pushed: pops it on exit, and raises KitEscapeError when
+    kiln.init replaced the executor meanwhile (a note on the exception leaving the block)."""
+    generation = _kiln._executor_generation()  # after the push: it may make the first executor
     try:
         yield
+    except BaseException as e:
+        if _kiln._executor_generation() != generation:
+            e.add_note(escaped_by_init(call))
+        raise
     finally:
         _kiln._pop_fault()
+    check_same_executor(call, generation)
 
 
+@typed_arguments
 def allocation_count() -> int:
     """Allocation requests counted since the innermost open fail_allocation() block began;
     outside blocks, since the last block ended (or since init)."""
     return _kiln._fault_allocation_count()
 
 
+@typed_arguments
 def make_error(
     result: Literal["error", "invalid_usage", "not_supported", "out_of_memory", "device_lost"],
     oom_source: Literal["none", "driver", "budget", "device_heap", "host"] = "none",
