@@ -19,6 +19,7 @@
 #include "conversions.h"
 #include "error_mapping.h"
 #include "kiln/rhi/fork_hooks.h"
+#include "kiln/rhi/teardown_failures.h"
 #include "registration.h"
 #include "signatures.h"
 #include "kiln_stub_docstrings.h"
@@ -209,6 +210,14 @@ std::shared_ptr<LlvmRuntimeExecutor> create_executor(ExecutorConfig config) {
   return check(std::move(created));
 }
 
+/// Each device teardown that failed since the last call (teardown_failures.h: a release the driver
+/// refused, so memory stays held on the device) as a RuntimeWarning. Errors: the warning itself
+/// when a filter makes it an error (the failures after it are dropped).
+void warn_teardown_failures() {
+  for (const std::string &message : take_teardown_failures())
+    if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) < 0) throw py::error_already_set();
+}
+
 void init(py::handle arch, const py::object &budget_bytes, const py::object &reserve_bytes,
           py::handle live_check, py::handle caching, const py::object &device_heap_bytes,
           const py::object &mock_capacity_bytes, const py::object &mock_other_process_bytes,
@@ -225,6 +234,7 @@ void init(py::handle arch, const py::object &budget_bytes, const py::object &res
   if (fault && *fault != 0) fresh->memory().fault_plan().fail_nth_allocation(*fault);
   if (fail_size) fresh->memory().fault_plan().fail_sizes_at_least(*fail_size);
   replace_executor(std::move(fresh));  // the old one goes; its arrays keep its device alive
+  warn_teardown_failures();
 }
 
 /// kiln._shutdown (run by atexit): closes the door to other threads, waits for the calls inside.

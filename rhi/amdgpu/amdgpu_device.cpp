@@ -8,6 +8,7 @@
 
 #include "hip_runtime.h"
 #include "kiln/rhi/backend_registry.h"
+#include "kiln/rhi/teardown_failures.h"
 
 namespace kiln {
 namespace {
@@ -31,11 +32,17 @@ class AmdgpuDevice final : public GpuDevice {
   /// its last release: a sticky fault stays with the HIP runtime's device until hipDeviceReset,
   /// so without it a new executor would find the device lost again. (The reset also destroys
   /// what another executor of this process holds on the device, all of it lost with the device.)
+  /// A reset the runtime refuses is recorded (teardown_failures.h).
   ~AmdgpuDevice() override {
     unload_all_modules("~AmdgpuDevice");
     if (!resources_lost() || crossed_fork()) return;  // an injected loss resets nothing
     (void)runtime_->hipSetDevice(ordinal_);  // may answer the sticky fault: reset anyway
-    (void)runtime_->hipDeviceReset();
+    const hipError_t code = runtime_->hipDeviceReset();
+    if (code != hip::kSuccess)
+      record_teardown_failure(fmt::format(
+          "{}: hipDeviceReset failed with {} while kiln released the lost device: the device "
+          "keeps its sticky fault and the memory allocated on it until the process exits",
+          name(), hip::error_name(runtime_, code)));
   }
 
   [[nodiscard]] Backend backend() const override { return Backend::amdgpu; }

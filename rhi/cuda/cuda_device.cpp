@@ -4,6 +4,7 @@
 
 #include "cuda_driver.h"
 #include "kiln/rhi/backend_registry.h"
+#include "kiln/rhi/teardown_failures.h"
 
 namespace kiln {
 namespace {
@@ -62,9 +63,18 @@ class CudaDevice final : public GpuDevice {
   CUcontext context_;
 };
 
+/// A release the driver refuses leaves the primary context retained, and with it everything
+/// allocated in it: recorded (teardown_failures.h), since a destructor cannot return it.
 CudaDevice::~CudaDevice() {
   unload_all_modules("~CudaDevice");
-  if (!crossed_fork()) (void)driver_->cuDevicePrimaryCtxRelease_v2(device_);  // the parent's
+  if (crossed_fork()) return;  // the context is the parent's
+  const CUresult code = driver_->cuDevicePrimaryCtxRelease_v2(device_);
+  if (code != cuda::kSuccess)
+    record_teardown_failure(fmt::format(
+        "{}: cuDevicePrimaryCtxRelease_v2 failed with {} while kiln released the device: its "
+        "primary context stays retained, and the memory allocated in it (kiln's device heap "
+        "and launch buffers, arrays not freed) stays held on the device until the process exits",
+        name(), cuda::error_name(driver_, code)));
 }
 
 RhiExpected<LlvmDevice::MemoryInfo> CudaDevice::memory_info() {

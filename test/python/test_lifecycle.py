@@ -468,3 +468,40 @@ def test_a_cpp_exception_reaching_python_is_a_named_kiln_error(kind, error):
     if error is kiln.HostOutOfMemoryError:
         assert isinstance(info.value, MemoryError)
         assert info.value.oom_source == "host"
+
+
+# --- a device the driver would not release --------------------------------------------------------
+
+TEARDOWN_CASES = [
+    pytest.param("cuda", "cuLaunchKernel@1=700,cuDevicePrimaryCtxRelease_v2@1=700",
+                 r"cuda:0: cuDevicePrimaryCtxRelease_v2 failed with CUDA_ERROR_ILLEGAL_ADDRESS .* "
+                 r"stays held on the device", id="cuda"),
+    pytest.param("amdgpu", "hipModuleLaunchKernel@1=700,hipDeviceReset@1=700",
+                 r"amdgpu:0: hipDeviceReset failed with hipErrorIllegalAddress .* the memory "
+                 r"allocated on it", id="amdgpu"),
+]
+
+
+@pytest.mark.parametrize("arch, faults, said", TEARDOWN_CASES)
+def test_a_device_release_the_driver_refuses_is_a_warning_naming_what_stays_held(arch, faults, said):
+    fake = kiln.testing.fake_cuda if arch == "cuda" else kiln.testing.fake_hip
+    with fake(256 << 20, faults=faults) as driver:
+        kiln.init(arch=arch, device_heap_bytes=1 << 20)
+        a = kiln.ndarray(kiln.f32, 1024)
+        with pytest.raises(kiln.DeviceLostError):
+            kiln.fill(a, 1.0)  # the sticky fault
+        del a
+        with pytest.warns(RuntimeWarning, match=said):
+            kiln.init(arch="cpu")  # releases the lost device: the driver refuses
+        assert driver.held_bytes() > 0  # what the warning says: the memory stays held
+
+
+@pytest.mark.parametrize("arch", ["cuda", "amdgpu"])
+def test_a_device_released_cleanly_warns_nothing(arch, recwarn):
+    fake = kiln.testing.fake_cuda if arch == "cuda" else kiln.testing.fake_hip
+    with fake(256 << 20) as driver:
+        kiln.init(arch=arch, device_heap_bytes=1 << 20)
+        kiln.fill(kiln.ndarray(kiln.f32, 1024), 1.0)
+        kiln.init(arch="cpu")
+        assert driver.held_bytes() == 0
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

@@ -5,10 +5,12 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fake_gpu_handle.h"
 #include "kiln/rhi/backend_registry.h"
 #include "kiln/rhi/mock_device.h"
+#include "kiln/rhi/teardown_failures.h"
 #include "kiln/rhi/user_text.h"
 
 using kiln::Backend;
@@ -115,4 +117,17 @@ TEST_CASE("a device name is echoed as passed: a NUL or a newline cannot cut or b
   REQUIRE_FALSE(ordinal);
   CHECK_THAT(ordinal.error().message(), Catch::Contains("'cuda:1\\n\\'' is not a device name"));
   CHECK(kiln::quote_user_text("a\\b\x7f\xc3") == "'a\\\\b\\x7f\\xc3'");
+}
+
+TEST_CASE("a failed device teardown is recorded until taken, the newest 64 kept", "[rhi][registry]") {
+  (void)kiln::take_teardown_failures();  // whatever an earlier test left
+  kiln::record_teardown_failure("cuda:0: first");
+  kiln::record_teardown_failure("cuda:1: second");
+  CHECK(kiln::take_teardown_failures() == std::vector<std::string>{"cuda:0: first", "cuda:1: second"});
+  CHECK(kiln::take_teardown_failures().empty());  // taken once
+  for (int i = 0; i < 70; ++i) kiln::record_teardown_failure(std::to_string(i));
+  const std::vector<std::string> kept = kiln::take_teardown_failures();
+  REQUIRE(kept.size() == 64);
+  CHECK(kept.front() == "6");
+  CHECK(kept.back() == "69");
 }

@@ -261,7 +261,10 @@ def init(
 
     Arrays of the replaced executor stay safe to keep, view, free and delete; operations on them
     raise InvalidUsageError. Its OOM observers and fail_allocation blocks are dropped. After a
-    DeviceLostError, init releases the lost executor before making the new one.
+    DeviceLostError, init releases the lost executor before making the new one. When a device
+    released meanwhile could not be (the driver refused cuDevicePrimaryCtxRelease_v2 or
+    hipDeviceReset, so its memory stays held until the process exits), init warns with a
+    RuntimeWarning naming the device, the call and its status.
 
     Errors: InvalidTypeError (wrong types), InvalidUsageError (an unknown arch, a malformed
     device ordinal, values out of range, called inside an OOM observer), NotSupportedError (no
