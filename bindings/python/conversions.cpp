@@ -231,7 +231,8 @@ std::optional<std::string_view> utf8_of(py::handle str) {
   Py_ssize_t length = 0;
   const char *utf8 = PyUnicode_AsUTF8AndSize(str.ptr(), &length);
   if (utf8 == nullptr) {
-    PyErr_Clear();  // UnicodeEncodeError: a lone surrogate
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) throw py::error_already_set();  // MemoryError
+    PyErr_Clear();  // a lone surrogate
     return std::nullopt;
   }
   return std::string_view(utf8, static_cast<std::size_t>(length));

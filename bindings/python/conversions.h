@@ -53,7 +53,7 @@ bool to_flag(py::handle value, const char *name, const char *site);
 std::string to_text(py::handle value, const char *name, const char *site);
 
 /// The UTF-8 form of the str `str`, or nullopt when it holds a lone surrogate (no Python error
-/// is left set). The view lives as long as `str`.
+/// is left set). The view lives as long as `str`. Errors: a MemoryError goes on as it is.
 std::optional<std::string_view> utf8_of(py::handle str);
 
 /// A dtype argument: kiln.f32/f64/i32/i64 or their names. Errors: InvalidTypeError for other

@@ -92,14 +92,14 @@ void check_stream(py::handle stream, DLDevice device, const std::string &kiln_de
 /// device.
 void check_requested_device(py::handle dl_device, DLDevice device) {
   if (dl_device.is_none()) return;
-  const DLDevice requested = to_dl_device(dl_device, "dl_device", "__dlpack__");
-  const int type = static_cast<int>(requested.device_type);
-  const int id = requested.device_id;
+  const DevicePair requested = to_dl_device(dl_device, "dl_device", "__dlpack__");
+  const int type = requested.type;
+  const int id = requested.id;
   if (type != static_cast<int>(device.device_type) || id != device.device_id) {
     PyErr_SetString(PyExc_BufferError,
                     fmt::format("kiln.ndarray on {} cannot be exported to {}: kiln exports "
                                 "only to the array's own device",
-                                describe_device(device), describe_device(DLDevice{static_cast<DLDeviceType>(type), id}))
+                                describe_device(device), describe_device(requested))
                         .c_str());
     throw py::error_already_set();
   }

@@ -11,7 +11,7 @@
 
 namespace kiln::python::dlpack {
 
-DLDevice to_dl_device(py::handle value, const std::string &what, const char *site) {
+DevicePair to_dl_device(py::handle value, const std::string &what, const char *site) {
   // The tuple's own storage, not its __getitem__ (a tuple subclass may override it).
   PyObject *tuple = value.ptr();
   if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != 2 ||
@@ -21,7 +21,7 @@ DLDevice to_dl_device(py::handle value, const std::string &what, const char *sit
                                          site, what, type_name(value), std::string(py::repr(value))));
   const int32_t type = to_int32(PyTuple_GET_ITEM(tuple, 0), ("the device_type in " + what).c_str(), site);
   const int32_t id = to_int32(PyTuple_GET_ITEM(tuple, 1), ("the device_id in " + what).c_str(), site);
-  return DLDevice{static_cast<DLDeviceType>(type), id};
+  return DevicePair{type, id};
 }
 
 DLDevice dl_device_of(const std::string &device_name) {
@@ -33,12 +33,12 @@ DLDevice dl_device_of(const std::string &device_name) {
   return DLDevice{kDLCPU, 0};
 }
 
-std::string describe_device(DLDevice device) {
-  switch (static_cast<int>(device.device_type)) {
-    case kDLCPU: return device.device_id == 0 ? "cpu" : fmt::format("cpu:{}", device.device_id);
-    case kDLCUDA: return fmt::format("cuda:{}", device.device_id);
-    case kDLROCM: return fmt::format("rocm:{}", device.device_id);
-    default: return fmt::format("DLPack device type {}:{}", static_cast<int>(device.device_type), device.device_id);
+std::string describe_device(DevicePair device) {
+  switch (device.type) {
+    case kDLCPU: return device.id == 0 ? "cpu" : fmt::format("cpu:{}", device.id);
+    case kDLCUDA: return fmt::format("cuda:{}", device.id);
+    case kDLROCM: return fmt::format("rocm:{}", device.id);
+    default: return fmt::format("DLPack device type {}:{}", device.type, device.id);
   }
 }
 

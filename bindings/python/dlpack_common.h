@@ -7,6 +7,7 @@
 #include <dlpack/dlpack.h>
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -22,8 +23,17 @@ inline constexpr const char *kUsedCapsuleName = "used_dltensor";
 /// The DLPack device of a kiln device name: "cpu" and "mock" are host memory (kDLCPU, 0);
 /// "cuda:N" is (kDLCUDA, N); "amdgpu:N" is (kDLROCM, N).
 [[nodiscard]] DLDevice dl_device_of(const std::string &device_name);
+/// A DLPack device as plain ints: what a user object gave, which may be no DLDeviceType at all
+/// (a cast of such an int to the enum would be undefined).
+struct DevicePair {
+  int32_t type = 0;
+  int32_t id = 0;
+};
+[[nodiscard]] inline DevicePair pair_of(DLDevice d) { return {static_cast<int32_t>(d.device_type), d.device_id}; }
+
 /// "cpu", "cuda:0", "rocm:1", "DLPack device type 4:0": a DLPack device as messages name it.
-[[nodiscard]] std::string describe_device(DLDevice device);
+[[nodiscard]] std::string describe_device(DevicePair device);
+[[nodiscard]] inline std::string describe_device(DLDevice device) { return describe_device(pair_of(device)); }
 /// The one-lane DLPack dtype of a kiln dtype.
 [[nodiscard]] DLDataType dl_dtype_of(DataType dtype);
 /// The kiln dtype of a one-lane DLPack dtype, or nullopt when kiln has none.
@@ -35,7 +45,7 @@ inline constexpr const char *kUsedCapsuleName = "used_dltensor";
 /// bools), each within int32. `what` says where `value` came from in the message
 /// ("dl_device", "what Tensor.__dlpack_device__() returned"). Errors: InvalidTypeError (another
 /// type, another length, an element that is not an int), InvalidUsageError (beyond int32).
-[[nodiscard]] DLDevice to_dl_device(py::handle value, const std::string &what, const char *site);
+[[nodiscard]] DevicePair to_dl_device(py::handle value, const std::string &what, const char *site);
 
 /// Runs `fn` with the GIL held, whichever thread calls it, keeping any pending Python error.
 /// Once the interpreter is gone or finalizing (and this thread does not hold the GIL), `fn` is

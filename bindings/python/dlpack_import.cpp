@@ -25,13 +25,13 @@ bool kiln_has_device_type(int type) { return type == kDLCPU || type == kDLCUDA |
 /// A tensor on `tensor` (a DLPack device) must be on the current executor's device `here`.
 /// Errors: NotSupportedError (a device type kiln has no executor for), InvalidUsageError
 /// (another kiln device: kiln.init(arch=...) first).
-void check_device(DLDevice tensor, DLDevice here, const std::string &kiln_device) {
-  if (!kiln_has_device_type(static_cast<int>(tensor.device_type)))
+void check_device(DevicePair tensor, DLDevice here, const std::string &kiln_device) {
+  if (!kiln_has_device_type(tensor.type))
     raise_failure(make_failure(RhiResult::not_supported, kiln_device, "from_dlpack",
                                fmt::format("from_dlpack: the tensor is on {}; kiln has executors "
                                            "for cpu (and mock), cuda and amdgpu (rocm) memory only",
                                            describe_device(tensor))));
-  if (tensor.device_type != here.device_type || tensor.device_id != here.device_id)
+  if (tensor.type != static_cast<int32_t>(here.device_type) || tensor.id != here.device_id)
     raise_invalid_usage(kiln_device, "from_dlpack",
                         fmt::format("from_dlpack: the tensor is on {} but kiln's executor is {} "
                                     "({}); kiln.init(arch=...) for the tensor's device first, or "
@@ -67,11 +67,11 @@ py::object capsule_of(py::handle x, DLDevice here, const std::string &kiln_devic
   if (py::hasattr(x, "__dlpack_device__")) {
     // What the producer's own method raises goes on as it is; what it returns is checked.
     const py::object device = protocol_method(x, "__dlpack_device__")();
-    const DLDevice dl = to_dl_device(device, "what " + type_name(x) + ".__dlpack_device__() returned",
-                                     "from_dlpack");
+    const DevicePair dl = to_dl_device(device, "what " + type_name(x) + ".__dlpack_device__() returned",
+                                       "from_dlpack");
     check_device(dl, here, kiln_device);
-    if (dl.device_type == kDLCUDA) capsule = export_fn(py::arg("stream") = 1);
-    else if (dl.device_type == kDLROCM) capsule = export_fn(py::arg("stream") = 0);
+    if (dl.type == kDLCUDA) capsule = export_fn(py::arg("stream") = 1);
+    else if (dl.type == kDLROCM) capsule = export_fn(py::arg("stream") = 0);
   }
   if (!capsule) capsule = export_fn();
   if (!PyCapsule_CheckExact(capsule.ptr()))
@@ -145,7 +145,7 @@ uint64_t checked_address(const DLTensor &t, DataType dtype, const std::string &k
 /// dtype, at most kMaxDimensions dimensions, row-major contiguous. Negative dimensions and a
 /// misaligned address are refused by wrap_external. Errors: see the file comment.
 ImportSpec check_tensor(const DLTensor &t, DLDevice here, const std::string &kiln_device) {
-  check_device(t.device, here, kiln_device);
+  check_device(pair_of(t.device), here, kiln_device);
   const std::optional<DataType> dtype = kiln_dtype_of(t.dtype);
   if (t.dtype.lanes != 1)
     raise_invalid_usage(kiln_device, "from_dlpack",

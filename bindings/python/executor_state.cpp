@@ -212,10 +212,15 @@ std::shared_ptr<LlvmRuntimeExecutor> create_executor(ExecutorConfig config) {
 
 /// Each device teardown that failed since the last call (teardown_failures.h: a release the driver
 /// refused, so memory stays held on the device) as a RuntimeWarning. Errors: the warning itself
-/// when a filter makes it an error (the failures after it are dropped).
+/// when a filter makes it an error; the failures not yet warned of are recorded again, for the
+/// next call.
 void warn_teardown_failures() {
-  for (const std::string &message : take_teardown_failures())
-    if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) < 0) throw py::error_already_set();
+  const std::vector<std::string> failures = take_teardown_failures();
+  for (std::size_t i = 0; i < failures.size(); ++i) {
+    if (PyErr_WarnEx(PyExc_RuntimeWarning, failures[i].c_str(), 1) == 0) continue;
+    for (std::size_t rest = i + 1; rest < failures.size(); ++rest) record_teardown_failure(failures[rest]);
+    throw py::error_already_set();
+  }
 }
 
 void init(py::handle arch, const py::object &budget_bytes, const py::object &reserve_bytes,

@@ -144,6 +144,7 @@ struct FaultBlock {
   runtime::RequestFaultPlan::Setting previous;  // the plan's setting before the block armed
   bool inject = false;   // an inject block (armed a FaultSpec)
   bool shadowed = false;  // fail_at went by inside an inner block: this block failed nothing
+  uint64_t id = 0;        // unique in the process: the token its push returned
 };
 /// The open blocks, innermost last. Guarded by the GIL; cleared when the executor is replaced.
 std::vector<FaultBlock> &fault_blocks();

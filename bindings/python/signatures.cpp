@@ -44,6 +44,7 @@ void typed_mismatch_for_existing(py::handle cls, const char *owner,
     // (a slot inherited from object) would be replaced, not extended.
     const py::handle function = py::detail::get_function(existing);
     if (!function || !PyCFunction_Check(function.ptr()) ||
+        PyCFunction_GET_SELF(function.ptr()) == nullptr ||  // METH_STATIC has no self
         !py::isinstance<py::capsule>(PyCFunction_GET_SELF(function.ptr())))
       continue;
     py::setattr(cls, name,

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <future>
 #include <new>
 #include <optional>
@@ -27,11 +28,13 @@
 namespace kiln::python {
 namespace {
 
+uint64_t g_next_block_id = 1;  // guarded by the GIL
+
 /// Enters a fail_allocation block: its `at`-th allocation from now fails. An inner block's plan
 /// replaces the outer one's while it is open; allocations inside it still count for the outer.
-/// Errors: InvalidTypeError (not an int: any __index__ object but bool), InvalidUsageError
-/// (at < 1 or beyond 2**63-1).
-void push_fault(py::handle at) {
+/// Returns the block's token for pop_fault. Errors: InvalidTypeError (not an int: any
+/// __index__ object but bool), InvalidUsageError (at < 1 or beyond 2**63-1).
+uint64_t push_fault(py::handle at) {
   const uint64_t n = to_bytes(at, "at", "fail_allocation");
   if (n < 1)
     raise_invalid_usage("kiln", "fail_allocation",
@@ -41,14 +44,16 @@ void push_fault(py::handle at) {
   runtime::RequestFaultPlan::Setting previous = plan.setting();
   if (blocks.empty()) plan.fail_nth_allocation(FaultPlan::kNever);  // the count starts at 0
   const uint64_t start = plan.allocation_count();
-  blocks.push_back({start, start + n, std::move(previous), /*inject=*/false});
+  blocks.push_back({start, start + n, std::move(previous), /*inject=*/false, false, g_next_block_id});
   plan.fail_at_count(start + n);
+  return g_next_block_id++;
 }
 
 /// Enters an inject block: `spec` (FaultSpec grammar) decides every request from now on,
-/// replacing the plan's setting until the block exits. Errors: InvalidTypeError (not a str),
-/// InvalidUsageError (the spec does not parse, or its kernel= names no kernel: nothing is armed).
-void push_inject(py::handle spec_obj) {
+/// replacing the plan's setting until the block exits. Returns the block's token for pop_fault.
+/// Errors: InvalidTypeError (not a str), InvalidUsageError (the spec does not parse, or its
+/// kernel= names no kernel: nothing is armed).
+uint64_t push_inject(py::handle spec_obj) {
   const std::string text = to_text(spec_obj, "spec", "inject");
   RhiExpected<runtime::FaultSpec> spec = runtime::FaultSpec::parse(text);
   if (!spec) raise_invalid_usage("kiln", "inject", spec.error().detail);
@@ -56,8 +61,9 @@ void push_inject(py::handle spec_obj) {
     raise_invalid_usage("kiln", "inject", known.error().detail);
   runtime::RequestFaultPlan &plan = executor()->memory().fault_plan();
   fault_blocks().push_back({plan.allocation_count(), FaultPlan::kNever, plan.setting(),
-                            /*inject=*/true});
+                            /*inject=*/true, false, g_next_block_id});
   plan.arm(*spec);
+  return g_next_block_id++;
 }
 
 /// Leaves the innermost block (of either kind) and says whether its own request went by while an
@@ -67,7 +73,7 @@ void push_inject(py::handle spec_obj) {
 /// had seen before the inner block; when the outer plan's request went by inside this block, the
 /// outer block is marked shadowed. The outermost fail_allocation block clears the plan and
 /// restarts the count.
-bool pop_fault() {
+bool pop_innermost() {
   runtime::RequestFaultPlan &plan = executor()->memory().fault_plan();
   std::vector<FaultBlock> &blocks = fault_blocks();
   if (blocks.empty()) {
@@ -87,12 +93,37 @@ bool pop_fault() {
   return done.shadowed;
 }
 
+/// Leaves the block whose push returned `token` (the innermost when None): first every block
+/// opened inside it and never left (a workload's `__enter__` without `__exit__`, an abandoned
+/// generator), then the block itself, each as pop_innermost does. Returns (shadowed, how many
+/// unclosed blocks were left for it). A token whose block is gone already (an enclosing block's
+/// exit, or kiln.init, closed it) does nothing: (False, 0).
+py::tuple pop_fault(py::handle token) {
+  std::vector<FaultBlock> &blocks = fault_blocks();
+  std::size_t unclosed = 0;
+  if (!token.is_none()) {
+    const uint64_t id = to_bytes(token, "token", "_pop_fault");
+    const auto own = std::find_if(blocks.begin(), blocks.end(), [id](const FaultBlock &b) { return b.id == id; });
+    if (own == blocks.end()) return py::make_tuple(false, 0);
+    unclosed = static_cast<std::size_t>(blocks.end() - own) - 1;
+    for (std::size_t i = 0; i < unclosed; ++i) (void)pop_innermost();
+  }
+  return py::make_tuple(pop_innermost(), unclosed);
+}
+
 /// Allocations since the innermost open block began (or, outside blocks, since the last one
 /// ended or since init).
 uint64_t fault_allocation_count() {
   const uint64_t count = executor()->memory().fault_plan().allocation_count();
   const std::vector<FaultBlock> &blocks = fault_blocks();
   return blocks.empty() ? count : count - blocks.back().start_count;
+}
+
+/// "fail_allocation" or "inject": the innermost open block's kind; None outside blocks.
+py::object innermost_fault_block() {
+  const std::vector<FaultBlock> &blocks = fault_blocks();
+  if (blocks.empty()) return py::none();
+  return py::str(blocks.back().inject ? "inject" : "fail_allocation");
 }
 
 /// The RhiResult named `name` ("out_of_memory"), if any.
@@ -152,8 +183,9 @@ void throw_cpp_exception(py::handle kind_obj) {
 void register_testing(py::module_ &m) {
   def_typed(m, "_push_fault", "(at)", &push_fault, py::arg("at"), guarded());
   def_typed(m, "_push_inject", "(spec)", &push_inject, py::arg("spec"), guarded());
-  def_typed(m, "_pop_fault", "()", &pop_fault, guarded());
+  def_typed(m, "_pop_fault", "(token=None)", &pop_fault, py::arg("token") = py::none(), guarded());
   def_typed(m, "_fault_allocation_count", "()", &fault_allocation_count, guarded());
+  def_typed(m, "_innermost_fault_block", "()", &innermost_fault_block, guarded());
   def_typed(m, "_live_array_bytes", "()", &LiveArrayBytes::total);
   def_typed(m, "_throw_cpp_exception", "(kind)", &throw_cpp_exception, py::arg("kind"), guarded());
   // Called positionally it takes the fast entries' way (fast_entry.h): the test of how they

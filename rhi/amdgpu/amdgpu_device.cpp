@@ -38,11 +38,13 @@ class AmdgpuDevice final : public GpuDevice {
     if (!resources_lost() || crossed_fork()) return;  // an injected loss resets nothing
     (void)runtime_->hipSetDevice(ordinal_);  // may answer the sticky fault: reset anyway
     const hipError_t code = runtime_->hipDeviceReset();
-    if (code != hip::kSuccess)
-      record_teardown_failure(fmt::format(
-          "{}: hipDeviceReset failed with {} while kiln released the lost device: the device "
-          "keeps its sticky fault and the memory allocated on it until the process exits",
-          name(), hip::error_name(runtime_, code)));
+    if (code != hip::kSuccess) try {
+        record_teardown_failure(fmt::format(
+            "{}: hipDeviceReset failed with {} while kiln released the lost device: the device "
+            "keeps its sticky fault and the memory allocated on it until the process exits",
+            name(), hip::error_name(runtime_, code)));
+      } catch (...) {  // no memory for the message: the report is lost, never the process
+      }
   }
 
   [[nodiscard]] Backend backend() const override { return Backend::amdgpu; }

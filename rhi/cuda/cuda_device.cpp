@@ -69,12 +69,14 @@ CudaDevice::~CudaDevice() {
   unload_all_modules("~CudaDevice");
   if (crossed_fork()) return;  // the context is the parent's
   const CUresult code = driver_->cuDevicePrimaryCtxRelease_v2(device_);
-  if (code != cuda::kSuccess)
-    record_teardown_failure(fmt::format(
-        "{}: cuDevicePrimaryCtxRelease_v2 failed with {} while kiln released the device: its "
-        "primary context stays retained, and the memory allocated in it (kiln's device heap "
-        "and launch buffers, arrays not freed) stays held on the device until the process exits",
-        name(), cuda::error_name(driver_, code)));
+  if (code != cuda::kSuccess) try {
+      record_teardown_failure(fmt::format(
+          "{}: cuDevicePrimaryCtxRelease_v2 failed with {} while kiln released the device: its "
+          "primary context stays retained, and the memory allocated in it (kiln's device heap "
+          "and launch buffers, arrays not freed) stays held on the device until the process exits",
+          name(), cuda::error_name(driver_, code)));
+    } catch (...) {  // no memory for the message: the report is lost, never the process
+    }
 }
 
 RhiExpected<LlvmDevice::MemoryInfo> CudaDevice::memory_info() {

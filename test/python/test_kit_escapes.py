@@ -1,7 +1,8 @@
-"""A kiln.testing call never passes a test that tested nothing: for each kit call (sweep,
-min_budget, fail_allocation, inject) a workload that nests another kit call, re-initializes, or
-leaves a thread running is a named kit error, never a report that claims a pass; a workload whose
-thread is joined is counted as it should be."""
+"""A kiln.testing call never passes a test that tested nothing. For each kit call a workload
+that escapes it is a named kit error, never a report that claims a pass: sweep and min_budget
+refuse a nested kit call, kiln.init and threads left running; fail_allocation and inject refuse
+kiln.init and a kit call inside them; every one refuses a fault block entered and never left.
+A workload whose thread is joined is counted as it should be."""
 import pickle
 import threading
 
@@ -233,3 +234,105 @@ def test_an_injected_fault_says_so_and_a_budget_refusal_does_not():
         kiln.ndarray(kiln.f32, MiB)
     assert injected.value.injected is True and refused.value.injected is False
     assert pickle.loads(pickle.dumps(injected.value)).injected is True
+
+
+# --- fault blocks entered and never left ---------------------------------------------------------
+
+def test_a_fault_block_the_workload_never_leaves_is_a_kit_error_not_a_pass():
+    # The review's case: fail_allocation(at=1000).__enter__() replaced the sweep's plan and was
+    # popped in its place: every run "succeeded", nothing failed, and a block stayed armed.
+    kiln.init(arch="cpu")
+    left_open = []
+
+    def enters_without_exit():
+        block = fail_allocation(at=1000)
+        block.__enter__()
+        left_open.append(block)
+        two_arrays()
+
+    with pytest.raises(KitEscapeError, match="never left") as caught:
+        sweep(enters_without_exit)
+    assert (caught.value.call, caught.value.escape) == ("sweep", "unclosed block")
+    assert kiln._kiln._innermost_fault_block() is None  # nothing stays armed
+    assert_nothing_armed()
+    del left_open[:]  # the abandoned block's exit, when collected, pops nothing of anyone's
+    import gc
+    gc.collect()
+    assert sweep(two_arrays).allocations == 2
+
+
+def test_a_block_left_open_inside_a_fault_block_is_named_at_its_exit():
+    kiln.init(arch="cpu")
+    with pytest.raises(KitEscapeError, match="never left") as caught:
+        with fail_allocation(at=3):
+            left = inject("nth=100")  # kept: a collected block's generator would close itself
+            left.__enter__()
+            two_arrays()
+    assert (caught.value.call, caught.value.escape) == ("fail_allocation", "unclosed block")
+    assert kiln._kiln._innermost_fault_block() is None
+
+
+def test_a_stale_blocks_exit_pops_nothing_of_a_later_block():
+    kiln.init(arch="cpu")
+    stale = fail_allocation(at=5)
+    stale.__enter__()
+    assert kiln._kiln._pop_fault() == (False, 0)  # as an enclosing block's exit closes it
+    with fail_allocation(at=2):
+        stale.__exit__(None, None, None)  # its own block is gone: its exit pops nothing
+        assert kiln._kiln._innermost_fault_block() == "fail_allocation"  # the later block is kept
+        with pytest.raises(kiln.DeviceOutOfMemoryError):
+            two_arrays()  # and still armed: its 2nd request fails
+
+
+def test_a_kit_call_inside_a_fault_block_is_a_kit_error():
+    kiln.init(arch="cpu")
+    with pytest.raises(KitEscapeError, match="called inside a kiln.testing.inject block") as caught:
+        with inject("min_bytes=1GiB"):
+            sweep(two_arrays)
+    assert (caught.value.call, caught.value.escape) == ("inject", "sweep")
+    with pytest.raises(KitEscapeError) as caught:
+        with fail_allocation(at=4):
+            min_budget(budgeted_workload, init_kwargs=INIT)
+    assert (caught.value.call, caught.value.escape) == ("fail_allocation", "min_budget")
+    assert_nothing_armed()
+
+
+def test_a_kit_call_while_another_thread_runs_one_is_a_kit_error():
+    kiln.init(arch="cpu")
+    inside, release = threading.Event(), threading.Event()
+    seen: list[BaseException] = []
+
+    def slow_workload():
+        two_arrays()
+        inside.set()
+        release.wait()
+
+    def other_thread():
+        inside.wait()
+        try:
+            sweep(two_arrays)
+        except BaseException as e:  # noqa: B902 - the test reads it
+            seen.append(e)
+        finally:
+            release.set()
+
+    t = threading.Thread(target=other_thread)
+    t.start()  # before the sweep: not a thread its workload left running
+    try:
+        report = sweep(slow_workload)  # the clean run waits until the other thread was refused
+    finally:
+        release.set()
+        t.join()
+    assert report.allocations == 2 and not report.broken
+    assert len(seen) == 1 and isinstance(seen[0], KitEscapeError)
+    assert "while another thread runs kiln.testing.sweep" in str(seen[0])
+
+
+def test_kit_errors_pickle_with_their_attributes():
+    e = KitEscapeError("m", "sweep", "kiln.init")
+    back = pickle.loads(pickle.dumps(e))
+    assert (str(back), back.call, back.escape) == ("m", "sweep", "kiln.init")
+    shadow = pickle.loads(pickle.dumps(ShadowedFaultError("s", None, at=3)))
+    assert (str(shadow), shadow.at, shadow.report) == ("s", 3, None)
+    report = kiln.testing.SweepReport(2, ())
+    assert pickle.loads(pickle.dumps(SweepError("r", report))).report == report

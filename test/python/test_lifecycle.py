@@ -505,3 +505,18 @@ def test_a_device_released_cleanly_warns_nothing(arch, recwarn):
         kiln.init(arch="cpu")
         assert driver.held_bytes() == 0
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_a_teardown_warning_made_an_error_comes_after_the_new_executor_is_in_place():
+    import warnings
+    with kiln.testing.fake_cuda(256 << 20, faults=TEARDOWN_CASES[0].values[1]):
+        kiln.init(arch="cuda", device_heap_bytes=1 << 20)
+        a = kiln.ndarray(kiln.f32, 1024)
+        with pytest.raises(kiln.DeviceLostError):
+            kiln.fill(a, 1.0)
+        del a
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(RuntimeWarning, match="cuDevicePrimaryCtxRelease_v2 failed"):
+                kiln.init(arch="cpu")
+        assert kiln.device() == "cpu"  # the new executor is in place

@@ -247,7 +247,8 @@ def init(
       driver does not have raises NotSupportedError naming its device count; "cpu" and "mock"
       have only device 0 (InvalidUsageError for "cpu:1").
     budget_bytes: kiln's memory limit (None: KILN_POOL_LIMIT_MB if set, else total - reserve).
-    reserve_bytes: headroom kept free on the device (None: max(64 MiB, total / 20)).
+    reserve_bytes: headroom kept free on the device (None: max(64 MiB, total / 20)); below the
+      device's total memory (else InvalidUsageError).
     live_check: ask the device for its live free memory whenever kiln must grow.
     caching: keep freed blocks for reuse (charged as "pool_cache"; evicted before any refusal).
     device_heap_bytes: the device heap kernels allocate from (compact_positive); None: 16 MiB.
@@ -262,9 +263,11 @@ def init(
     Arrays of the replaced executor stay safe to keep, view, free and delete; operations on them
     raise InvalidUsageError. Its OOM observers and fail_allocation blocks are dropped. After a
     DeviceLostError, init releases the lost executor before making the new one. When a device
-    released meanwhile could not be (the driver refused cuDevicePrimaryCtxRelease_v2 or
-    hipDeviceReset, so its memory stays held until the process exits), init warns with a
-    RuntimeWarning naming the device, the call and its status.
+    released since the last init could not be (the driver refused cuDevicePrimaryCtxRelease_v2
+    or hipDeviceReset, so its memory stays held until the process exits), init warns with a
+    RuntimeWarning naming the device, the call and its status, after the new executor is in
+    place (under -W error the warning is raised then; a device released when its last array
+    goes, after the replacing init, is warned of at the next one).
 
     Errors: InvalidTypeError (wrong types), InvalidUsageError (an unknown arch, a malformed
     device ordinal, values out of range, called inside an OOM observer), NotSupportedError (no
@@ -430,14 +433,16 @@ def remove_oom_observer(observer_id: _Int) -> bool:
 # The native part of kiln.testing and of the package's exit hook (kiln/testing.py and
 # kiln/__init__.py wrap them); not API.
 
-def _push_fault(at: _Int) -> None:
+def _push_fault(at: _Int) -> int:
     """Enters a fail_allocation block: the ``at``-th allocation request from now fails with
-    DeviceOutOfMemoryError. Errors: InvalidTypeError, InvalidUsageError (at < 1, beyond 2**63-1)."""
+    DeviceOutOfMemoryError. Returns the block's token for _pop_fault. Errors: InvalidTypeError,
+    InvalidUsageError (at < 1, beyond 2**63-1)."""
 
 
-def _push_inject(spec: str) -> None:
+def _push_inject(spec: str) -> int:
     """Enters an inject block: the fault spec ``spec`` decides every allocation request (or, for
-    kind=launch|heap, every launch) until the block exits. Errors: InvalidTypeError (not a str),
+    kind=launch|heap, every launch) until the block exits. Returns the block's token for
+    _pop_fault. Errors: InvalidTypeError (not a str),
     InvalidUsageError (malformed spec, or a kernel= that names no kernel; nothing is armed)."""
 
 
@@ -446,10 +451,18 @@ def _device_key(name: str) -> str:
     parser. Errors: InvalidTypeError (not a str), InvalidUsageError (not a device name)."""
 
 
-def _pop_fault() -> bool:
-    """Leaves the innermost fail_allocation or inject block: the setting it replaced is armed
-    again, or the plan is cleared. True when the block's own request went by while an inner
-    block's plan was armed instead (it failed nothing)."""
+def _pop_fault(token: _Int | None = None) -> tuple[bool, int]:
+    """Leaves the block whose push returned ``token`` (None: the innermost): first every block
+    opened inside it and never left, then the block; each time the setting it replaced is armed
+    again, or the plan is cleared. Returns (shadowed, unclosed): shadowed is True when the
+    block's own request went by while an inner block's plan was armed instead (it failed
+    nothing), unclosed counts the blocks left open inside it. A token whose block is gone does
+    nothing: (False, 0). Errors: InvalidTypeError, InvalidUsageError (a token that is no int)."""
+
+
+def _innermost_fault_block() -> str | None:
+    """"fail_allocation" or "inject": the kind of the innermost open fault block; None when no
+    block is open."""
 
 
 def _fault_allocation_count() -> int:

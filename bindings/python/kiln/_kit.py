@@ -10,37 +10,54 @@ from . import _kiln
 
 class KitEscapeError(AssertionError):
     """A workload escaped the fault plan or budget a kiln.testing call set up, so that call would
-    have tested nothing: sweep or min_budget called inside a sweep's or min_budget's workload
-    (the inner call would replace the outer one's fault or executor), or kiln.init called inside
-    a fail_allocation or inject block (the new executor has no plan). `call` names the kit call
-    escaped ("sweep", "min_budget", "fail_allocation", "inject"), `escape` what escaped it
-    ("sweep", "min_budget", "kiln.init")."""
+    have tested nothing:
+    - sweep or min_budget called inside a sweep's or min_budget's workload (the inner call would
+      replace the outer one's fault or executor), while another thread runs one, or inside a
+      fail_allocation or inject block (it would replace the block's plan);
+    - kiln.init called inside a fail_allocation or inject block (the new executor has no plan);
+    - a fault block entered inside a kit call and never left (its plan replaced the call's).
+    `call` names the kit call escaped ("sweep", "min_budget", "fail_allocation", "inject"),
+    `escape` what escaped it ("sweep", "min_budget", "kiln.init", "unclosed block"). Pickles
+    with both."""
 
     def __init__(self, message: str, call: str = "", escape: str = ""):
         super().__init__(message)
         self.call = call
         self.escape = escape
 
+    def __reduce__(self) -> tuple[type["KitEscapeError"], tuple[str, str, str]]:
+        return (type(self), (str(self), self.call, self.escape))
 
-_running: list[str] = []  # the kit calls now running (at most one), guarded by the GIL
+
+_lock = threading.Lock()
+_running: list[tuple[str, int]] = []  # the kit call now running (at most one) and its thread
 
 
 @contextlib.contextmanager
 def kit_call(name: str) -> Iterator[None]:
-    """The block of kit call `name`; raises KitEscapeError when another one is running (in any
-    thread: the kit arms one global executor)."""
-    if _running:
-        outer = _running[-1]
-        raise KitEscapeError(
-            f"kiln.testing.{name} was called inside the workload of kiln.testing.{outer}: the "
-            f"inner call would replace the outer one's {_what_it_sets(outer)}, so the outer one "
-            f"would test nothing; run them one after the other, not one inside the other",
-            outer, name)
-    _running.append(name)
+    """The block of kit call `name`; raises KitEscapeError when another one is running, in this
+    thread (nested in its workload) or another (the kit arms one global executor)."""
+    with _lock:
+        if _running:  # first: a running kit call's own fault block is open too
+            outer, thread = _running[-1]
+            where = ("inside the workload of" if thread == threading.get_ident()
+                     else "while another thread runs")
+            raise KitEscapeError(
+                f"kiln.testing.{name} was called {where} kiln.testing.{outer}: the inner call "
+                f"would replace the outer one's {_what_it_sets(outer)}, so the outer one would "
+                f"test nothing; run them one after the other", outer, name)
+        block = _kiln._innermost_fault_block()
+        if block is not None:
+            raise KitEscapeError(
+                f"kiln.testing.{name} was called inside a kiln.testing.{block} block: its own "
+                f"plan would replace the block's, so the block would test nothing; call it "
+                f"outside the block", block, name)
+        _running.append((name, threading.get_ident()))
     try:
         yield
     finally:
-        _running.pop()
+        with _lock:
+            _running.pop()
 
 
 def _what_it_sets(call: str) -> str:
@@ -69,6 +86,19 @@ def escaped_by_init(call: str) -> str:
     return (f"kiln.init was called inside a kiln.testing.{call} block: the executor the block "
             f"armed was replaced, so nothing after the call was failed; make the executor before "
             f"the block")
+
+
+def left_open(call: str, unclosed: int) -> str:
+    return (f"{unclosed} kiln.testing fault block(s) opened inside a kiln.testing.{call} were "
+            f"never left (entered without their exit): their plans replaced its own, so what it "
+            f"armed was not failed; kiln closed them at its end; leave every block you enter "
+            f"(with ...:)")
+
+
+def check_all_closed(call: str, unclosed: int) -> None:
+    """Raises KitEscapeError when `unclosed` fault blocks inside kit call `call` were never left."""
+    if unclosed:
+        raise KitEscapeError(left_open(call, unclosed), call, "unclosed block")
 
 
 KitEscapeError.__module__ = "kiln.testing"  # where users import it from

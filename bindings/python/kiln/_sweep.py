@@ -8,7 +8,7 @@ from typing import Any, Callable
 from . import _kiln
 from ._errors import InvalidTypeError, OutOfMemoryError
 from ._typed import typed_arguments
-from ._kit import KitEscapeError, kit_call, threads_left, threads_now
+from ._kit import KitEscapeError, check_all_closed, kit_call, threads_left, threads_now
 
 # Armed for the counting run: a request number no workload reaches.
 _NEVER = 1 << 62
@@ -62,6 +62,9 @@ class SweepError(AssertionError):
         super().__init__(message)
         self.report = report
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles with its report
+        return (type(self), (str(self), self.report))
+
 
 class ShadowedFaultError(SweepError):
     """The request a run aimed at went by inside the workload's own kiln.testing.fail_allocation
@@ -71,6 +74,9 @@ class ShadowedFaultError(SweepError):
     def __init__(self, message: str, report: SweepReport | None = None, at: int = 0):
         super().__init__(message, report)
         self.at = at
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.report, self.at))
 
 
 class NondeterministicWorkloadError(SweepError):
@@ -91,19 +97,46 @@ def _held_above(baseline: dict[str, int]) -> dict[str, int]:
     return {k: v - baseline.get(k, 0) for k, v in held.items() if v > baseline.get(k, 0)}
 
 
+@dataclasses.dataclass
+class _Ended:
+    """How a run under a sweep's block ended, read before anything else happens."""
+
+    count: int = 0  # the requests it made
+    shadowed: bool = False  # its request went by inside the workload's own fault block
+    unclosed: int = 0  # fault blocks the workload entered and never left
+    threads_left: list[str] = dataclasses.field(default_factory=list)
+
+
+def _end_block(token: int, threads: set[Any]) -> _Ended:
+    """Pops the sweep's block `token`. The threads still running are read first: one that ends
+    meanwhile would have made requests no run was aimed at."""
+    ended = _Ended(threads_left=threads_left(threads))
+    ended.count = _kiln._fault_allocation_count()
+    ended.shadowed, ended.unclosed = _kiln._pop_fault(token)
+    return ended
+
+
+def _check_ended(ended: _Ended, run: str, report: SweepReport) -> None:
+    """Raises the kit error for a run that left threads running or a fault block open."""
+    if ended.threads_left:
+        raise SweepError(
+            f"sweep: {run} of the workload left thread(s) running after it returned "
+            f"({', '.join(ended.threads_left)}): their allocation requests would fall into later "
+            f"runs, so no run could aim at one request; join every thread the workload starts", report)
+    check_all_closed("sweep", ended.unclosed)
+
+
 def _run_with_fault(at: int, fn: Callable[..., Any], args: Any, kwargs: Any,
-                    baseline: dict[str, int]) -> tuple[SweepRun, int, bool]:
-    """Runs fn with request `at` failing: its SweepRun, the requests it made, and whether the
-    request went by inside the workload's own fault block (shadowed: nothing failed)."""
-    _kiln._push_fault(at)
+                    baseline: dict[str, int], threads: set[Any]) -> tuple[SweepRun, _Ended]:
+    """Runs fn with request `at` failing: its SweepRun and how its block ended."""
+    token = _kiln._push_fault(at)
     error: BaseException | None = None
     try:
         fn(*args, **kwargs)
     except BaseException as e:  # noqa: B902 - every exception is the sweep's to judge
         error = e
     finally:
-        count = _kiln._fault_allocation_count()
-        shadowed = _kiln._pop_fault()
+        ended = _end_block(token, threads)
     raised = None if error is None else type(error).__name__
     detail = "" if error is None else str(error).splitlines()[0] if str(error) else ""
     category = getattr(error, "category", None) if isinstance(error, OutOfMemoryError) else None
@@ -111,7 +144,7 @@ def _run_with_fault(at: int, fn: Callable[..., Any], args: Any, kwargs: Any,
     if error is not None and not isinstance(error, Exception):
         raise error  # KeyboardInterrupt, SystemExit: not the workload's answer
     del error
-    return SweepRun(at, raised, category, detail, _held_above(baseline), oom), count, shadowed
+    return SweepRun(at, raised, category, detail, _held_above(baseline), oom), ended
 
 
 def _check_same_executor(generation: int, run: str, report: SweepReport) -> None:
@@ -121,16 +154,6 @@ def _check_same_executor(generation: int, run: str, report: SweepReport) -> None
             f"sweep: {run} of the workload called kiln.init: the sweep's fault was armed on the "
             f"executor it replaced, so the run tested nothing; make the executor before the sweep "
             f"(the kiln_backend fixture does)", report)
-
-
-def _check_no_threads_left(before: set[Any], run: str, report: SweepReport) -> None:
-    """Raises SweepError when the workload left threads running (started since `before`)."""
-    left = threads_left(before)
-    if left:
-        raise SweepError(
-            f"sweep: {run} of the workload left thread(s) running after it returned "
-            f"({', '.join(left)}): their allocation requests would fall into later runs, so no "
-            f"run could aim at one request; join every thread the workload starts", report)
 
 
 def _check_not_shadowed(at: int, shadowed: bool, report: SweepReport) -> None:
@@ -174,7 +197,7 @@ def _sweep(fn: Callable[..., Any], args: Any, kwargs: Any) -> SweepReport:
     baseline = _held_bytes()
     threads = threads_now()
     generation = _kiln._executor_generation()
-    _kiln._push_fault(_NEVER)
+    token = _kiln._push_fault(_NEVER)
     try:
         fn(*args, **kwargs)
     except KitEscapeError:
@@ -182,10 +205,10 @@ def _sweep(fn: Callable[..., Any], args: Any, kwargs: Any) -> SweepReport:
     except Exception as e:
         raise SweepError(f"sweep: the workload fails without any fault: {type(e).__name__}: {e}") from e
     finally:
-        allocations = _kiln._fault_allocation_count()
-        _kiln._pop_fault()
+        ended = _end_block(token, threads)
+    allocations = ended.count
     _check_same_executor(generation, "the clean run", SweepReport(allocations, ()))
-    _check_no_threads_left(threads, "the clean run", SweepReport(allocations, ()))
+    _check_ended(ended, "the clean run", SweepReport(allocations, ()))
     if allocations == 0:  # a sweep that fails nothing tests nothing: never a pass
         raise SweepError(
             "sweep: the workload made no allocation request, so there is nothing to fail and "
@@ -193,10 +216,11 @@ def _sweep(fn: Callable[..., Any], args: Any, kwargs: Any) -> SweepReport:
             "executor's own buffers are made by kiln.init)", SweepReport(0, ()))
     runs: list[SweepRun] = []
     for at in range(1, allocations + 1):
-        run, count, shadowed = _run_with_fault(at, fn, args, kwargs, baseline)
+        run, ended = _run_with_fault(at, fn, args, kwargs, baseline, threads)
+        count = ended.count
         _check_same_executor(generation, f"run {at}", SweepReport(allocations, tuple(runs)))
-        _check_no_threads_left(threads, f"run {at}", SweepReport(allocations, tuple(runs)))
-        _check_not_shadowed(at, shadowed, SweepReport(allocations, tuple(runs)))
+        _check_ended(ended, f"run {at}", SweepReport(allocations, tuple(runs)))
+        _check_not_shadowed(at, ended.shadowed, SweepReport(allocations, tuple(runs)))
         if count < at:
             report = SweepReport(allocations, tuple(runs))
             raise NondeterministicWorkloadError(

@@ -6,7 +6,7 @@ from typing import Iterator, Literal, SupportsIndex
 from . import _kiln
 from ._errors import Error
 from ._fake_drivers import FakeDriver, fake_cuda, fake_hip
-from ._kit import KitEscapeError, check_same_executor, escaped_by_init
+from ._kit import KitEscapeError, check_all_closed, check_same_executor, escaped_by_init, left_open
 from ._min_budget import BudgetReport, MinBudgetError, min_budget
 from ._typed import typed_arguments
 from ._sweep import (NondeterministicWorkloadError, ShadowedFaultError, SweepError, SweepReport,
@@ -36,8 +36,8 @@ def fail_allocation(at: SupportsIndex = 1) -> Iterator[None]:
     executor current at entry; kiln.init() inside a block ends every open block's plan, and the
     block then raises kiln.testing.KitEscapeError on exit (nothing after the call was failed; a
     block left by an exception gets a note saying so instead)."""
-    _kiln._push_fault(at)
-    yield from _open_block("fail_allocation")
+    token = _kiln._push_fault(at)
+    yield from _open_block("fail_allocation", token)
 
 
 @contextlib.contextmanager
@@ -64,23 +64,28 @@ def inject(spec: str) -> Iterator[None]:
     the inner block (requests inside the inner block do not count for it). Applies to the
     executor current at entry; kiln.init() inside a block ends every open block's plan, and the
     block then raises kiln.testing.KitEscapeError on exit (as fail_allocation's does)."""
-    _kiln._push_inject(spec)
-    yield from _open_block("inject")
+    token = _kiln._push_inject(spec)
+    yield from _open_block("inject", token)
 
 
-def _open_block(call: str) -> Iterator[None]:
-    """The body of a fault block just pushed: pops it on exit, and raises KitEscapeError when
-    kiln.init replaced the executor meanwhile (a note on the exception leaving the block)."""
+def _open_block(call: str, token: int) -> Iterator[None]:
+    """The body of the fault block `token` just pushed: pops it on exit (and the blocks opened
+    inside it that were never left), and raises KitEscapeError when kiln.init replaced the
+    executor meanwhile or a block inside was never left (notes on an exception leaving the
+    block instead)."""
     generation = _kiln._executor_generation()  # after the push: it may make the first executor
     try:
         yield
     except BaseException as e:
+        unclosed = _kiln._pop_fault(token)[1]
         if _kiln._executor_generation() != generation:
             e.add_note(escaped_by_init(call))
+        if unclosed:
+            e.add_note(left_open(call, unclosed))
         raise
-    finally:
-        _kiln._pop_fault()
+    unclosed = _kiln._pop_fault(token)[1]
     check_same_executor(call, generation)
+    check_all_closed(call, unclosed)
 
 
 @typed_arguments
