@@ -116,6 +116,10 @@ RhiStatus KernelLauncher::check_device_error(const std::string &kernel) {
     memory_.annotate(f);
     return std::unexpected(std::move(f));
   }
+  if (state.error_code == KILN_DEVICE_ASSERTION)
+    return std::unexpected(make_failure(RhiResult::error, memory_.device().name(), kSite,
+                                        fmt::format("kernel {}: a device-side assertion failed: {}", kernel,
+                                                    state.error_message)));
   return std::unexpected(make_failure(RhiResult::error, memory_.device().name(), kSite,
                                       fmt::format("kernel {} recorded device error {}: {}", kernel,
                                                   state.error_code, state.error_message)));
@@ -143,7 +147,10 @@ RhiExpected<LaunchResult> KernelLauncher::launch(const LaunchSpec &spec) {
 RhiExpected<LaunchResult> KernelLauncher::launch_unguarded(const LaunchSpec &spec) {
   constexpr const char *kSite = "KernelLauncher::launch";
   std::lock_guard lock(mutex_);  // held until the results are read back: the buffers are shared
-  KILN_ASSIGN_OR_RETURN(const KilnKernelFn fn, check_kernel(spec.kernel));
+  KilnKernelFn fn = spec.host_fn;
+  if (fn == nullptr) {
+    KILN_ASSIGN_OR_RETURN(fn, check_kernel(spec.kernel));
+  }
   LlvmDevice &device = memory_.device();
   if (!bound_)
     return std::unexpected(make_failure(RhiResult::error, device.name(), kSite,

@@ -132,6 +132,33 @@ extern "C" void runtime_memory_allocate_aligned(KilnRuntime *rt, uint64_t size, 
   }
 }
 
+// --- the user-kernel ABI (kernel_abi.h): what a user module's element functions call ----------
+
+extern "C" int64_t kiln_index(const KilnUserContext *context) { return context->index; }
+
+extern "C" int64_t kiln_count(const KilnUserContext *context) { return context->count; }
+
+extern "C" void *kiln_heap_allocate(const KilnUserContext *context, uint64_t size_bytes,
+                                    uint64_t alignment_bytes) {
+  uint64_t address = 0;
+  runtime_memory_allocate_aligned(context->runtime, size_bytes, alignment_bytes, &address);
+  return reinterpret_cast<void *>(static_cast<uintptr_t>(address));
+}
+
+extern "C" void kiln_assert(const KilnUserContext *context, int32_t condition, const char *message) {
+  if (condition != 0) return;
+  KilnRuntime *rt = context->runtime;
+  if (!claim_error(rt, KILN_DEVICE_ASSERTION)) return;
+  rt->error_arg0 = static_cast<uint64_t>(context->index);
+  rt->error_arg1 = 0;
+  rt->error_arg2 = 0;
+  size_t pos = 0;
+  append_text(rt->error_message, sizeof(rt->error_message), &pos, "element ");
+  append_u64(rt->error_message, sizeof(rt->error_message), &pos, static_cast<uint64_t>(context->index));
+  append_text(rt->error_message, sizeof(rt->error_message), &pos, ": ");
+  append_text(rt->error_message, sizeof(rt->error_message), &pos, message != nullptr ? message : "");
+}
+
 // --- kernels -------------------------------------------------------------------------------------
 
 namespace {

@@ -3,6 +3,7 @@
 #include "kiln/runtime/cpu_jit.h"
 
 #include "llvm_gpu_pipeline.h"
+#include "user_module.h"
 #include "kiln/runtime/embedded_code.h"
 
 #include <atomic>
@@ -165,30 +166,74 @@ RhiExpected<std::unique_ptr<llvm::Module>> prepare_module(llvm::LLVMContext &con
   return module;
 }
 
-}  // namespace
+RhiStatus check_native_target() {
+  if (initialize_native_target()) return {};
+  return std::unexpected(make_failure(RhiResult::not_supported, kDevice, "CpuJit::create",
+                                      "LLVM cannot generate code for this host CPU"));
+}
 
-RhiExpected<std::unique_ptr<CpuJit>> CpuJit::create() {
-  if (!initialize_native_target()) {
-    return std::unexpected(make_failure(RhiResult::not_supported, kDevice, "CpuJit::create",
-                                        "LLVM cannot generate code for this host CPU"));
-  }
-  KILN_ASSIGN_OR_RETURN(llvm::orc::JITTargetMachineBuilder host, detect_host());
-  auto context = std::make_unique<llvm::LLVMContext>();
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<llvm::Module> module, prepare_module(*context, host));
-
-  auto impl = std::make_unique<Impl>();
+/// The JIT of `module` (kernels: its kiln_* definitions), compiled eagerly: the whole module is
+/// one materialization unit, so one lookup of `first_symbol` compiles it all, surfaces codegen
+/// errors here and makes code_size_bytes() meaningful.
+RhiExpected<std::unique_ptr<CpuJit::Impl>> compile(llvm::orc::JITTargetMachineBuilder host,
+                                                   std::unique_ptr<llvm::LLVMContext> context,
+                                                   std::unique_ptr<llvm::Module> module,
+                                                   const char *first_symbol) {
+  auto impl = std::make_unique<CpuJit::Impl>();
   impl->kernel_names = collect_kernel_names(*module);
   KILN_ASSIGN_OR_RETURN(impl->jit, build_lljit(std::move(host), &impl->code_size_bytes));
   llvm::orc::ThreadSafeModule safe_module(std::move(module), std::move(context));
   if (llvm::Error error = impl->jit->addIRModule(std::move(safe_module))) {
     return std::unexpected(llvm_failure(std::move(error), "CpuJit::create",
-                                        "could not add the host runtime module to the JIT"));
+                                        "could not add the module to the JIT"));
   }
-  // Compile eagerly: the whole module is one materialization unit, so one lookup compiles it
-  // all, surfaces codegen errors here and makes code_size_bytes() meaningful.
-  KILN_RETURN_IF_ERROR(impl->lookup<KilnHeapAllocateFn>(kHeapAllocatorName, "CpuJit::create"));
+  KILN_RETURN_IF_ERROR(impl->lookup<void (*)()>(first_symbol, "CpuJit::create"));
+  return impl;
+}
+
+}  // namespace
+
+RhiExpected<std::unique_ptr<CpuJit>> CpuJit::create() {
+  KILN_RETURN_IF_ERROR(check_native_target());
+  KILN_ASSIGN_OR_RETURN(llvm::orc::JITTargetMachineBuilder host, detect_host());
+  auto context = std::make_unique<llvm::LLVMContext>();
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<llvm::Module> module, prepare_module(*context, host));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl,
+                        compile(std::move(host), std::move(context), std::move(module), kHeapAllocatorName));
   return std::unique_ptr<CpuJit>(new CpuJit(std::move(impl)));
 }
+
+RhiExpected<std::unique_ptr<CpuJit>> CpuJit::create_user(std::span<const std::byte> ir,
+                                                         std::string_view entry,
+                                                         std::span<const UserValueType> params,
+                                                         const char *device) {
+  KILN_RETURN_IF_ERROR(check_native_target());
+  KILN_ASSIGN_OR_RETURN(llvm::orc::JITTargetMachineBuilder host, detect_host());
+  auto context = std::make_unique<llvm::LLVMContext>();
+  auto diagnostics = std::make_unique<gpu::DiagnosticCollector>();
+  const gpu::DiagnosticCollector *collected = diagnostics.get();
+  context->setDiagnosticHandler(std::move(diagnostics));  // LLVM's own handler exits on an error
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<llvm::Module> runtime, parse_host_bitcode(*context));
+  auto module = prepare_user_module(*context, ir, entry, params, std::move(runtime), device);
+  if (!module) {
+    if (!collected->errors.empty()) module.error().detail += ": " + collected->errors;
+    return std::unexpected(std::move(module).error());
+  }
+  auto tm = host.createTargetMachine();
+  if (!tm)
+    return std::unexpected(llvm_failure(tm.takeError(), "CpuJit::create",
+                                        "could not create a host target machine",
+                                        RhiResult::not_supported));
+  KILN_RETURN_IF_ERROR(retarget_to_host(**module, **tm));
+  gpu::optimize(**module, **tm);
+  if (llvm::verifyModule(**module, nullptr))
+    return std::unexpected(make_failure(RhiResult::error, device, "CpuJit::create",
+                                        "the optimized user module failed verification"));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl,
+                        compile(std::move(host), std::move(context), std::move(*module), kUserEntryName));
+  return std::unique_ptr<CpuJit>(new CpuJit(std::move(impl)));
+}
+
 
 CpuJit::CpuJit(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 

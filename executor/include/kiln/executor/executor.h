@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -51,6 +52,8 @@ struct DeviceContext {
 [[nodiscard]] CodegenArch codegen_arch(const LlvmDevice &device);
 
 class KernelLauncher;
+class UserKernel;
+struct KernelArg;
 
 /// The executor. Every operation returns RhiExpected / RhiStatus (no exceptions); wrap with
 /// value_or_throw() for the named exceptions. Launches on one executor are serialized; the
@@ -114,6 +117,19 @@ class LlvmRuntimeExecutor {
   /// output from the device heap while it runs. Errors: out_of_memory with oom_source
   /// device_heap (DeviceHeapExhaustedError) when the heap is too small; nothing is held after.
   [[nodiscard]] RhiExpected<Ndarray> compact_positive(const Ndarray &x);
+
+  /// Runs user kernel `kernel` (user_kernel.h) once per element index in [0, count) with
+  /// `args`, one per declared parameter. `count` defaults to the element count of the array
+  /// arguments, which must all have exactly `count` elements. Checked whole before anything is
+  /// allocated: the kernel is this executor's, one argument per parameter, an array (usable,
+  /// this executor's, of the declared dtype) for each in/out/inout parameter and a scalar for
+  /// each scalar one, no array the kernel writes (out, inout) overlapping another argument.
+  /// Errors: invalid_usage (site "launch") naming the kernel and the parameter; then those of
+  /// KernelLauncher::launch: out_of_memory (oom_source device_heap) when kiln_heap_allocate ran
+  /// the heap dry, error for a failed kiln_assert (its message and element index), device_lost.
+  /// Zero elements: nothing runs. Thread-safe (launches are serialized).
+  [[nodiscard]] RhiStatus launch(const UserKernel &kernel, std::span<const KernelArg> args,
+                                 std::optional<uint64_t> count = std::nullopt);
 
   [[nodiscard]] LlvmDevice &device() const { return *context_->device; }
   /// The device and its memory; they outlive the executor while this (or an array) is held.

@@ -43,7 +43,9 @@ inline constexpr int64_t kDefaultMinElementsPerTask = int64_t{1} << 16;
 /// What to launch. `args.ptr` slots for device arrays are filled by the caller; host operands,
 /// the result buffer's address, num_tasks and iteration_size are filled by the launcher.
 struct LaunchSpec {
-  std::string kernel;                ///< "kiln_axpy_f32"
+  std::string kernel;                ///< "kiln_axpy_f32"; a user kernel's entry
+  /// A user kernel's range kernel (host devices): run instead of looking `kernel` up.
+  KilnKernelFn host_fn = nullptr;
   KilnKernelArgs args{};
   int64_t iteration_size = 0;        ///< elements (or rows, for matmul) of the iteration space
   int64_t min_elements_per_task = kDefaultMinElementsPerTask;  ///< CPU: up to this, one task

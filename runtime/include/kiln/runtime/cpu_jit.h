@@ -4,11 +4,14 @@
 #define KILN_RUNTIME_CPU_JIT_H_
 
 #include <cstdint>
+#include <cstddef>
 #include <memory>
+#include <span>
 #include <string_view>
 
 #include "kiln/rhi/result.h"
 #include "kiln/runtime/kernel_abi.h"
+#include "kiln/runtime/user_kernel_abi.h"
 
 namespace kiln::runtime {
 
@@ -28,6 +31,17 @@ class CpuJit {
   /// independent JIT (a few hundred ms).
   [[nodiscard]] static RhiExpected<std::unique_ptr<CpuJit>> create();
 
+  /// A user module (kernel_abi.h's user-kernel ABI: LLVM IR text or bitcode) with element
+  /// function `entry` taking `params` after its context, linked with what it calls of the host
+  /// device runtime, optimized like the runtime and JIT-compiled; lookup_kernel("kiln_user_entry")
+  /// gives its range kernel. `device` ("cpu", "mock") names the device in failures.
+  /// Errors: invalid_usage (site "user kernel") when the IR does not parse (line and column), does
+  /// not verify, lacks `entry`, whose type is not void(ptr, params...), or calls what kiln does not
+  /// provide; those of create() otherwise. Thread-safe; each call builds its own JIT.
+  [[nodiscard]] static RhiExpected<std::unique_ptr<CpuJit>> create_user(
+      std::span<const std::byte> ir, std::string_view entry, std::span<const UserValueType> params,
+      const char *device);
+
   /// Looks up a kernel by name, e.g. "kiln_axpy_f32".
   /// Errors: invalid_usage (device "cpu", site "CpuJit::lookup_kernel") if the module defines no
   ///         kernel of that name; error if LLVM fails to resolve a defined one.
@@ -44,8 +58,9 @@ class CpuJit {
   CpuJit(const CpuJit &) = delete;
   CpuJit &operator=(const CpuJit &) = delete;
 
+  struct Impl;  ///< the JIT and its kernels (opaque: cpu_jit.cpp)
+
  private:
-  struct Impl;
   explicit CpuJit(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

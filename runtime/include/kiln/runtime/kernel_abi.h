@@ -70,7 +70,21 @@ typedef struct KilnKernelArgs {
   uint64_t result_buffer;  ///< device address of the result buffer (num_tasks KilnTaskResult)
   int64_t num_tasks;       ///< tasks of this launch = result slots (GPU reduce_sum: >= blocks)
   int64_t iteration_size;  ///< size of the iteration space the tasks split (GPU entry points)
+  /// A user kernel's arguments, in the order of its parameters (user_module.h): an array's
+  /// device address, or a scalar's bits (f32 and i32 in the low 32 bits).
+  uint64_t user_args[16];
 } KilnKernelArgs;
+
+/// The most parameters a user kernel has (the slots of KilnKernelArgs::user_args).
+#define KILN_MAX_USER_PARAMS 16
+
+/// What a user kernel's element function is run with (see the user-kernel ABI below): the
+/// runtime state, the element it runs for and how many there are.
+typedef struct KilnUserContext {
+  KilnRuntime *runtime;
+  int64_t index;  ///< the element: 0 <= index < count
+  int64_t count;  ///< the elements of the launch
+} KilnUserContext;
 
 /// One slot of the result buffer, written by task `task_index` (GPU reduce_sum: by block
 /// blockIdx.x). The host clears the buffer before
@@ -125,6 +139,30 @@ static inline int64_t kiln_task_split_point(int64_t iteration_size, int64_t task
   }
   return (int64_t)(q * t + frac);
 }
+
+// --- the user-kernel ABI ----------------------------------------------------------------------
+//
+// A user module is LLVM IR (text or bitcode) defining element functions
+//   define void @name(ptr %context, <one LLVM parameter per declared parameter>)
+// an array parameter is a `ptr` to its first element, a scalar one `float`, `double`, `i32` or
+// `i64` (f32, f64, i32, i64). kiln runs the function once per element index of the launch (a CPU
+// range split, a GPU grid: the same IR), through a range kernel it generates around it
+// (kiln_user_entry), and the function may call these device-runtime functions, all with the
+// context it was given:
+
+/// The element this call runs for, in [0, kiln_count(context)).
+int64_t kiln_index(const KilnUserContext *context);
+/// The number of elements of the launch.
+int64_t kiln_count(const KilnUserContext *context);
+/// `size_bytes` from the device heap, aligned to `alignment_bytes` (a power of two), or null
+/// when the heap is exhausted (the launch then fails with the heap-exhausted error and its
+/// figures: requested, used, heap size) or the alignment is bad. Valid until the launch ends.
+void *kiln_heap_allocate(const KilnUserContext *context, uint64_t size_bytes,
+                         uint64_t alignment_bytes);
+/// A device-side assertion: when `condition` is 0, the launch fails with KILN_DEVICE_ASSERTION,
+/// `message` (at most 95 bytes are kept) and the element's index as arg0. The first failure of
+/// a launch wins; the call returns, so the function should return too.
+void kiln_assert(const KilnUserContext *context, int32_t condition, const char *message);
 
 /// The kernels of the device runtime module, as X(op, dtype) for every op and dtype. The range
 /// kernel is kiln_<op>_<dtype> (a KilnKernelFn); the GPU entry point is kiln_<op>_<dtype>_gpu.

@@ -1,0 +1,243 @@
+// prepare_user_module (user_module.h): a user's LLVM IR, checked whole before it is compiled.
+#include "user_module.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <llvm/AsmParser/Parser.h>
+#include <llvm/Bitcode/BitcodeReader.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Verifier.h>
+#include <llvm/Linker/Linker.h>
+#include <llvm/Support/Error.h>
+#include <llvm/Support/SourceMgr.h>
+#include <llvm/Support/raw_ostream.h>
+
+#include "kiln/runtime/kernel_abi.h"
+
+namespace kiln::runtime {
+namespace {
+
+constexpr const char *kSite = "user kernel";
+
+/// The functions of the device runtime a user module may call (kernel_abi.h).
+constexpr std::string_view kAbiFunctions[] = {"kiln_index", "kiln_count", "kiln_heap_allocate",
+                                              "kiln_assert"};
+
+Failure usage(const char *device, std::string detail) {
+  return invalid_usage(device, kSite, std::move(detail));
+}
+
+/// "line 3, column 7: expected type\n  %x = fadd flaot %a, %b\n            ^": where the text
+/// does not parse, with the line and a caret under the column.
+std::string parse_failure(const llvm::SMDiagnostic &diagnostic) {
+  std::string where = fmt::format("line {}, column {}: {}", diagnostic.getLineNo(),
+                                  diagnostic.getColumnNo() + 1, diagnostic.getMessage().str());
+  const std::string line = diagnostic.getLineContents().str();
+  if (!line.empty() && diagnostic.getColumnNo() >= 0)
+    where += fmt::format("\n  {}\n  {}^", line, std::string(static_cast<std::size_t>(diagnostic.getColumnNo()), ' '));
+  return where;
+}
+
+RhiExpected<std::unique_ptr<llvm::Module>> parse(llvm::LLVMContext &context,
+                                                 std::span<const std::byte> ir, const char *device) {
+  const auto *begin = reinterpret_cast<const unsigned char *>(ir.data());
+  if (llvm::isBitcode(begin, begin + ir.size())) {
+    const llvm::StringRef data(reinterpret_cast<const char *>(ir.data()), ir.size());
+    auto module = llvm::parseBitcodeFile(llvm::MemoryBufferRef(data, "user module"), context);
+    if (!module)
+      return std::unexpected(usage(device, "the bitcode does not parse: " +
+                                               llvm::toString(module.takeError())));
+    return std::move(*module);
+  }
+  const std::string text(reinterpret_cast<const char *>(ir.data()), ir.size());  // NUL-terminated
+  if (const std::size_t nul = text.find('\0'); nul != std::string::npos)
+    return std::unexpected(usage(device, fmt::format("the IR text holds a NUL byte at offset {} (neither "
+                                                     "LLVM IR text nor bitcode)",
+                                                     nul)));
+  llvm::SMDiagnostic diagnostic;
+  std::unique_ptr<llvm::Module> module = llvm::parseAssemblyString(text, diagnostic, context);
+  if (!module) return std::unexpected(usage(device, "the IR does not parse: " + parse_failure(diagnostic)));
+  return module;
+}
+
+RhiStatus verify(const llvm::Module &module, const char *device) {
+  std::string message;
+  llvm::raw_string_ostream out(message);
+  if (!llvm::verifyModule(module, &out)) return {};
+  out.flush();
+  const std::size_t end = message.find('\n');
+  return std::unexpected(usage(device, "the module does not verify: " + message.substr(0, end)));
+}
+
+llvm::Type *llvm_type(llvm::LLVMContext &context, UserValueType type) {
+  switch (type) {
+    case UserValueType::ptr: return llvm::PointerType::get(context, 0);
+    case UserValueType::f32: return llvm::Type::getFloatTy(context);
+    case UserValueType::f64: return llvm::Type::getDoubleTy(context);
+    case UserValueType::i32: return llvm::Type::getInt32Ty(context);
+    case UserValueType::i64: return llvm::Type::getInt64Ty(context);
+  }
+  return nullptr;
+}
+
+std::string type_text(const llvm::Type *type) {
+  std::string text;
+  llvm::raw_string_ostream out(text);
+  type->print(out);
+  return out.str();
+}
+
+/// "void (ptr, ptr, float)": the signature `params` declare.
+std::string declared_signature(std::span<const UserValueType> params) {
+  std::string text = "void (ptr";
+  for (const UserValueType p : params) text.append(", ").append(llvm_spelling(p));
+  return text + ")";
+}
+
+RhiExpected<llvm::Function *> check_entry(llvm::Module &module, std::string_view entry,
+                                          std::span<const UserValueType> params, const char *device) {
+  llvm::Function *f = module.getFunction(llvm::StringRef(entry.data(), entry.size()));
+  if (f == nullptr || f->isDeclaration()) {
+    std::string defined;
+    for (const llvm::Function &g : module)
+      if (!g.isDeclaration()) defined += (defined.empty() ? "@" : ", @") + g.getName().str();
+    return std::unexpected(usage(device, fmt::format("the module defines no function @{}{}", entry,
+                                                     defined.empty() ? "" : "; it defines " + defined)));
+  }
+  llvm::FunctionType *type = f->getFunctionType();
+  bool matches = !type->isVarArg() && type->getReturnType()->isVoidTy() &&
+                 type->getNumParams() == params.size() + 1 && type->getParamType(0)->isPointerTy();
+  for (std::size_t i = 0; matches && i < params.size(); ++i)
+    matches = type->getParamType(static_cast<unsigned>(i + 1)) == llvm_type(module.getContext(), params[i]);
+  if (!matches)
+    return std::unexpected(usage(device, fmt::format("@{} has type {}, but its parameters declare {} (the "
+                                                     "first parameter is the element's context)",
+                                                     entry, type_text(type), declared_signature(params))));
+  return f;
+}
+
+/// What the module may call: the ABI's functions (declared with the runtime's types) and LLVM
+/// intrinsics; and what it may not define: a name of the runtime's, or kiln_user_entry.
+RhiStatus check_symbols(const llvm::Module &module, const llvm::Module &runtime, const char *device) {
+  for (const llvm::Function &f : module) {
+    const std::string name = f.getName().str();
+    const llvm::Function *theirs = runtime.getFunction(f.getName());
+    if (!f.isDeclaration()) {
+      if (name == kUserEntryName || (theirs != nullptr && !theirs->isDeclaration()))
+        return std::unexpected(usage(device, fmt::format("the module defines @{}, a name of kiln's device "
+                                                         "runtime; rename it",
+                                                         name)));
+      continue;
+    }
+    if (f.isIntrinsic()) continue;
+    if (std::find(std::begin(kAbiFunctions), std::end(kAbiFunctions), name) == std::end(kAbiFunctions))
+      return std::unexpected(usage(device, fmt::format("the module calls @{}, which kiln does not provide: a "
+                                                       "user kernel may call kiln_index, kiln_count, "
+                                                       "kiln_heap_allocate, kiln_assert and LLVM "
+                                                       "intrinsics (@llvm.sqrt.f32, ...)",
+                                                       name)));
+    if (theirs == nullptr || theirs->getFunctionType() != f.getFunctionType())
+      return std::unexpected(usage(device, fmt::format("@{} is declared {}; kiln's is {}", name,
+                                                       type_text(f.getFunctionType()),
+                                                       theirs ? type_text(theirs->getFunctionType()) : "?")));
+  }
+  return {};
+}
+
+/// One user argument, read from args->user_args[slot] and converted to `type`.
+llvm::Value *load_argument(llvm::IRBuilder<> &b, llvm::Value *args, std::size_t slot, UserValueType type) {
+  const uint64_t offset = offsetof(KilnKernelArgs, user_args) + slot * sizeof(uint64_t);
+  llvm::Value *bits = b.CreateLoad(b.getInt64Ty(), b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), args, offset));
+  switch (type) {
+    case UserValueType::ptr: return b.CreateIntToPtr(bits, b.getPtrTy());
+    case UserValueType::f32: return b.CreateBitCast(b.CreateTrunc(bits, b.getInt32Ty()), b.getFloatTy());
+    case UserValueType::f64: return b.CreateBitCast(bits, b.getDoubleTy());
+    case UserValueType::i32: return b.CreateTrunc(bits, b.getInt32Ty());
+    case UserValueType::i64: return bits;
+  }
+  return bits;
+}
+
+/// define void @kiln_user_entry(ptr %runtime, ptr %args, i64 %begin, i64 %end, i64 %task): the
+/// context {runtime, i, count}, then element(context, args...) for i in [begin, end).
+void make_entry_wrapper(llvm::Module &module, llvm::Function &element, std::span<const UserValueType> params) {
+  llvm::LLVMContext &context = module.getContext();
+  llvm::IRBuilder<> b(context);
+  llvm::Type *i64 = b.getInt64Ty();
+  llvm::FunctionType *type = llvm::FunctionType::get(b.getVoidTy(), {b.getPtrTy(), b.getPtrTy(), i64, i64, i64}, false);
+  llvm::Function *wrapper = llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage, kUserEntryName, module);
+  llvm::Value *runtime = wrapper->getArg(0), *args = wrapper->getArg(1);
+  llvm::Value *begin = wrapper->getArg(2), *end = wrapper->getArg(3);
+  auto *start = llvm::BasicBlock::Create(context, "start", wrapper);
+  auto *test = llvm::BasicBlock::Create(context, "test", wrapper);
+  auto *body = llvm::BasicBlock::Create(context, "body", wrapper);
+  auto *done = llvm::BasicBlock::Create(context, "done", wrapper);
+
+  b.SetInsertPoint(start);
+  llvm::StructType *context_type = llvm::StructType::get(context, {b.getPtrTy(), i64, i64});  // KilnUserContext
+  llvm::Value *element_context = b.CreateAlloca(context_type);
+  b.CreateStore(runtime, b.CreateStructGEP(context_type, element_context, 0));
+  llvm::Value *count = b.CreateLoad(
+      i64, b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), args, offsetof(KilnKernelArgs, num_elements)));
+  b.CreateStore(count, b.CreateStructGEP(context_type, element_context, 2));
+  std::vector<llvm::Value *> call_args{element_context};
+  for (std::size_t k = 0; k < params.size(); ++k) call_args.push_back(load_argument(b, args, k, params[k]));
+  b.CreateBr(test);
+
+  b.SetInsertPoint(test);
+  llvm::PHINode *i = b.CreatePHI(i64, 2, "i");
+  i->addIncoming(begin, start);
+  b.CreateCondBr(b.CreateICmpSLT(i, end), body, done);
+
+  b.SetInsertPoint(body);
+  b.CreateStore(i, b.CreateStructGEP(context_type, element_context, 1));
+  llvm::CallInst *call = b.CreateCall(&element, call_args);
+  call->setCallingConv(element.getCallingConv());
+  llvm::Value *next = b.CreateAdd(i, b.getInt64(1), "next", /*HasNUW=*/true, /*HasNSW=*/true);
+  i->addIncoming(next, body);
+  b.CreateBr(test);
+
+  b.SetInsertPoint(done);
+  b.CreateRetVoid();
+}
+
+/// Everything but kiln_user_entry internal, so the optimizer inlines the element function and
+/// the runtime's into the loop and drops what it does not use.
+void internalize(llvm::Module &module) {
+  for (llvm::Function &f : module)
+    if (!f.isDeclaration() && f.getName() != kUserEntryName) f.setLinkage(llvm::GlobalValue::InternalLinkage);
+  for (llvm::GlobalVariable &g : module.globals())
+    if (!g.isDeclaration()) g.setLinkage(llvm::GlobalValue::InternalLinkage);
+}
+
+}  // namespace
+
+RhiExpected<std::unique_ptr<llvm::Module>> prepare_user_module(
+    llvm::LLVMContext &context, std::span<const std::byte> ir, std::string_view entry,
+    std::span<const UserValueType> params, std::unique_ptr<llvm::Module> runtime,
+    const char *device) {
+  if (params.size() > KILN_MAX_USER_PARAMS)
+    return std::unexpected(usage(device, fmt::format("{} parameters; a user kernel has at most {}",
+                                                     params.size(), KILN_MAX_USER_PARAMS)));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<llvm::Module> module, parse(context, ir, device));
+  KILN_RETURN_IF_ERROR(verify(*module, device));
+  KILN_ASSIGN_OR_RETURN(llvm::Function * element, check_entry(*module, entry, params, device));
+  KILN_RETURN_IF_ERROR(check_symbols(*module, *runtime, device));
+  make_entry_wrapper(*module, *element, params);
+  module->setTargetTriple(runtime->getTargetTriple());
+  module->setDataLayout(runtime->getDataLayout());
+  if (llvm::Linker::linkModules(*module, std::move(runtime), llvm::Linker::Flags::LinkOnlyNeeded))
+    return std::unexpected(make_failure(RhiResult::error, device, kSite,
+                                        "could not link the user module with kiln's device runtime "
+                                        "(the context's diagnostic handler has LLVM's words)"));
+  internalize(*module);
+  return module;
+}
+
+}  // namespace kiln::runtime

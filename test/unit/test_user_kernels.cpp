@@ -1,0 +1,295 @@
+// User kernels from LLVM IR (kernel_abi.h's user-kernel ABI) on the host backends: results, the
+// device-runtime functions (index, count, heap, assertion), the code charged while the kernel
+// lives, and every mistake a named invalid_usage before anything is allocated.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kiln/executor/user_kernel.h"
+#include "test_support.h"
+
+using namespace kiln;
+using namespace kiln::test;
+
+namespace {
+
+std::span<const std::byte> text(const std::string &ir) { return std::as_bytes(std::span(ir.data(), ir.size())); }
+
+// z[i] = (x[i] - y[i])^2 * scale: CuPy's squared difference, with a scalar.
+const std::string kSquaredDiff = R"(
+declare i64 @kiln_index(ptr)
+define void @squared_diff(ptr %ctx, ptr %x, ptr %y, ptr %z, float %scale) {
+  %i = call i64 @kiln_index(ptr %ctx)
+  %px = getelementptr float, ptr %x, i64 %i
+  %py = getelementptr float, ptr %y, i64 %i
+  %pz = getelementptr float, ptr %z, i64 %i
+  %a = load float, ptr %px
+  %b = load float, ptr %py
+  %d = fsub float %a, %b
+  %s = fmul float %d, %d
+  %r = fmul float %s, %scale
+  store float %r, ptr %pz
+  ret void
+}
+)";
+
+std::vector<KernelParam> squared_diff_params() {
+  return {{"x", ParamKind::in, DataType::f32}, {"y", ParamKind::in, DataType::f32},
+          {"z", ParamKind::out, DataType::f32}, {"scale", ParamKind::scalar, DataType::f32}};
+}
+
+// out[i] = i + count: the index and the count functions, over a launch of `count` elements.
+const std::string kIota = R"(
+declare i64 @kiln_index(ptr)
+declare i64 @kiln_count(ptr)
+define void @iota(ptr %ctx, ptr %out) {
+  %i = call i64 @kiln_index(ptr %ctx)
+  %n = call i64 @kiln_count(ptr %ctx)
+  %v = add i64 %i, %n
+  %p = getelementptr i64, ptr %out, i64 %i
+  store i64 %v, ptr %p
+  ret void
+}
+)";
+
+// Each element allocates `bytes` from the device heap and writes through it; a null result
+// returns (the launch then fails with the heap's figures).
+const std::string kHeapUser = R"(
+declare ptr @kiln_heap_allocate(ptr, i64, i64)
+define void @heap_user(ptr %ctx, ptr %out, i64 %bytes) {
+  %block = call ptr @kiln_heap_allocate(ptr %ctx, i64 %bytes, i64 8)
+  %null = icmp eq ptr %block, null
+  br i1 %null, label %done, label %use
+use:
+  store i64 7, ptr %block
+  ret void
+done:
+  ret void
+}
+)";
+
+// Asserts x[i] >= 0.
+const std::string kCheckPositive = R"(
+@msg = private constant [23 x i8] c"x must not be negative\00"
+declare i64 @kiln_index(ptr)
+declare void @kiln_assert(ptr, i32, ptr)
+define void @check_positive(ptr %ctx, ptr %x) {
+  %i = call i64 @kiln_index(ptr %ctx)
+  %p = getelementptr float, ptr %x, i64 %i
+  %v = load float, ptr %p
+  %ok = fcmp oge float %v, 0.0
+  %c = zext i1 %ok to i32
+  call void @kiln_assert(ptr %ctx, i32 %c, ptr @msg)
+  ret void
+}
+)";
+
+std::shared_ptr<UserKernel> compile(LlvmRuntimeExecutor &ex, const std::string &ir, const std::string &entry,
+                                    std::vector<KernelParam> params) {
+  return value_or_throw(UserKernel::create(ex, text(ir), entry, std::move(params)));
+}
+
+uint64_t code_bytes(LlvmRuntimeExecutor &ex) {
+  return ex.memory().in_use_by_category()[static_cast<std::size_t>(MemoryCategory::code_object)];
+}
+
+Failure create_failure(LlvmRuntimeExecutor &ex, const std::string &ir, const std::string &entry,
+                       std::vector<KernelParam> params) {
+  auto kernel = UserKernel::create(ex, text(ir), entry, std::move(params));
+  REQUIRE_FALSE(kernel);
+  return kernel.error();
+}
+
+}  // namespace
+
+TEST_CASE("a user kernel from IR text computes its elements on cpu and mock", "[user_kernel]") {
+  for (Backend backend : {Backend::cpu, Backend::mock}) {
+    ExecutorConfig config;
+    config.backend = backend;
+    auto ex = make_executor(config);
+    auto kernel = compile(*ex, kSquaredDiff, "squared_diff", squared_diff_params());
+    std::vector<float> xs(100000), ys(100000);  // more than one task's worth
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      xs[i] = static_cast<float>(i % 17);
+      ys[i] = static_cast<float>(i % 5);
+    }
+    Ndarray x = upload<float>(*ex, DataType::f32, xs), y = upload<float>(*ex, DataType::f32, ys);
+    const int64_t shape[1] = {static_cast<int64_t>(xs.size())};
+    Ndarray z = value_or_throw(ex->ndarray(DataType::f32, shape));
+    const KernelArg args[] = {KernelArg::of(x), KernelArg::of(y), KernelArg::of(z), KernelArg::of(Scalar::of(0.5))};
+    REQUIRE(ex->launch(*kernel, args));
+    const std::vector<float> got = download<float>(*ex, z);
+    for (std::size_t i = 0; i < xs.size(); ++i) REQUIRE(got[i] == (xs[i] - ys[i]) * (xs[i] - ys[i]) * 0.5f);
+  }
+}
+
+TEST_CASE("a user kernel's index and count functions see the launch", "[user_kernel]") {
+  auto ex = make_executor();
+  auto kernel = compile(*ex, kIota, "iota", {{"out", ParamKind::out, DataType::i64}});
+  Ndarray out = upload<int64_t>(*ex, DataType::i64, std::vector<int64_t>(5, -1));
+  const KernelArg args[] = {KernelArg::of(out)};
+  REQUIRE(ex->launch(*kernel, args));
+  CHECK(download<int64_t>(*ex, out) == std::vector<int64_t>{5, 6, 7, 8, 9});
+}
+
+TEST_CASE("a user kernel's code is charged while it lives and released after", "[user_kernel]") {
+  auto ex = make_executor();
+  const uint64_t before = code_bytes(*ex);
+  {
+    auto kernel = compile(*ex, kIota, "iota", {{"out", ParamKind::out, DataType::i64}});
+    CHECK(kernel->code_size_bytes() > 0);
+    CHECK(code_bytes(*ex) == before + kernel->code_size_bytes());
+  }
+  CHECK(code_bytes(*ex) == before);
+}
+
+TEST_CASE("a user kernel whose code does not fit the budget is refused, charging nothing", "[user_kernel]") {
+  auto ex = make_executor();
+  ExecutorConfig config;
+  config.budget.limit_bytes = ledger_bytes(*ex) + 16;  // no room for any code
+  auto tight = make_executor(config);
+  const uint64_t before = ledger_bytes(*tight);
+  auto kernel = UserKernel::create(*tight, text(kIota), "iota", {{"out", ParamKind::out, DataType::i64}});
+  REQUIRE_FALSE(kernel);
+  CHECK(classify(kernel.error()) == ErrorKind::budget_exceeded);
+  CHECK(kernel.error().category == MemoryCategory::code_object);
+  CHECK(ledger_bytes(*tight) == before);
+}
+
+TEST_CASE("a user kernel that runs the device heap dry is heap exhaustion; the device stays usable",
+          "[user_kernel]") {
+  ExecutorConfig config;
+  config.device_heap_bytes = 4096;
+  auto ex = make_executor(config);
+  auto kernel = compile(*ex, kHeapUser, "heap_user",
+                        {{"out", ParamKind::out, DataType::i64}, {"bytes", ParamKind::scalar, DataType::i64}});
+  Ndarray out = upload<int64_t>(*ex, DataType::i64, std::vector<int64_t>(64, 0));
+  const uint64_t before = ledger_bytes(*ex);
+  const KernelArg dry[] = {KernelArg::of(out), KernelArg::of(Scalar::of_int(1024))};  // 64 KiB > 4 KiB
+  auto refused = ex->launch(*kernel, dry);
+  REQUIRE_FALSE(refused);
+  CHECK(classify(refused.error()) == ErrorKind::device_heap_exhausted);
+  CHECK_THAT(refused.error().message(), Catch::Contains("heap_user"));
+  CHECK(refused.error().requested_bytes == 1024);
+  CHECK(ledger_bytes(*ex) == before);
+  const KernelArg fits[] = {KernelArg::of(out), KernelArg::of(Scalar::of_int(8))};  // 512 B
+  CHECK(ex->launch(*kernel, fits));
+}
+
+TEST_CASE("a failed device-side assertion names the kernel, the element and the message", "[user_kernel]") {
+  auto ex = make_executor();
+  auto kernel = compile(*ex, kCheckPositive, "check_positive", {{"x", ParamKind::in, DataType::f32}});
+  Ndarray good = upload<float>(*ex, DataType::f32, {1, 2, 3});
+  const KernelArg fine[] = {KernelArg::of(good)};
+  REQUIRE(ex->launch(*kernel, fine));
+  Ndarray bad = upload<float>(*ex, DataType::f32, {1, 2, -3, 4});
+  const KernelArg args[] = {KernelArg::of(bad)};
+  auto failed = ex->launch(*kernel, args);
+  REQUIRE_FALSE(failed);
+  CHECK(failed.error().result == RhiResult::error);
+  CHECK_THAT(failed.error().message(),
+             Catch::Contains("kernel check_positive: a device-side assertion failed: element 2: x must not be negative"));
+  CHECK(ex->launch(*kernel, fine));  // the next launch starts clean
+}
+
+TEST_CASE("IR that does not parse is invalid usage with its line, column and a caret", "[user_kernel][bad-input]") {
+  auto ex = make_executor();
+  const std::string typo = "define void @k(ptr %ctx) {\n  %x = fadd flaot 1.0, 2.0\n  ret void\n}\n";
+  const Failure f = create_failure(*ex, typo, "k", {});
+  CHECK(classify(f) == ErrorKind::invalid_usage);
+  CHECK_THAT(f.message(), Catch::Contains("line 2, column 13: expected type"));
+  CHECK_THAT(f.message(), Catch::Contains("  %x = fadd flaot 1.0, 2.0\n              ^"));
+  CHECK_THAT(create_failure(*ex, std::string("define\0void", 11), "k", {}).message(),
+             Catch::Contains("NUL byte at offset 6"));
+  CHECK_THAT(create_failure(*ex, std::string("BC\xC0\xDE garbage", 12), "k", {}).message(),
+             Catch::Contains("the bitcode does not parse"));
+}
+
+TEST_CASE("a module the verifier refuses is invalid usage, never an LLVM abort", "[user_kernel][bad-input]") {
+  auto ex = make_executor();
+  // It parses (forward references are allowed) but %x does not dominate its use.
+  const std::string undominated =
+      "define void @k(ptr %ctx) {\nentry:\n  br label %b\nb:\n  %y = add i32 %x, 1\n  br label %c\n"
+      "c:\n  %x = add i32 1, 2\n  ret void\n}\n";
+  const Failure f = create_failure(*ex, undominated, "k", {});
+  CHECK(classify(f) == ErrorKind::invalid_usage);
+  CHECK_THAT(f.message(), Catch::Contains("does not verify"));
+}
+
+TEST_CASE("an entry whose signature does not match its parameters is named with both", "[user_kernel][bad-input]") {
+  auto ex = make_executor();
+  auto params = squared_diff_params();
+  params[3].dtype = DataType::f64;  // the IR takes float
+  const Failure f = create_failure(*ex, kSquaredDiff, "squared_diff", params);
+  CHECK(classify(f) == ErrorKind::invalid_usage);
+  CHECK_THAT(f.message(), Catch::Contains("@squared_diff has type void (ptr, ptr, ptr, ptr, float), but its "
+                                          "parameters declare void (ptr, ptr, ptr, ptr, double)"));
+  params.pop_back();
+  CHECK_THAT(create_failure(*ex, kSquaredDiff, "squared_diff", params).message(), Catch::Contains("but its parameters"));
+  CHECK_THAT(create_failure(*ex, kSquaredDiff, "nosuch", squared_diff_params()).message(),
+             Catch::Contains("defines no function @nosuch; it defines @squared_diff"));
+}
+
+TEST_CASE("a module calling what kiln does not provide, or redefining kiln's names, is refused",
+          "[user_kernel][bad-input]") {
+  auto ex = make_executor();
+  const std::string calls_printf = "declare i32 @printf(ptr, ...)\ndefine void @k(ptr %ctx) {\n  ret void\n}\n";
+  CHECK_THAT(create_failure(*ex, calls_printf, "k", {}).message(), Catch::Contains("calls @printf, which kiln does not provide"));
+  const std::string wrong_type = "declare i32 @kiln_index(ptr)\ndefine void @k(ptr %ctx) {\n  ret void\n}\n";
+  CHECK_THAT(create_failure(*ex, wrong_type, "k", {}).message(), Catch::Contains("@kiln_index is declared i32 (ptr); kiln's is i64 (ptr)"));
+  const std::string redefines = "define i64 @kiln_count(ptr %c) {\n  ret i64 0\n}\ndefine void @k(ptr %ctx) {\n  ret void\n}\n";
+  CHECK_THAT(create_failure(*ex, redefines, "k", {}).message(), Catch::Contains("defines @kiln_count, a name of kiln's"));
+}
+
+TEST_CASE("a bad declaration is refused before LLVM runs", "[user_kernel][bad-input]") {
+  auto ex = make_executor();
+  CHECK_THAT(create_failure(*ex, kIota, "", {}).message(), Catch::Contains("is not a function name"));
+  CHECK_THAT(create_failure(*ex, kIota, "iota", {{"a", ParamKind::out, DataType::i64}, {"a", ParamKind::in, DataType::i64}})
+                 .message(),
+             Catch::Contains("must be given and distinct, got 'a'"));
+  std::vector<KernelParam> many;
+  for (int i = 0; i < 17; ++i) many.push_back({"p" + std::to_string(i), ParamKind::in, DataType::f32});
+  CHECK_THAT(create_failure(*ex, kIota, "iota", many).message(), Catch::Contains("at most 16"));
+}
+
+TEST_CASE("every launch mistake is invalid usage naming the parameter, and nothing runs", "[user_kernel][bad-input]") {
+  auto ex = make_executor();
+  auto kernel = compile(*ex, kSquaredDiff, "squared_diff", squared_diff_params());
+  Ndarray x = upload<float>(*ex, DataType::f32, {1, 2, 3}), y = upload<float>(*ex, DataType::f32, {1, 1, 1});
+  Ndarray z = upload<float>(*ex, DataType::f32, {9, 9, 9});
+  Ndarray short_z = upload<float>(*ex, DataType::f32, {9, 9});
+  Ndarray ints = upload<int32_t>(*ex, DataType::i32, {1, 2, 3});
+  const Scalar half = Scalar::of(0.5);
+  const auto fails_with = [&](std::vector<KernelArg> args, const std::string &said) {
+    auto r = ex->launch(*kernel, args);
+    REQUIRE_FALSE(r);
+    CHECK(classify(r.error()) == ErrorKind::invalid_usage);
+    CHECK_THAT(r.error().message(), Catch::Contains(said));
+    CHECK(download<float>(*ex, z) == std::vector<float>{9, 9, 9});  // nothing ran
+  };
+  fails_with({KernelArg::of(x), KernelArg::of(y), KernelArg::of(z)}, "takes 4 arguments, got 3");
+  fails_with({KernelArg::of(x), KernelArg::of(y), KernelArg::of(half), KernelArg::of(half)},
+             "z is an array parameter, got a scalar");
+  fails_with({KernelArg::of(x), KernelArg::of(y), KernelArg::of(z), KernelArg::of(z)}, "scale is a scalar parameter");
+  fails_with({KernelArg::of(ints), KernelArg::of(y), KernelArg::of(z), KernelArg::of(half)}, "x is declared f32, got the array");
+  fails_with({KernelArg::of(x), KernelArg::of(y), KernelArg::of(short_z), KernelArg::of(half)},
+             "z is the array f32[2] of 2 elements; the launch has 3");
+  fails_with({KernelArg::of(x), KernelArg::of(y), KernelArg::of(x), KernelArg::of(half)}, "z (out) overlaps x");
+  Ndarray freed = upload<float>(*ex, DataType::f32, {1, 2, 3});
+  REQUIRE(ex->free(freed));
+  fails_with({KernelArg::of(freed), KernelArg::of(y), KernelArg::of(z), KernelArg::of(half)}, "freed");
+  auto other = make_executor();
+  Ndarray theirs = upload<float>(*other, DataType::f32, {1, 2, 3});
+  fails_with({KernelArg::of(theirs), KernelArg::of(y), KernelArg::of(z), KernelArg::of(half)}, "another executor");
+  auto foreign = compile(*other, kIota, "iota", {{"out", ParamKind::out, DataType::i64}});
+  Ndarray out = upload<int64_t>(*ex, DataType::i64, {0});
+  const KernelArg one[] = {KernelArg::of(out)};
+  auto r = ex->launch(*foreign, one);
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message(), Catch::Contains("compiled for another executor"));
+  const KernelArg in_place[] = {KernelArg::of(x), KernelArg::of(y), KernelArg::of(z), KernelArg::of(half)};
+  CHECK(ex->launch(*kernel, in_place));  // usable after every refusal
+  CHECK(download<float>(*ex, z) == std::vector<float>{0, 0.5f, 2});
+}
