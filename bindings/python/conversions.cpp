@@ -176,31 +176,33 @@ bool is_integer(py::handle value) {
   return PyIndex_Check(value.ptr()) && !PyBool_Check(value.ptr()) && !py::isinstance<DataType>(value);
 }
 
-uint64_t to_bytes(py::handle value, const char *name, const char *site) {
+namespace {
+
+/// `value` as an integer in [min, max]. Errors: InvalidTypeError ("{name} must be {kind}"),
+/// InvalidUsageError ("{name} must {range}").
+long long integer_in(py::handle value, const char *name, const char *site, long long min,
+                     long long max, const char *kind, const char *range) {
   if (!is_integer(value))
-    raise_invalid_type(site, fmt::format("{}: {} must be a non-negative int, got {} {}", site, name,
+    raise_invalid_type(site, fmt::format("{}: {} must be {}, got {} {}", site, name, kind,
                                          type_name(value), std::string(py::repr(value))));
   py::int_ i = index_of(value, site);
   bool fits = false;
   const long long v = to_long_long(i, &fits);
-  if (!fits || v < 0)
-    raise_invalid_usage("kiln", site,
-                        fmt::format("{}: {} must be between 0 and 2**63-1, got {}", site, name,
-                                    std::string(py::str(i))));
-  return static_cast<uint64_t>(v);
+  if (!fits || v < min || v > max)
+    raise_invalid_usage("kiln", site, fmt::format("{}: {} must {}, got {}", site, name, range,
+                                                  std::string(py::str(i))));
+  return v;
+}
+
+}  // namespace
+
+uint64_t to_bytes(py::handle value, const char *name, const char *site) {
+  return static_cast<uint64_t>(integer_in(value, name, site, 0, LLONG_MAX, "a non-negative int",
+                                          "be between 0 and 2**63-1"));
 }
 
 int32_t to_int32(py::handle value, const char *name, const char *site) {
-  if (!is_integer(value))
-    raise_invalid_type(site, fmt::format("{}: {} must be an int, got {} {}", site, name,
-                                         type_name(value), std::string(py::repr(value))));
-  py::int_ i = index_of(value, site);
-  bool fits = false;
-  const long long v = to_long_long(i, &fits);
-  if (!fits || v < INT32_MIN || v > INT32_MAX)
-    raise_invalid_usage("kiln", site, fmt::format("{}: {} must fit in 32 bits, got {}", site, name,
-                                                  std::string(py::str(i))));
-  return static_cast<int32_t>(v);
+  return static_cast<int32_t>(integer_in(value, name, site, INT32_MIN, INT32_MAX, "an int", "fit in 32 bits"));
 }
 
 std::optional<uint64_t> to_optional_bytes(const py::object &value, const char *name) {

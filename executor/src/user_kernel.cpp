@@ -142,18 +142,8 @@ RhiExpected<std::shared_ptr<UserKernel>> UserKernel::create(LlvmRuntimeExecutor 
 
 // --- launches ---------------------------------------------------------------------------------
 
-namespace {
-
-struct CheckedArgs {
-  uint64_t count = 0;
-  uint64_t user_args[KILN_MAX_USER_PARAMS] = {};
-};
-
-}  // namespace
-
 RhiStatus LlvmRuntimeExecutor::launch(const UserKernel &kernel, std::span<const KernelArg> args,
                                       std::optional<uint64_t> count) {
-  const std::string name = kernel.entry();
   const char *site = "launch";
   const auto usage = [&](std::string detail) {
     return std::unexpected(invalid_usage(device().name(), site, fmt::format("{}: {}", kernel.describe(), detail)));
@@ -163,7 +153,7 @@ RhiStatus LlvmRuntimeExecutor::launch(const UserKernel &kernel, std::span<const 
   const std::span<const KernelParam> params = kernel.params();
   if (args.size() != params.size())
     return usage(fmt::format("takes {} arguments, got {}", params.size(), args.size()));
-  CheckedArgs checked;
+  LaunchSpec spec;  // its arguments filled as they are checked; launched only once all pass
   std::optional<uint64_t> elements = count;
   struct Span { uint64_t begin, end; std::size_t arg; };
   std::vector<Span> arrays;
@@ -172,7 +162,7 @@ RhiStatus LlvmRuntimeExecutor::launch(const UserKernel &kernel, std::span<const 
     const KernelArg &a = args[k];
     if (p.kind == ParamKind::scalar) {
       if (a.array != nullptr) return usage(fmt::format("{} is a scalar parameter, got an array", p.name));
-      checked.user_args[k] = scalar_bits(p.dtype, a.scalar);
+      spec.args.user_args[k] = scalar_bits(p.dtype, a.scalar);
       continue;
     }
     if (a.array == nullptr) return usage(fmt::format("{} is an array parameter, got a scalar", p.name));
@@ -185,8 +175,8 @@ RhiStatus LlvmRuntimeExecutor::launch(const UserKernel &kernel, std::span<const 
       return usage(fmt::format("{} is the array {} of {} elements; the launch has {} (every array "
                                "argument has one element per index)",
                                p.name, a.array->describe(), a.array->num_elements(), *elements));
-    KILN_ASSIGN_OR_RETURN(checked.user_args[k], a.array->device_address(site));
-    arrays.push_back({checked.user_args[k], checked.user_args[k] + a.array->nbytes(), k});
+    KILN_ASSIGN_OR_RETURN(spec.args.user_args[k], a.array->device_address(site));
+    arrays.push_back({spec.args.user_args[k], spec.args.user_args[k] + a.array->nbytes(), k});
   }
   if (!elements) return usage("has no array argument: give the launch's element count");
   if (*elements > static_cast<uint64_t>(INT64_MAX))
@@ -200,11 +190,9 @@ RhiStatus LlvmRuntimeExecutor::launch(const UserKernel &kernel, std::span<const 
                                  params[w.arg].name, to_string(params[w.arg].kind), params[o.arg].name));
   }
   if (*elements == 0) return {};
-  LaunchSpec spec;
-  spec.kernel = name;
+  spec.kernel = kernel.entry();
   spec.host_fn = kernel.range_kernel();
   spec.args.num_elements = *elements;
-  std::copy(std::begin(checked.user_args), std::end(checked.user_args), std::begin(spec.args.user_args));
   spec.iteration_size = static_cast<int64_t>(*elements);
   KILN_ASSIGN_OR_RETURN(auto result, launcher_->launch(spec));
   return {};

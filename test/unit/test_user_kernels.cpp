@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "fake_gpu_handle.h"
 #include "kiln/executor/user_kernel.h"
 #include "test_support.h"
 
@@ -292,4 +293,33 @@ TEST_CASE("every launch mistake is invalid usage naming the parameter, and nothi
   const KernelArg in_place[] = {KernelArg::of(x), KernelArg::of(y), KernelArg::of(z), KernelArg::of(half)};
   CHECK(ex->launch(*kernel, in_place));  // usable after every refusal
   CHECK(download<float>(*ex, z) == std::vector<float>{0, 0.5f, 2});
+}
+
+TEST_CASE("a launch without arrays needs its count, within int64", "[user_kernel][bad-input]") {
+  auto ex = make_executor();
+  const std::string scalar_only = "define void @k(ptr %ctx, i64 %v) {\n  ret void\n}\n";
+  auto kernel = compile(*ex, scalar_only, "k", {{"v", ParamKind::scalar, DataType::i64}});
+  const KernelArg args[] = {KernelArg::of(Scalar::of_int(3))};
+  auto no_count = ex->launch(*kernel, args);
+  REQUIRE_FALSE(no_count);
+  CHECK_THAT(no_count.error().message(), Catch::Contains("has no array argument: give the launch's element count"));
+  auto too_many = ex->launch(*kernel, args, uint64_t{1} << 63);
+  REQUIRE_FALSE(too_many);
+  CHECK_THAT(too_many.error().message(), Catch::Contains("9223372036854775808 elements is beyond int64"));
+  CHECK(ex->launch(*kernel, args, 1000));  // a given count runs
+}
+
+TEST_CASE("a user kernel for a GPU executor is not supported yet, named, and charges nothing",
+          "[user_kernel]") {
+  static kiln::test::FakeGpu fake =
+      kiln::test::FakeGpu::open(KILN_FAKE_CUDA_LIBRARY, "KILN_CUDA_DRIVER", "kiln_fake_cuda_");
+  setenv("KILN_CUDA_DRIVER", KILN_FAKE_CUDA_LIBRARY, 1);  // other tests may point it elsewhere
+  fake.reset();
+  auto gpu = make_gpu_executor(Backend::cuda);
+  const uint64_t before = ledger_bytes(*gpu);
+  auto kernel = UserKernel::create(*gpu, text(kIota), "iota", {{"out", ParamKind::out, DataType::i64}});
+  REQUIRE_FALSE(kernel);
+  CHECK(kernel.error().result == RhiResult::not_supported);
+  CHECK_THAT(kernel.error().message(), Catch::Contains("user kernels run on cpu and mock in this build"));
+  CHECK(ledger_bytes(*gpu) == before);
 }
