@@ -34,6 +34,9 @@ PyObject *g_error_classes[kAllErrorKinds.size()] = {};
 // for invalid_usage failures whose cause is the type of an argument. Kept like the classes above.
 PyObject *g_invalid_type_class = nullptr;
 PyObject *g_recast = nullptr;
+// kiln.KernelCompileError (an InvalidUsageError with the line and column in the kernel's code),
+// for invalid_usage failures with kernel_compile set. Kept like the classes above.
+PyObject *g_kernel_compile_class = nullptr;
 
 /// The knobs a Python user sets: the advice of every exception names these.
 constexpr InterfaceKnobs kPythonKnobs{"kiln.init(budget_bytes=...)", "kiln.init(reserve_bytes=...)",
@@ -94,6 +97,7 @@ void load_error_classes() {
   }
   g_invalid_type_class = py::object(errors.attr("InvalidTypeError")).release().ptr();
   g_recast = py::object(errors.attr("_recast")).release().ptr();
+  g_kernel_compile_class = py::object(errors.attr("KernelCompileError")).release().ptr();
 }
 
 /// Installs the translator of C++ exceptions that reach Python from below the executor's guards:
@@ -123,7 +127,12 @@ void register_error_mapping(py::module_ & /*m*/) {
 py::object make_exception(const Failure &unadvised) {
   Failure failure = unadvised;
   advise(failure, kPythonKnobs);
-  py::handle cls = g_error_classes[static_cast<std::size_t>(classify(failure))];
+  const ErrorKind kind = classify(failure);
+  if (kind == ErrorKind::invalid_usage && failure.kernel_compile)
+    return py::handle(g_kernel_compile_class)(failure.message(), py::arg("line") = failure.source_line,
+                                              py::arg("column") = failure.source_column,
+                                              **failure_fields(failure));
+  py::handle cls = g_error_classes[static_cast<std::size_t>(kind)];
   return cls(failure.message(), **failure_fields(failure));
 }
 

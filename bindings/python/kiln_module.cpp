@@ -26,6 +26,7 @@ PYBIND11_MODULE(_kiln, m) {
   register_dlpack(m);
   register_cuda_array_interface(m);
   register_ops(m);
+  register_user_kernels(m);
   register_memory(m);
   register_testing(m);
 }

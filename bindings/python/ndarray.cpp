@@ -283,7 +283,7 @@ const Ndarray &PyArray::get(const char *site) const {
   return array;
 }
 
-BusyScope::BusyScope(std::initializer_list<PyArray *> arrays) : count_(arrays.size()) {
+BusyScope::BusyScope(std::span<PyArray *const> arrays) : count_(arrays.size()) {
   static_assert(kMaxArrays >= 3, "matmul marks three operands");
   if (count_ > kMaxArrays) throw std::logic_error("BusyScope: more operands than kMaxArrays");
   std::copy(arrays.begin(), arrays.end(), arrays_.begin());

@@ -13,6 +13,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <memory>
 #include <string>
 #include <utility>
@@ -88,11 +89,14 @@ struct PyArray {
 };
 
 /// Marks arrays busy while a launch runs without the GIL.
-/// At most kMaxArrays arrays (an operation's operands), held without a heap allocation.
+/// At most kMaxArrays arrays (an operation's operands, a user kernel's array arguments), held
+/// without a heap allocation.
 class BusyScope {
  public:
-  static constexpr std::size_t kMaxArrays = 4;
-  explicit BusyScope(std::initializer_list<PyArray *> arrays);
+  static constexpr std::size_t kMaxArrays = 16;  // KILN_MAX_USER_PARAMS
+  explicit BusyScope(std::initializer_list<PyArray *> arrays)
+      : BusyScope(std::span<PyArray *const>(arrays.begin(), arrays.size())) {}
+  explicit BusyScope(std::span<PyArray *const> arrays);
   ~BusyScope();
   BusyScope(const BusyScope &) = delete;
   BusyScope &operator=(const BusyScope &) = delete;

@@ -52,6 +52,10 @@ RhiStatus check_declaration(const std::string &device, const std::string &entry,
                                                      entry, params.size(), KILN_MAX_USER_PARAMS)));
   std::set<std::string_view> seen;
   for (const KernelParam &p : params) {
+    if (p.raw && p.kind == ParamKind::scalar)
+      return std::unexpected(invalid_usage(device, kCreateSite,
+                                           fmt::format("parameter {} of {} is a scalar: only an array is raw",
+                                                       quote_user_text(p.name), entry)));
     if (p.name.empty() || !seen.insert(p.name).second)
       return std::unexpected(invalid_usage(device, kCreateSite,
                                            fmt::format("parameter names of {} must be given and distinct, got "
@@ -66,7 +70,7 @@ RhiStatus check_declaration(const std::string &device, const std::string &entry,
 }
 
 std::string describe_param(const KernelParam &p) {
-  return fmt::format("{} {} {}", to_string(p.kind), to_string(p.dtype), p.name);
+  return fmt::format("{}{} {} {}", p.raw ? "raw " : "", to_string(p.kind), to_string(p.dtype), p.name);
 }
 
 /// args->user_args[k]'s bits for a scalar of `dtype` (f32 and i32 in the low 32 bits).
@@ -170,13 +174,14 @@ RhiStatus LlvmRuntimeExecutor::launch(const UserKernel &kernel, std::span<const 
     if (a.array->dtype() != p.dtype)
       return usage(fmt::format("{} is declared {}, got the array {}", p.name, to_string(p.dtype),
                                a.array->describe()));
+    KILN_ASSIGN_OR_RETURN(spec.args.user_args[k], a.array->device_address(site));
+    arrays.push_back({spec.args.user_args[k], spec.args.user_args[k] + a.array->nbytes(), k});
+    if (p.raw) continue;  // the kernel indexes it itself
     if (!elements) elements = a.array->num_elements();
     if (a.array->num_elements() != *elements)
       return usage(fmt::format("{} is the array {} of {} elements; the launch has {} (every array "
                                "argument has one element per index)",
                                p.name, a.array->describe(), a.array->num_elements(), *elements));
-    KILN_ASSIGN_OR_RETURN(spec.args.user_args[k], a.array->device_address(site));
-    arrays.push_back({spec.args.user_args[k], spec.args.user_args[k] + a.array->nbytes(), k});
   }
   if (!elements) return usage("has no array argument: give the launch's element count");
   if (*elements > static_cast<uint64_t>(INT64_MAX))
@@ -194,6 +199,7 @@ RhiStatus LlvmRuntimeExecutor::launch(const UserKernel &kernel, std::span<const 
   spec.host_fn = kernel.range_kernel();
   spec.args.num_elements = *elements;
   spec.iteration_size = static_cast<int64_t>(*elements);
+  spec.min_elements_per_task = kernel.min_indices_per_task();
   KILN_ASSIGN_OR_RETURN(auto result, launcher_->launch(spec));
   return {};
 }

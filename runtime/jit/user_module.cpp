@@ -29,8 +29,11 @@ constexpr const char *kSite = "user kernel";
 constexpr std::string_view kAbiFunctions[] = {"kiln_index", "kiln_count", "kiln_heap_allocate",
                                               "kiln_assert"};
 
+/// A failure of the module's code (KernelCompileError in Python).
 Failure usage(const char *device, std::string detail) {
-  return invalid_usage(device, kSite, std::move(detail));
+  Failure f = invalid_usage(device, kSite, std::move(detail));
+  f.kernel_compile = true;
+  return f;
 }
 
 /// "line 3, column 7: expected type\n  %x = fadd flaot %a, %b\n            ^": where the text
@@ -62,7 +65,12 @@ RhiExpected<std::unique_ptr<llvm::Module>> parse(llvm::LLVMContext &context,
                                                      nul)));
   llvm::SMDiagnostic diagnostic;
   std::unique_ptr<llvm::Module> module = llvm::parseAssemblyString(text, diagnostic, context);
-  if (!module) return std::unexpected(usage(device, "the IR does not parse: " + parse_failure(diagnostic)));
+  if (!module) {
+    Failure f = usage(device, "the IR does not parse: " + parse_failure(diagnostic));
+    f.source_line = static_cast<uint32_t>(std::max(diagnostic.getLineNo(), 0));
+    f.source_column = static_cast<uint32_t>(std::max(diagnostic.getColumnNo() + 1, 0));
+    return std::unexpected(std::move(f));
+  }
   return module;
 }
 

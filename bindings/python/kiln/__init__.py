@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any
 from ._errors import (  # noqa: F401  (the exceptions come first: the native module imports them)
     Error, OutOfMemoryError, DeviceOutOfMemoryError, BudgetExceededError,
     DeviceHeapExhaustedError, HostOutOfMemoryError, InvalidUsageError, InvalidTypeError,
-    NotSupportedError, DeviceLostError, RuntimeFaultError,
+    KernelCompileError, NotSupportedError, DeviceLostError, RuntimeFaultError,
 )
 from ._kiln import (  # noqa: F401
     init, device, dtype, f32, f64, i32, i64, ndarray, from_numpy, from_dlpack,
@@ -37,6 +37,7 @@ from ._kiln import (  # noqa: F401
     memory_stats, memory_summary, empty_cache, reset_peak_memory_stats,
     add_oom_observer, remove_oom_observer,
 )
+from ._kernels import Kernel, ElementwiseKernel, ReductionKernel  # noqa: F401
 from . import _kiln, testing  # noqa: F401
 from ._typed import typed_arguments as _typed_arguments
 from ._version import __version__ as __version__  # CMake's project(VERSION); exported for mypy
@@ -44,7 +45,8 @@ from ._version import __version__ as __version__  # CMake's project(VERSION); ex
 __all__ = [
     "Error", "OutOfMemoryError", "DeviceOutOfMemoryError", "BudgetExceededError",
     "DeviceHeapExhaustedError", "HostOutOfMemoryError", "InvalidUsageError", "InvalidTypeError",
-    "NotSupportedError", "DeviceLostError", "RuntimeFaultError",
+    "KernelCompileError", "NotSupportedError", "DeviceLostError", "RuntimeFaultError",
+    "Kernel", "ElementwiseKernel", "ReductionKernel",
     "init", "device", "dtype", "f32", "f64", "i32", "i64", "ndarray", "from_numpy", "from_dlpack",
     "fill", "copy", "axpy", "reduce_sum", "matmul", "compact_positive",
     "memory_stats", "memory_summary", "empty_cache", "reset_peak_memory_stats",

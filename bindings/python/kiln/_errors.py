@@ -11,6 +11,7 @@ to exactly one of them (bindings/python/error_mapping.cpp, the only place that d
     |   +-- HostOutOfMemoryError       host memory could not be had
     +-- InvalidUsageError(Error, ValueError)
     |   +-- InvalidTypeError(InvalidUsageError, TypeError)   an argument of the wrong type
+    |   +-- KernelCompileError         a user kernel's code does not compile (line, column)
     +-- NotSupportedError(Error, NotImplementedError)
     +-- DeviceLostError(Error, RuntimeError)
     +-- RuntimeFaultError(Error, RuntimeError)
@@ -26,7 +27,7 @@ from typing import Any, Callable, TypeVar
 __all__ = [
     "Error", "OutOfMemoryError", "DeviceOutOfMemoryError", "BudgetExceededError",
     "DeviceHeapExhaustedError", "HostOutOfMemoryError", "InvalidUsageError", "InvalidTypeError",
-    "NotSupportedError", "DeviceLostError", "RuntimeFaultError",
+    "KernelCompileError", "NotSupportedError", "DeviceLostError", "RuntimeFaultError",
 ]
 
 # name -> default. The defaults are what an instance made by hand (not by kiln) reports. Each one
@@ -144,6 +145,36 @@ def _recast(cls: type[_E], error: Error) -> _E:
     return cls(str(error), **{name: getattr(error, name) for name in FIELDS})
 
 
+class KernelCompileError(InvalidUsageError):
+    """A user kernel's code does not compile: an operation, map_expr, reduce_expr, post_map_expr
+    or identity of kiln.ElementwiseKernel / kiln.ReductionKernel with a syntax or type error, or
+    kiln.Kernel's LLVM IR that does not parse, verify or match its declared parameters. Raised
+    when the kernel is made or first specialized for its argument types, never at a launch.
+
+    ``line`` and ``column`` (1-based; 0 when the failure has no position, e.g. a module that does
+    not verify) say where in that code; the message quotes the line with a caret under the
+    column. Also a ValueError, as every InvalidUsageError; survives pickle."""
+
+    line: int
+    column: int
+
+    def __init__(self, message: str = "", *, line: int = 0, column: int = 0,
+                 **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.line = int(line)
+        self.column = int(column)
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_compile, (type(self), str(self), self.line, self.column,
+                                   {name: getattr(self, name) for name in FIELDS}))
+
+
+def _rebuild_compile(cls: type["KernelCompileError"], message: str, line: int, column: int,
+                     fields: dict[str, Any]) -> "KernelCompileError":
+    """Unpickles a KernelCompileError: the same class, message, position and attributes."""
+    return cls(message, line=line, column=column, **fields)
+
+
 class NotSupportedError(Error, NotImplementedError):
     """The backend, driver or feature is absent on this machine or in this build."""
 
@@ -158,6 +189,6 @@ class RuntimeFaultError(Error, RuntimeError):
 
 for _cls in (Error, OutOfMemoryError, DeviceOutOfMemoryError, BudgetExceededError,
              DeviceHeapExhaustedError, HostOutOfMemoryError, InvalidUsageError, InvalidTypeError,
-             NotSupportedError, DeviceLostError, RuntimeFaultError):
+             KernelCompileError, NotSupportedError, DeviceLostError, RuntimeFaultError):
     _cls.__module__ = "kiln"  # tracebacks and pickle name them kiln.<Name>
 del _cls

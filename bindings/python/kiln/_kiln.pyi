@@ -507,3 +507,64 @@ def _retired_executors() -> int:
 def _shutdown() -> None:
     """Interpreter exit (atexit): later calls from other threads park; waits up to 10 s for the
     calls inside kiln, then drops the executor."""
+
+
+# The native part of kiln.Kernel, kiln.ElementwiseKernel and kiln.ReductionKernel
+# (kiln/_kernels.py wraps them); not API.
+
+class _UserKernel:
+    """A user kernel compiled for the executor current when it was made (UserKernel in C++);
+    its code is charged to that device as code_object while the object lives."""
+
+    def __init__(self) -> None:
+        """Not made from Python: _compile_ir, _compile_elementwise and _compile_reduction make
+        it (the call raises TypeError)."""
+
+    @property
+    def entry(self) -> str:
+        """The element function's name."""
+
+    @property
+    def code_size_bytes(self) -> int:
+        """Bytes of compiled code, charged as code_object."""
+
+    @property
+    def params(self) -> list[tuple[str, str, str, bool]]:
+        """(name, kind, dtype name, raw) of each parameter."""
+
+    def __repr__(self) -> str:
+        """<kiln._UserKernel entry(in f32 x, ...)>."""
+
+
+def _compile_ir(ir: str | bytes, entry: str, params: list[tuple[str, str, dtype, bool]]) -> _UserKernel:
+    """Compiles element function ``entry`` of LLVM IR ``ir`` with parameters (name, kind: in, out,
+    inout or scalar, dtype, raw) for the current executor's device. Errors: KernelCompileError
+    (the IR does not parse, verify or match params; line and column), InvalidUsageError (a
+    declaration), NotSupportedError (a GPU device), an OutOfMemoryError (the code does not fit)."""
+
+
+def _compile_elementwise(name: str, operation: str, params: list[tuple[str, dtype, bool, bool, list[int]]],
+                         shape: list[int], type_names: list[tuple[str, dtype]]) -> _UserKernel:
+    """Compiles an operation of kiln's operation language with parameters (name, dtype, array,
+    output, broadcast strides) over a launch of ``shape``. Errors: KernelCompileError (the
+    operation does not parse or type-check), then those of _compile_ir."""
+
+
+def _compile_reduction(name: str, texts: tuple[str, str, str, str],
+                       inputs: list[tuple[str, dtype, bool, bool, list[int]]],
+                       outputs: list[tuple[str, dtype, bool, bool, list[int]]], reduce_dtype: dtype,
+                       type_names: list[tuple[str, dtype]]) -> tuple[_UserKernel, _UserKernel]:
+    """Compiles a reduction's two kernels (partial, combine) from (map_expr, reduce_expr,
+    post_map_expr, identity). Errors: those of _compile_elementwise."""
+
+
+def _check_kernel_syntax(text: str, statements: bool, what: str) -> None:
+    """Parses ``text`` (statements, or one expression) without types. Errors: KernelCompileError
+    naming ``what``, with line and column."""
+
+
+def _launch_kernel(kernel: _UserKernel, args: list[Any], count: _Int | None = None) -> None:
+    """Launches ``kernel`` with ``args`` (kiln.ndarray for array parameters, numbers for scalars)
+    over ``count`` indices (default: the non-raw arrays' element count). Errors: InvalidTypeError,
+    InvalidUsageError naming the parameter, before anything runs; those of the launch
+    (DeviceHeapExhaustedError, RuntimeFaultError for a failed kiln_assert, DeviceLostError)."""

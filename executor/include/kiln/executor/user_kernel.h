@@ -43,6 +43,9 @@ struct KernelParam {
   std::string name;  ///< for messages: "x"
   ParamKind kind = ParamKind::in;
   DataType dtype = DataType::f32;
+  /// An array the kernel gets whole and indexes itself (CuPy's `raw`): any shape, any element
+  /// count. Otherwise an array has one element per index of the launch.
+  bool raw = false;
 };
 
 /// One argument of a launch: an array (for in, out and inout parameters) or a scalar. A scalar
@@ -86,6 +89,12 @@ class UserKernel {
   [[nodiscard]] std::string describe() const;
   /// The range kernel (KilnKernelFn) that runs the element function over [begin, end).
   [[nodiscard]] KilnKernelFn range_kernel() const { return range_kernel_; }
+  /// CPU launches: the fewest indices one task runs (the range split). Kernels whose index does
+  /// much work (a reduction's partial) set it low so a launch of few indices still spreads over
+  /// the worker threads. Default kDefaultMinElementsPerTask.
+  [[nodiscard]] int64_t min_indices_per_task() const { return min_indices_per_task_; }
+  /// Sets it (at least 1); only before the kernel is shared with other threads.
+  void set_min_indices_per_task(int64_t indices) { min_indices_per_task_ = indices < 1 ? 1 : indices; }
   /// The device context the kernel was compiled for: it launches only on that executor's.
   [[nodiscard]] const std::shared_ptr<DeviceContext> &context() const { return context_; }
 
@@ -100,6 +109,7 @@ class UserKernel {
   KilnKernelFn range_kernel_ = nullptr;
   uint64_t code_size_bytes_ = 0;
   bool charged_ = false;
+  int64_t min_indices_per_task_ = 1 << 16;  // kDefaultMinElementsPerTask (launcher.h)
 };
 
 }  // namespace kiln

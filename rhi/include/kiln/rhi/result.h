@@ -109,6 +109,13 @@ struct Failure {
   const char *site = "";             ///< the function that refused, e.g. "cuMemAlloc_v2", "MemoryBudget::reserve"
   const char *driver_status = "";    ///< the driver's own status name, e.g. "CUDA_ERROR_OUT_OF_MEMORY"
   std::string detail;                ///< what was wrong, for invalid_usage and runtime faults
+  /// A user kernel's code (its IR, an operation of the kernel language) did not compile: an
+  /// invalid_usage that Python raises as KernelCompileError.
+  bool kernel_compile = false;
+  /// Where in that code, 1-based; 0 when the failure has no position (a module that does not
+  /// verify).
+  uint32_t source_line = 0;
+  uint32_t source_column = 0;
   bool has_memory = false;           ///< whether `memory` was filled
   MemorySnapshot memory;             ///< live memory picture (out_of_memory failures)
   std::vector<std::string> context;  ///< lines added on the way up, innermost first

@@ -1,0 +1,512 @@
+"""Your own kernels: kiln.Kernel (LLVM IR), kiln.ElementwiseKernel and kiln.ReductionKernel
+(CuPy's signatures and meaning), launched through the same launcher as kiln's own operations.
+
+Parameter declarations are CuPy's: ``"float32 x, float32 y"``; a type is float32 (float, f32),
+float64 (double, f64), int32 (int, i32) or int64 (long, i64), or a placeholder (``T``) that the
+call resolves from its arguments. kiln.Kernel's declarations also say how the kernel uses each
+array: ``"in float32 x, out float32 z, float32 scale"`` (a parameter with no kind is a scalar;
+``raw`` before the kind: the kernel gets the whole array and indexes it itself).
+
+Compiled kernels are cached per device, keyed by the code, the argument types and the target:
+making the same kernel twice, or calling it again with the same types, compiles once. The cache
+holds at most ``_CACHE_ENTRIES`` specializations (least recently used go first); while cached, a
+kernel's code is charged to its device as ``code_object`` (kiln.memory_stats()).
+"""
+
+from __future__ import annotations
+
+import collections
+import keyword
+import math
+import numbers
+import re
+import threading
+from typing import Any
+
+from . import _kiln
+from ._errors import InvalidTypeError, InvalidUsageError, NotSupportedError
+
+__all__ = ["Kernel", "ElementwiseKernel", "ReductionKernel"]
+
+_DTYPE_NAMES: dict[str, Any] = {
+    "float32": _kiln.f32, "float": _kiln.f32, "f32": _kiln.f32,
+    "float64": _kiln.f64, "double": _kiln.f64, "f64": _kiln.f64,
+    "int32": _kiln.i32, "int": _kiln.i32, "i32": _kiln.i32,
+    "int64": _kiln.i64, "long": _kiln.i64, "i64": _kiln.i64,
+}
+# numpy's other type names: not placeholders, types kiln does not have.
+_OTHER_TYPES = {"bool", "float16", "half", "float128", "longdouble", "int8", "int16", "uint8", "uint16",
+                "uint32", "uint64", "complex64", "complex128", "complex", "raw"}
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_CACHE_ENTRIES = 256
+_cache: "collections.OrderedDict[tuple[Any, ...], Any]" = collections.OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _usage(site: str, detail: str) -> InvalidUsageError:
+    return InvalidUsageError(f"kiln could not {site}: {detail}", device="kiln", site=site,
+                             result="invalid_usage", oom_source="none", detail=detail)
+
+
+def _type_error(site: str, detail: str) -> InvalidTypeError:
+    return InvalidTypeError(f"kiln could not {site}: {detail}", device="kiln", site=site,
+                            result="invalid_usage", oom_source="none", detail=detail)
+
+
+class _Param:
+    """One declared parameter: name, dtype (None for a placeholder), placeholder, kind, raw."""
+
+    __slots__ = ("name", "dtype", "placeholder", "kind", "raw")
+
+    def __init__(self, name: str, dtype: Any, placeholder: str | None, kind: str, raw: bool) -> None:
+        self.name, self.dtype, self.placeholder, self.kind, self.raw = name, dtype, placeholder, kind, raw
+
+
+def _parse_params(text: Any, what: str, site: str, kinds: bool = False) -> list[_Param]:
+    """CuPy's declarations ("float32 x, T y"); with ``kinds``, kiln.Kernel's ("in float32 x")."""
+    if not isinstance(text, str):
+        raise _type_error(site, f"{what} must be a str such as \"float32 x, float32 y\", got "
+                                f"{type(text).__name__}")
+    params: list[_Param] = []
+    if not text.strip():
+        return params
+    for part in text.split(","):
+        words = part.split()
+        raw = bool(words) and words[0] == "raw"
+        if raw:
+            words = words[1:]
+        kind = "in"
+        if kinds:
+            kind = "scalar"
+            if words and words[0] in ("in", "out", "inout"):
+                kind, words = words[0], words[1:]
+            elif raw:
+                raise _usage(site, f"{what}: {part.strip()!r}: a raw parameter is an array: write "
+                                   "raw in/out/inout")
+        if len(words) != 2:
+            raise _usage(site, f"{what}: {part.strip()!r} is not a declaration (a type and a name, "
+                               "as \"float32 x\")")
+        type_name, name = words
+        if not _IDENTIFIER.match(name) or keyword.iskeyword(name):
+            raise _usage(site, f"{what}: {name!r} is not a parameter name")
+        if any(p.name == name for p in params):
+            raise _usage(site, f"{what}: {name} is declared twice")
+        dtype = _DTYPE_NAMES.get(type_name)
+        placeholder = None
+        if dtype is None:
+            if kinds or not _IDENTIFIER.match(type_name) or type_name in _OTHER_TYPES:
+                raise _usage(site, f"{what}: {type_name!r} is not a type kiln has (float32, "
+                                   "float64, int32, int64)" + ("" if kinds else " nor a type "
+                                                               "placeholder such as T"))
+            placeholder = type_name
+        params.append(_Param(name, dtype, placeholder, kind, raw))
+    return params
+
+
+def _scalar_dtype(value: Any) -> Any:
+    """The dtype a Python or numpy scalar brings to a placeholder (numpy's default types)."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and getattr(value, "ndim", 0) == 0:
+        return _DTYPE_NAMES.get(str(dtype))
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, numbers.Real)):
+        return None
+    return _kiln.i64 if isinstance(value, numbers.Integral) else _kiln.f64
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, _kiln.ndarray)
+
+
+def _cached(key: tuple[Any, ...], make: Any) -> Any:
+    """The compiled kernel(s) of `key`, made by make() once (per executor: key[0] is its
+    generation). Compiles run outside the lock; a racing twin's result is dropped."""
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit
+    made = make()
+    with _cache_lock:
+        _cache.setdefault(key, made)
+        _cache.move_to_end(key)
+        while len(_cache) > _CACHE_ENTRIES:
+            _cache.popitem(last=False)
+        return _cache[key]
+
+
+def _clear_cache() -> None:
+    """Drops every cached kernel (their code is uncharged once nothing else holds them)."""
+    with _cache_lock:
+        _cache.clear()
+
+
+def _check_name(name: Any, site: str) -> str:
+    if not isinstance(name, str):
+        raise _type_error(site, f"name must be a str, got {type(name).__name__}")
+    if not _IDENTIFIER.match(name):
+        raise _usage(site, f"name {name!r} is not a function name (letters, digits, '_')")
+    return name
+
+
+class _Types:
+    """Placeholder -> dtype, resolved from a call's arguments."""
+
+    def __init__(self, site: str) -> None:
+        self.site = site
+        self.bound: dict[str, Any] = {}
+
+    def bind(self, param: _Param, dtype: Any, from_array: bool, strong: set[str]) -> None:
+        if param.placeholder is None or dtype is None:
+            return
+        known = self.bound.get(param.placeholder)
+        if known is None or (from_array and param.placeholder not in strong):
+            self.bound[param.placeholder] = dtype
+            if from_array:
+                strong.add(param.placeholder)
+        elif from_array and known != dtype:
+            raise _type_error(self.site, f"{param.name} is declared {param.placeholder}, which "
+                                         f"is {known.name} here, got an array of {dtype.name}")
+
+    def of(self, param: _Param) -> Any:
+        if param.dtype is not None:
+            return param.dtype
+        dtype = self.bound.get(param.placeholder or "")
+        if dtype is None:
+            raise _usage(self.site, f"the type {param.placeholder} of {param.name} is not known: "
+                                    "pass an argument of that type")
+        return dtype
+
+
+class Kernel:
+    """A kernel from LLVM IR (text or bitcode) in kiln's user-kernel ABI
+    (runtime/include/kiln/runtime/kernel_abi.h): ``entry`` is the element function
+    ``define void @entry(ptr %context, <one LLVM parameter per declared parameter>)``, run once per
+    element index; an array is a ``ptr`` to its first element, a scalar ``float``, ``double``,
+    ``i32`` or ``i64``; it may call kiln_index, kiln_count, kiln_heap_allocate and kiln_assert.
+
+    ``params``: ``"in float32 x, in float32 y, out float32 z, float32 scale"``: in/out/inout
+    arrays (one element per index, unless ``raw``) and scalars. Compiled for the current device
+    when made; the IR is checked whole first (it parses, verifies, its signature matches params,
+    it calls only what kiln provides): otherwise KernelCompileError with the line and column.
+
+    ``k(*args, size=None)`` launches it: arrays for array parameters (every non-raw array has
+    the launch's element count; ``size`` gives it when all arrays are raw), numbers for scalars.
+    Errors: InvalidTypeError / InvalidUsageError naming the parameter (count, kind, dtype, shape,
+    an output overlapping another argument), before anything runs; DeviceHeapExhaustedError when
+    kiln_heap_allocate ran dry, RuntimeFaultError for a failed kiln_assert (its message and
+    index). Thread-safe.
+    """
+
+    def __init__(self, ir: str | bytes, entry: str, params: str = "") -> None:
+        site = "make kernel"
+        self.entry = _check_name(entry, site) if isinstance(entry, str) else entry
+        self._params = _parse_params(params, "params", site, kinds=True)
+        if not isinstance(ir, (str, bytes)):
+            raise _type_error(site, f"ir must be LLVM IR text (str) or bitcode (bytes), got "
+                                    f"{type(ir).__name__}")
+        self._ir = ir
+        self._declared = [(p.name, p.kind, p.dtype, p.raw) for p in self._params]
+        self._compiled()  # compile errors now, not at the first call
+
+    def _compiled(self) -> Any:
+        key = (_kiln._executor_generation(), "ir", self._ir, self.entry, tuple(self._declared))
+        return _cached(key, lambda: _kiln._compile_ir(self._ir, self.entry, self._declared))
+
+    @property
+    def code_size_bytes(self) -> int:
+        """Bytes of compiled code, charged to the device as code_object while cached."""
+        return int(self._compiled().code_size_bytes)
+
+    def __call__(self, *args: Any, size: int | None = None) -> None:
+        _kiln._launch_kernel(self._compiled(), list(args), size)
+
+    def __repr__(self) -> str:
+        return f"kiln.Kernel({self.entry!r}, params={', '.join(f'{k} {d.name} {n}' for n, k, d, _ in self._declared)!r})"
+
+
+def _broadcast_shape(shapes: list[tuple[int, ...]], names: list[str], site: str) -> tuple[int, ...]:
+    ndim = max((len(s) for s in shapes), default=0)
+    result = [1] * ndim
+    for shape, name in zip(shapes, names):
+        for k, extent in enumerate(shape):
+            at = ndim - len(shape) + k
+            if extent != 1 and result[at] not in (1, extent):
+                raise _usage(site, "the arguments do not broadcast together: " + ", ".join(
+                    f"{n} {tuple(s)}" for n, s in zip(names, shapes)) + f" ({name})")
+            if extent != 1:
+                result[at] = extent
+    return tuple(result)
+
+
+def _broadcast_strides(shape: tuple[int, ...], full: tuple[int, ...]) -> list[int]:
+    """Element strides of a C-contiguous array of `shape` over the dimensions of `full`
+    (0 where it is broadcast)."""
+    strides = [0] * len(full)
+    step = 1
+    for k in range(len(shape) - 1, -1, -1):
+        at = len(full) - len(shape) + k
+        strides[at] = step if shape[k] != 1 else 0
+        step *= shape[k]
+    return strides
+
+
+class ElementwiseKernel:
+    """CuPy's ElementwiseKernel: ``operation`` runs once per element index ``i`` of the
+    broadcast shape of the arguments, in kiln's operation language (kernel_language.h: C-like
+    statements, ``z = (x - y) * (x - y)``; casts, locals, sqrt exp log sin cos tan tanh abs min
+    max floor ceil pow fma and more), compiled to LLVM IR by kiln itself.
+
+    ``in_params``, ``out_params``: ``"float32 x, T y"``. ``k(x, y)`` allocates the outputs (the
+    broadcast shape; a placeholder's dtype from the arguments), ``k(x, y, z)`` writes z in place.
+    An input may be a kiln.ndarray or a number (a scalar; a placeholder it alone binds is int64 for
+    an int, float64 for a float). Returns the output, a tuple of several (or always with
+    ``return_tuple=True``), or None with ``no_return=True``.
+
+    Errors: KernelCompileError when the operation does not parse (when the kernel is made) or
+    does not type-check (at the first call with new types: unknown name or function, wrong
+    arity, an input assigned), with ``line`` and ``column``; InvalidUsageError for a declaration
+    that is wrong; at a call, InvalidTypeError / InvalidUsageError naming the parameter (wrong
+    count, a dtype other than declared, shapes that do not broadcast, an output of the wrong
+    shape or overlapping another argument) before anything is allocated; an OutOfMemoryError
+    subclass when an output cannot be had. Thread-safe.
+    """
+
+    def __init__(self, in_params: str, out_params: str, operation: str, name: str = "kernel",
+                 reduce_dims: bool = True, preamble: str = "", no_return: bool = False,
+                 return_tuple: bool = False, **kwargs: Any) -> None:
+        site = "make ElementwiseKernel"
+        self.name = _check_name(name, site)
+        self.in_params = _parse_params(in_params, "in_params", site)
+        self.out_params = _parse_params(out_params, "out_params", site)
+        for p in self.in_params + self.out_params:
+            if p.raw:
+                raise NotSupportedError(f"kiln could not {site}: raw parameters ({p.name}) are not "
+                                        "in kiln's operation language yet", device="kiln",
+                                        site=site, result="not_supported", oom_source="none")
+            if p.name == "i":
+                raise _usage(site, "a parameter may not be named i (the element's index)")
+        names = [p.name for p in self.in_params + self.out_params]
+        if len(set(names)) != len(names):
+            raise _usage(site, "a name is both an input and an output: " + ", ".join(names))
+        if not self.out_params:
+            raise _usage(site, "out_params declares no output")
+        if preamble or kwargs:
+            raise NotSupportedError(f"kiln could not {site}: preamble and CUDA options have no "
+                                    "meaning for kiln's operation language", device="kiln",
+                                    site=site, result="not_supported", oom_source="none")
+        if not isinstance(operation, str):
+            raise _type_error(site, f"operation must be a str, got {type(operation).__name__}")
+        self.operation = operation
+        self.no_return, self.return_tuple = no_return, return_tuple
+        _kiln._check_kernel_syntax(operation, True, f"operation of kernel {self.name}")
+
+    def __call__(self, *args: Any, size: int | None = None) -> Any:
+        site = "call " + self.name
+        n_in, n_out = len(self.in_params), len(self.out_params)
+        if len(args) not in (n_in, n_in + n_out):
+            raise _usage(site, f"takes {n_in} arguments (inputs) or {n_in + n_out} (inputs and "
+                               f"outputs), got {len(args)}")
+        inputs, outputs = list(args[:n_in]), list(args[n_in:])
+        types = _Types(site)
+        strong: set[str] = set()
+        for p, a in zip(self.in_params, inputs):
+            if _is_array(a):
+                types.bind(p, a.dtype, True, strong)
+            elif _scalar_dtype(a) is None:
+                raise _type_error(site, f"{p.name} must be a kiln.ndarray or a number, got "
+                                        f"{type(a).__name__}")
+        for p, a in zip(self.out_params, outputs):
+            if not _is_array(a):
+                raise _type_error(site, f"output {p.name} must be a kiln.ndarray, got "
+                                        f"{type(a).__name__}")
+            types.bind(p, a.dtype, True, strong)
+        for p, a in zip(self.in_params, inputs):
+            if not _is_array(a):
+                types.bind(p, _scalar_dtype(a), False, strong)
+        for p, a in zip(self.in_params + self.out_params, inputs + outputs):
+            if _is_array(a) and p.dtype is not None and a.dtype != p.dtype:
+                raise _type_error(site, f"{p.name} is declared {p.dtype.name}, got an array of "
+                                        f"{a.dtype.name} {tuple(a.shape)}")
+        arrays = [(p.name, tuple(a.shape)) for p, a in zip(self.in_params + self.out_params,
+                                                              inputs + outputs) if _is_array(a)]
+        if arrays:
+            shape = _broadcast_shape([s for _, s in arrays], [n for n, _ in arrays], site)
+        elif size is not None:
+            shape = (int(size),)
+        else:
+            raise _usage(site, "no argument is an array: pass size= (the element count)")
+        for p, a in zip(self.out_params, outputs):
+            if tuple(a.shape) != shape:
+                raise _usage(site, f"output {p.name} has shape {tuple(a.shape)}, the arguments "
+                                   f"broadcast to {shape}")
+        params: list[tuple[str, Any, bool, bool, list[int]]] = []
+        broadcast = False
+        for p, a in zip(self.in_params, inputs):
+            dtype = types.of(p)
+            strides: list[int] = []
+            if _is_array(a) and tuple(a.shape) != shape:
+                strides, broadcast = _broadcast_strides(tuple(a.shape), shape), True
+            params.append((p.name, dtype, _is_array(a), False, strides))
+        for p in self.out_params:
+            params.append((p.name, types.of(p), True, True, []))
+        type_names = sorted(types.bound.items())
+        key = (_kiln._executor_generation(), "elementwise", self.name, self.operation,
+               tuple((n, d, arr, o, tuple(s)) for n, d, arr, o, s in params),
+               shape if broadcast else None, tuple(type_names))
+        kernel = _cached(key, lambda: _kiln._compile_elementwise(
+            self.name, self.operation, params, list(shape), type_names))
+        made: list[Any] = []
+        try:
+            while len(outputs) < n_out:
+                out = _kiln.ndarray(types.of(self.out_params[len(outputs)]), shape)
+                made.append(out)
+                outputs.append(out)
+            _kiln._launch_kernel(kernel, inputs + outputs, math.prod(shape))
+        except BaseException:
+            for out in made:
+                out.free()
+            raise
+        if self.no_return:
+            return None
+        if n_out == 1 and not self.return_tuple:
+            return outputs[0]
+        return tuple(outputs)
+
+
+class ReductionKernel:
+    """CuPy's ReductionKernel: ``map_expr`` maps each element (the inputs' names), ``reduce_expr``
+    folds two mapped values ``a`` and ``b``, starting from ``identity``; ``post_map_expr`` writes
+    the outputs from the result ``a`` (``"y = sqrt(a)"``). All in kiln's operation language.
+
+    ``k(x, axis=None, keepdims=False, out=None)``: over the whole array (a 0-d output), or over one
+    ``axis`` (the output has the other dimensions). The inputs' arrays have one shape; numbers
+    are scalars. ``reduce_type`` (default: the first output's type) is the type of ``a`` and
+    ``b``. The fold runs in parallel over parts of the reduced axis, then over the parts' results
+    (the order of a floating-point sum differs from numpy's pairwise sum: results agree to
+    rounding). Errors: as ElementwiseKernel's; identity None is InvalidUsageError (kiln needs an
+    identity). Thread-safe.
+    """
+
+    def __init__(self, in_params: str, out_params: str, map_expr: str, reduce_expr: str,
+                 post_map_expr: str, identity: Any, name: str = "reduce_kernel",
+                 reduce_type: str | None = None, reduce_dims: bool = True, preamble: str = "",
+                 **kwargs: Any) -> None:
+        site = "make ReductionKernel"
+        self.name = _check_name(name, site)
+        self.in_params = _parse_params(in_params, "in_params", site)
+        self.out_params = _parse_params(out_params, "out_params", site)
+        if not self.in_params or not self.out_params:
+            raise _usage(site, "a reduction needs an input and an output")
+        for p in self.in_params + self.out_params:
+            if p.raw or p.name in ("a", "b", "i") or p.name.startswith("_"):
+                raise _usage(site, f"parameter {p.name}: a, b and i are the reduction's own names, "
+                                   "names starting with _ are kiln's, raw is not supported")
+        if identity is None:
+            raise _usage(site, "identity is None: kiln's reductions start from an identity "
+                               "(\"0\" for a sum, \"1\" for a product, \"-INFINITY\" is written "
+                               "-1.0/0.0)")
+        if preamble or kwargs:
+            raise NotSupportedError(f"kiln could not {site}: preamble and CUDA options have no "
+                                    "meaning for kiln's operation language", device="kiln",
+                                    site=site, result="not_supported", oom_source="none")
+        texts: list[str] = []
+        for what, text in (("map_expr", map_expr), ("reduce_expr", reduce_expr),
+                           ("post_map_expr", post_map_expr), ("identity", identity)):
+            if what == "identity" and isinstance(text, (int, float)) and not isinstance(text, bool):
+                text = repr(text)
+            if not isinstance(text, str):
+                raise _type_error(site, f"{what} must be a str, got {type(text).__name__}")
+            _kiln._check_kernel_syntax(text, what == "post_map_expr", f"{what} of kernel {self.name}")
+            texts.append(text)
+        self.texts = (texts[0], texts[1], texts[2], texts[3])
+        if reduce_type is not None and reduce_type not in _DTYPE_NAMES:
+            raise _usage(site, f"reduce_type {reduce_type!r} is not a type kiln has")
+        self.reduce_type = reduce_type
+
+    def __call__(self, *args: Any, out: Any = None, axis: int | None = None,
+                 keepdims: bool = False) -> Any:
+        site = "call " + self.name
+        if len(args) != len(self.in_params):
+            raise _usage(site, f"takes {len(self.in_params)} inputs, got {len(args)}")
+        inputs = list(args)
+        types = _Types(site)
+        strong: set[str] = set()
+        for p, a in zip(self.in_params, inputs):
+            if _is_array(a):
+                if p.dtype is not None and a.dtype != p.dtype:
+                    raise _type_error(site, f"{p.name} is declared {p.dtype.name}, got an array of "
+                                            f"{a.dtype.name} {tuple(a.shape)}")
+                types.bind(p, a.dtype, True, strong)
+            elif _scalar_dtype(a) is None:
+                raise _type_error(site, f"{p.name} must be a kiln.ndarray or a number, got "
+                                        f"{type(a).__name__}")
+        for p, a in zip(self.in_params, inputs):
+            if not _is_array(a):
+                types.bind(p, _scalar_dtype(a), False, strong)
+        shapes = {tuple(a.shape) for a in inputs if _is_array(a)}
+        if len(shapes) != 1:
+            raise _usage(site, "the inputs' arrays must have one shape, got " + (
+                ", ".join(f"{p.name} {tuple(a.shape)}" for p, a in zip(self.in_params, inputs)
+                          if _is_array(a)) or "no array"))
+        shape = shapes.pop()
+        if axis is None:
+            k, outer, inner = math.prod(shape), 1, 1
+            out_shape: tuple[int, ...] = (1,) * len(shape) if keepdims else ()
+        else:
+            if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+                raise _type_error(site, f"axis must be an int or None, got {type(axis).__name__}")
+            if not -len(shape) <= axis < len(shape):
+                raise _usage(site, f"axis {axis} is out of range for shape {shape}")
+            ax = int(axis) % len(shape)
+            k, outer, inner = shape[ax], math.prod(shape[:ax]), math.prod(shape[ax + 1:])
+            out_shape = shape[:ax] + ((1,) if keepdims else ()) + shape[ax + 1:]
+        outputs: list[Any] = []
+        if out is not None:
+            outs = list(out) if isinstance(out, (tuple, list)) else [out]
+            if len(outs) != len(self.out_params):
+                raise _usage(site, f"out gives {len(outs)} arrays for {len(self.out_params)} outputs")
+            for p, o in zip(self.out_params, outs):
+                if not _is_array(o):
+                    raise _type_error(site, f"out {p.name} must be a kiln.ndarray, got {type(o).__name__}")
+                if tuple(o.shape) != out_shape:
+                    raise _usage(site, f"out {p.name} has shape {tuple(o.shape)}, the reduction "
+                                       f"gives {out_shape}")
+                types.bind(p, o.dtype, True, strong)
+            outputs = outs
+        out_dtypes = [types.of(p) for p in self.out_params]
+        for p, o in zip(self.out_params, outputs):
+            if o.dtype != types.of(p):
+                raise _type_error(site, f"out {p.name} is declared {types.of(p).name}, got an "
+                                        f"array of {o.dtype.name}")
+        reduce_dtype = _DTYPE_NAMES[self.reduce_type] if self.reduce_type else out_dtypes[0]
+        ins: list[tuple[str, Any, bool, bool, list[int]]] = [
+            (p.name, types.of(p), _is_array(a), False, []) for p, a in zip(self.in_params, inputs)]
+        outs_decl: list[tuple[str, Any, bool, bool, list[int]]] = [
+            (p.name, d, True, True, []) for p, d in zip(self.out_params, out_dtypes)]
+        type_names = sorted(types.bound.items())
+        key = (_kiln._executor_generation(), "reduction", self.name, tuple(self.texts),
+               tuple((n, d, a) for n, d, a, _, _ in ins), tuple((n, d) for n, d, *_ in outs_decl),
+               reduce_dtype, tuple(type_names))
+        partial, combine = _cached(key, lambda: _kiln._compile_reduction(
+            self.name, self.texts, ins, outs_decl, reduce_dtype, type_names))
+        n_outputs = outer * inner
+        parts = 1 if k < 8192 or n_outputs >= 64 else max(1, min(k // 4096, -(-256 // n_outputs)))
+        scalars = [a for a in inputs if not _is_array(a)]
+        made: list[Any] = []
+        try:
+            for d in out_dtypes[len(outputs):]:
+                o = _kiln.ndarray(d, out_shape)
+                made.append(o)
+                outputs.append(o)
+            staging = _kiln.ndarray(reduce_dtype, (max(1, n_outputs * parts),))
+            made.append(staging)
+            if n_outputs > 0:
+                _kiln._launch_kernel(partial, inputs + [staging, k, inner, parts], n_outputs * parts)
+                _kiln._launch_kernel(combine, [staging] + outputs + scalars + [parts], n_outputs)
+        except BaseException:
+            for o in made:
+                o.free()
+            raise
+        staging.free()
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+

@@ -1,0 +1,388 @@
+// The operation language's lexer and recursive-descent parser (syntax.h). Precedence and
+// associativity are C's (ISO C 6.5), lowest first: ?: || && | ^ & == != < <= > >= << >> + - * / %
+// and the unary operators - + ! ~ and casts.
+#include "syntax.h"
+
+#include <algorithm>
+#include <array>
+#include <optional>
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace kiln::runtime::lang {
+namespace {
+
+struct Token {
+  enum class Kind : uint8_t { end, identifier, int_literal, float_literal, punct };
+  Kind kind = Kind::end;
+  std::string text;
+  uint32_t offset = 0;
+};
+
+// Longest first, so "<=" wins over "<".
+constexpr std::array<std::string_view, 30> kPunctuators = {
+    "<<=", ">>=", "+=", "-=", "*=", "/=", "%=", "==", "!=", "<=", ">=", "&&", "||", "<<", ">>",
+    "+",   "-",   "*",  "/",  "%",  "<",  ">",  "=",  "!",  "~",  "&",  "|",  "^",  "?",  ":"};
+
+bool ident_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
+bool ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+class Lexer {
+ public:
+  explicit Lexer(std::string_view text) : text_(text) {}
+
+  Parsed<std::vector<Token>> run() {
+    std::vector<Token> tokens;
+    for (;;) {
+      skip_space_and_comments();
+      const auto at = static_cast<uint32_t>(pos_);
+      if (pos_ >= text_.size()) {
+        tokens.push_back({Token::Kind::end, "", at});
+        return tokens;
+      }
+      const char c = text_[pos_];
+      if (ident_start(c)) {
+        while (pos_ < text_.size() && ident_char(text_[pos_])) ++pos_;
+        tokens.push_back({Token::Kind::identifier, std::string(text_.substr(at, pos_ - at)), at});
+      } else if (std::isdigit(static_cast<unsigned char>(c)) ||
+                 (c == '.' && pos_ + 1 < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_ + 1])))) {
+        auto number = lex_number();
+        if (!number) return std::unexpected(number.error());
+        tokens.push_back(std::move(*number));
+      } else if (c == '(' || c == ')' || c == ',' || c == ';') {
+        tokens.push_back({Token::Kind::punct, std::string(1, c), at});
+        ++pos_;
+      } else if (auto p = punctuator()) {
+        tokens.push_back({Token::Kind::punct, std::string(*p), at});
+        pos_ += p->size();
+      } else if (c == '"' || c == '\'') {
+        return std::unexpected(SourceError{at, "a string or character literal has no meaning here: an "
+                                               "operation computes with numbers"});
+      } else {
+        const auto shown = static_cast<unsigned char>(c);
+        return std::unexpected(SourceError{
+            at, std::isprint(shown) ? fmt::format("unexpected character '{}'", c)
+                                    : fmt::format("unexpected byte 0x{:02x}", static_cast<unsigned>(shown))});
+      }
+    }
+  }
+
+ private:
+  void skip_space_and_comments() {
+    for (;;) {
+      while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+      if (text_.substr(pos_, 2) == "//") {
+        while (pos_ < text_.size() && text_[pos_] != '\n') ++pos_;
+      } else if (text_.substr(pos_, 2) == "/*") {
+        const std::size_t end = text_.find("*/", pos_ + 2);
+        pos_ = end == std::string_view::npos ? text_.size() : end + 2;
+      } else {
+        return;
+      }
+    }
+  }
+
+  std::optional<std::string_view> punctuator() const {
+    for (const std::string_view p : kPunctuators)
+      if (text_.substr(pos_, p.size()) == p) return p;
+    return std::nullopt;
+  }
+
+  Parsed<Token> lex_number() {
+    const auto at = static_cast<uint32_t>(pos_);
+    bool floating = false;
+    while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+    if (pos_ < text_.size() && text_[pos_] == '.') {
+      floating = true;
+      ++pos_;
+      while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+    }
+    if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
+      std::size_t p = pos_ + 1;
+      if (p < text_.size() && (text_[p] == '+' || text_[p] == '-')) ++p;
+      if (p < text_.size() && std::isdigit(static_cast<unsigned char>(text_[p]))) {
+        floating = true;
+        pos_ = p;
+        while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+      }
+    }
+    std::string spelling(text_.substr(at, pos_ - at));
+    if (pos_ < text_.size() && (text_[pos_] == 'f' || text_[pos_] == 'F')) {
+      ++pos_;
+      return Token{Token::Kind::float_literal, spelling + "f", at};
+    }
+    if (pos_ < text_.size() && ident_char(text_[pos_]))
+      return std::unexpected(SourceError{static_cast<uint32_t>(pos_),
+                                         fmt::format("'{}' cannot follow the number {}", text_[pos_], spelling)});
+    return Token{floating ? Token::Kind::float_literal : Token::Kind::int_literal, spelling, at};
+  }
+
+  std::string_view text_;
+  std::size_t pos_ = 0;
+};
+
+std::unique_ptr<Expr> node(Expr::Kind kind, std::string text, uint32_t offset) {
+  auto e = std::make_unique<Expr>();
+  e->kind = kind;
+  e->text = std::move(text);
+  e->offset = offset;
+  return e;
+}
+
+/// The binary operators by precedence level, lowest first (the ternary sits below them all).
+constexpr std::array<std::array<std::string_view, 4>, 10> kBinaryLevels = {{
+    {"||"}, {"&&"}, {"|"}, {"^"}, {"&"}, {"==", "!="}, {"<", "<=", ">", ">="}, {"<<", ">>"},
+    {"+", "-"}, {"*", "/", "%"}}};
+
+class Parser {
+ public:
+  explicit Parser(std::vector<Token> tokens) : tokens_(std::move(tokens)) {}
+
+  Parsed<std::vector<Statement>> statements() {
+    std::vector<Statement> result;
+    while (peek().kind != Token::Kind::end) {
+      if (accept(";")) continue;
+      auto s = statement();
+      if (!s) return std::unexpected(s.error());
+      result.push_back(std::move(*s));
+      if (peek().kind != Token::Kind::end && !accept(";"))
+        return fail(peek(), fmt::format("expected ';' between statements, got {}", shown(peek())));
+    }
+    return result;
+  }
+
+  Parsed<std::unique_ptr<Expr>> whole_expression() {
+    if (peek().kind == Token::Kind::end) return fail(peek(), "expected an expression, got nothing");
+    auto e = expression();
+    if (!e) return e;
+    if (peek().kind != Token::Kind::end)
+      return fail(peek(), fmt::format("expected the end of the expression, got {}", shown(peek())));
+    return e;
+  }
+
+ private:
+  const Token &peek(std::size_t ahead = 0) const {
+    return tokens_[std::min(pos_ + ahead, tokens_.size() - 1)];
+  }
+  bool is(const Token &t, std::string_view punct) const {
+    return t.kind == Token::Kind::punct && t.text == punct;
+  }
+  bool accept(std::string_view punct) {
+    if (!is(peek(), punct)) return false;
+    ++pos_;
+    return true;
+  }
+  static std::string shown(const Token &t) {
+    return t.kind == Token::Kind::end ? std::string("the end of the text") : fmt::format("'{}'", t.text);
+  }
+  static std::unexpected<SourceError> fail(const Token &t, std::string message) {
+    return std::unexpected(SourceError{t.offset, std::move(message)});
+  }
+
+  Parsed<Statement> statement() {
+    if (peek().kind == Token::Kind::identifier && peek().text == "const") ++pos_;
+    const Token &first = peek();
+    if (first.kind != Token::Kind::identifier)
+      return fail(first, fmt::format("expected a statement (name = expression), got {}", shown(first)));
+    Statement s;
+    if (peek(1).kind == Token::Kind::identifier) {  // T name = value
+      s.type_name = first.text;
+      ++pos_;
+    }
+    const Token &name = peek();
+    if (name.kind != Token::Kind::identifier)
+      return fail(name, fmt::format("expected a name after the type {}, got {}", s.type_name, shown(name)));
+    s.name = name.text;
+    s.offset = name.offset;
+    ++pos_;
+    const Token &op = peek();
+    static constexpr std::array<std::string_view, 8> kAssign = {"=", "+=", "-=", "*=", "/=", "%=", "<<=", ">>="};
+    const bool assigns = op.kind == Token::Kind::punct &&
+                         std::find(kAssign.begin(), kAssign.end(), op.text) != kAssign.end();
+    if (!assigns || (!s.type_name.empty() && op.text != "="))
+      return fail(op, fmt::format("expected '=' after {}, got {}", s.name, shown(op)));
+    s.op = op.text;
+    ++pos_;
+    auto value = expression();
+    if (!value) return std::unexpected(value.error());
+    s.value = std::move(*value);
+    return s;
+  }
+
+  Parsed<std::unique_ptr<Expr>> expression() {
+    auto condition = binary(0);
+    if (!condition || !is(peek(), "?")) return condition;
+    const Token &question = peek();
+    ++pos_;
+    auto then = expression();
+    if (!then) return then;
+    if (!accept(":")) return fail(peek(), fmt::format("expected ':' of the '?' operator, got {}", shown(peek())));
+    auto otherwise = expression();
+    if (!otherwise) return otherwise;
+    auto e = node(Expr::Kind::ternary, "?:", question.offset);
+    e->operands.push_back(std::move(*condition));
+    e->operands.push_back(std::move(*then));
+    e->operands.push_back(std::move(*otherwise));
+    return e;
+  }
+
+  Parsed<std::unique_ptr<Expr>> binary(std::size_t level) {
+    if (level == kBinaryLevels.size()) return unary();
+    auto left = binary(level + 1);
+    if (!left) return left;
+    for (;;) {
+      const Token &op = peek();
+      const auto &ops = kBinaryLevels[level];
+      if (op.kind != Token::Kind::punct || std::find(ops.begin(), ops.end(), op.text) == ops.end() || op.text.empty())
+        return left;
+      ++pos_;
+      auto right = binary(level + 1);
+      if (!right) return right;
+      auto e = node(Expr::Kind::binary, op.text, op.offset);
+      e->operands.push_back(std::move(*left));
+      e->operands.push_back(std::move(*right));
+      left = std::move(e);
+    }
+  }
+
+  /// '(' T ')' starting here, T a type name (a builtin one, or any name when what follows the
+  /// ')' can only start an operand: "(T)x", "(T)(a + b)").
+  bool at_cast() const {
+    if (!is(peek(), "(") || peek(1).kind != Token::Kind::identifier || !is(peek(2), ")")) return false;
+    if (is_builtin_type_name(peek(1).text)) return true;
+    const Token &after = peek(3);
+    return after.kind == Token::Kind::identifier || after.kind == Token::Kind::int_literal ||
+           after.kind == Token::Kind::float_literal || is(after, "(") || is(after, "!") || is(after, "~");
+  }
+
+  Parsed<std::unique_ptr<Expr>> unary() {
+    if (++depth_ > kMaxDepth) return fail(peek(), fmt::format("the expression nests deeper than {} levels", kMaxDepth));
+    struct Leave { int &d; ~Leave() { --d; } } leave{depth_};
+    const Token &t = peek();
+    if (is(t, "-") || is(t, "+") || is(t, "!") || is(t, "~")) {
+      ++pos_;
+      auto operand = unary();
+      if (!operand) return operand;
+      auto e = node(Expr::Kind::unary, t.text, t.offset);
+      e->operands.push_back(std::move(*operand));
+      return e;
+    }
+    if (at_cast()) {
+      const Token &type = peek(1);
+      pos_ += 3;
+      auto operand = unary();
+      if (!operand) return operand;
+      auto e = node(Expr::Kind::cast, type.text, type.offset);
+      e->operands.push_back(std::move(*operand));
+      return e;
+    }
+    return postfix();
+  }
+
+  Parsed<std::unique_ptr<Expr>> postfix() {
+    const Token &t = peek();
+    if (t.kind == Token::Kind::identifier && is(peek(1), "(")) {
+      auto call = node(Expr::Kind::call, t.text, t.offset);
+      pos_ += 2;
+      if (!accept(")")) {
+        for (;;) {
+          auto argument = expression();
+          if (!argument) return argument;
+          call->operands.push_back(std::move(*argument));
+          if (accept(")")) break;
+          if (!accept(","))
+            return fail(peek(), fmt::format("expected ',' or ')' in the call of {}, got {}", t.text, shown(peek())));
+        }
+      }
+      return call;
+    }
+    return primary();
+  }
+
+  Parsed<std::unique_ptr<Expr>> primary() {
+    const Token &t = peek();
+    switch (t.kind) {
+      case Token::Kind::identifier: {
+        ++pos_;
+        if (t.text == "true" || t.text == "false") {
+          auto e = node(Expr::Kind::bool_literal, t.text, t.offset);
+          e->int_value = t.text == "true";
+          return e;
+        }
+        return node(Expr::Kind::name, t.text, t.offset);
+      }
+      case Token::Kind::int_literal: {
+        ++pos_;
+        auto e = node(Expr::Kind::int_literal, t.text, t.offset);
+        const auto [end, ec] = std::from_chars(t.text.data(), t.text.data() + t.text.size(), e->int_value);
+        if (ec != std::errc() || end != t.text.data() + t.text.size())
+          return fail(t, fmt::format("the integer {} does not fit in int64", t.text));
+        return e;
+      }
+      case Token::Kind::float_literal: {
+        ++pos_;
+        auto e = node(Expr::Kind::float_literal, t.text, t.offset);
+        e->float32 = t.text.back() == 'f';
+        e->float_value = std::strtod(t.text.c_str(), nullptr);  // stops at the f suffix
+        return e;
+      }
+      case Token::Kind::punct:
+        if (accept("(")) {
+          auto e = expression();
+          if (!e) return e;
+          if (!accept(")")) return fail(peek(), fmt::format("expected ')', got {}", shown(peek())));
+          return e;
+        }
+        return fail(t, fmt::format("expected an operand (a name, a number or '('), got {}", shown(t)));
+      case Token::Kind::end: break;
+    }
+    return fail(t, "expected an operand, got the end of the text");
+  }
+
+  static constexpr int kMaxDepth = 200;  // deeper text is refused, not a stack overflow
+  std::vector<Token> tokens_;
+  std::size_t pos_ = 0;
+  int depth_ = 0;
+};
+
+}  // namespace
+
+bool is_builtin_type_name(std::string_view name) {
+  static constexpr std::array<std::string_view, 9> kNames = {"float", "double", "float32", "float64", "int",
+                                                             "long",  "int32",  "int64",   "bool"};
+  return std::find(kNames.begin(), kNames.end(), name) != kNames.end();
+}
+
+Parsed<std::vector<Statement>> parse_statements(std::string_view text) {
+  auto tokens = Lexer(text).run();
+  if (!tokens) return std::unexpected(tokens.error());
+  return Parser(std::move(*tokens)).statements();
+}
+
+Parsed<std::unique_ptr<Expr>> parse_expression(std::string_view text) {
+  auto tokens = Lexer(text).run();
+  if (!tokens) return std::unexpected(tokens.error());
+  return Parser(std::move(*tokens)).whole_expression();
+}
+
+std::string describe(std::string_view text, const SourceError &error, uint32_t *line, uint32_t *column) {
+  const std::size_t offset = std::min<std::size_t>(error.offset, text.size());
+  const std::size_t line_start = text.rfind('\n', offset == 0 ? 0 : offset - 1);
+  const std::size_t begin = (line_start == std::string_view::npos || (offset == 0 && text[0] != '\n')) ? 0 : line_start + 1;
+  std::size_t end = text.find('\n', begin);
+  if (end == std::string_view::npos) end = text.size();
+  *line = 1 + static_cast<uint32_t>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(begin), '\n'));
+  *column = 1 + static_cast<uint32_t>(offset - begin);
+  std::string shown;
+  for (const char c : text.substr(begin, end - begin))  // tabs keep the caret aligned
+    shown += std::isprint(static_cast<unsigned char>(c)) || c == '\t' ? c : '?';
+  std::string caret;
+  for (std::size_t k = begin; k < offset; ++k) caret += text[k] == '\t' ? '\t' : ' ';
+  return fmt::format("line {}, column {}: {}\n    {}\n    {}^", *line, *column, error.message, shown, caret);
+}
+
+}  // namespace kiln::runtime::lang

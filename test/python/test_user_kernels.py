@@ -1,0 +1,304 @@
+"""kiln.Kernel, kiln.ElementwiseKernel and kiln.ReductionKernel: numpy's results on cpu and mock,
+CuPy's signatures, every mistake a named error before anything is allocated, compiled code
+charged while cached."""
+import gc
+import pickle
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import _kernels
+
+SQUARED_DIFF = ("float32 x, float32 y", "float32 z", "z = (x - y) * (x - y)", "squared_diff")
+
+IR_SCALE = """
+declare i64 @kiln_index(ptr)
+define void @scale(ptr %ctx, ptr %x, ptr %y, float %alpha) {
+  %i = call i64 @kiln_index(ptr %ctx)
+  %px = getelementptr float, ptr %x, i64 %i
+  %v = load float, ptr %px
+  %r = fmul float %v, %alpha
+  %py = getelementptr float, ptr %y, i64 %i
+  store float %r, ptr %py
+  ret void
+}
+"""
+
+IR_HEAP = """
+declare ptr @kiln_heap_allocate(ptr, i64, i64)
+define void @heap_user(ptr %ctx, ptr %out, i64 %bytes) {
+  %block = call ptr @kiln_heap_allocate(ptr %ctx, i64 %bytes, i64 8)
+  %null = icmp eq ptr %block, null
+  br i1 %null, label %done, label %use
+use:
+  store i64 7, ptr %block
+  ret void
+done:
+  ret void
+}
+"""
+
+
+@pytest.fixture(params=["cpu", "mock"])
+def arch(request):
+    kiln.init(arch=request.param, num_threads=2)
+    _kernels._clear_cache()
+    yield request.param
+    _kernels._clear_cache()
+
+
+def array(values, dtype=np.float32):
+    return kiln.from_numpy(np.ascontiguousarray(np.asarray(values, dtype=dtype)))
+
+
+def in_use(category):
+    return kiln.memory_stats()["current_bytes"][category]
+
+
+# --- ElementwiseKernel ------------------------------------------------------------------------
+
+def test_squared_difference_matches_numpy(arch):
+    x = np.linspace(-3, 5, 100_003, dtype=np.float32)  # more than one CPU task
+    y = np.cos(x).astype(np.float32)
+    k = kiln.ElementwiseKernel(*SQUARED_DIFF)
+    z = k(array(x), array(y))
+    assert isinstance(z, kiln.ndarray) and z.dtype == kiln.f32
+    np.testing.assert_array_equal(np.asarray(z), (x - y) * (x - y))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+def test_type_placeholders_resolve_from_the_arrays(arch, dtype):
+    k = kiln.ElementwiseKernel("T x, T y", "T z", "z = x * y + x", "mul_add")
+    x, y = np.arange(10, dtype=dtype), np.arange(10, dtype=dtype)[::-1].copy()
+    z = k(array(x, dtype), array(y, dtype))
+    assert np.asarray(z).dtype == dtype
+    np.testing.assert_array_equal(np.asarray(z), x * y + x)
+
+
+def test_outputs_written_in_place_and_returned(arch):
+    k = kiln.ElementwiseKernel(*SQUARED_DIFF)
+    z = kiln.zeros((4,))
+    got = k(array([1, 2, 3, 4]), array([0, 0, 1, 1]), z)
+    assert got is z
+    np.testing.assert_array_equal(np.asarray(z), [1, 4, 4, 9])
+
+
+def test_numpy_broadcasting_of_inputs_and_scalars(arch):
+    k = kiln.ElementwiseKernel("T x, T y, T alpha", "T z", "z = alpha * x + y", "axpy_b")
+    m = np.arange(12, dtype=np.float64).reshape(3, 4)
+    row, col = np.arange(4, dtype=np.float64), np.arange(3, dtype=np.float64).reshape(3, 1)
+    np.testing.assert_array_equal(np.asarray(k(array(m, np.float64), array(row, np.float64), 2.0)),
+                                  2.0 * m + row)
+    np.testing.assert_array_equal(np.asarray(k(array(col, np.float64), array(row, np.float64), 0.5)),
+                                  0.5 * col + row)
+    np.testing.assert_array_equal(np.asarray(k(array(m, np.float64), 1.5, 3.0)), 3.0 * m + 1.5)
+
+
+def test_several_outputs_locals_casts_and_functions(arch):
+    k = kiln.ElementwiseKernel(
+        "float64 x", "float64 s, int32 n",
+        "double t = sqrt(fabs(x)); s = x < 0 ? -t : max(t, 0.5); n = (int)floor(x) % 3",
+        "several")
+    x = np.array([-4.0, -0.25, 0.0, 0.25, 9.0, 10.5])
+    s, n = k(array(x, np.float64))
+    t = np.sqrt(np.abs(x))
+    np.testing.assert_allclose(np.asarray(s), np.where(x < 0, -t, np.maximum(t, 0.5)))
+    np.testing.assert_array_equal(np.asarray(n), np.fmod(np.floor(x).astype(np.int32), 3))
+
+
+def test_integer_division_by_zero_gives_zero_and_float_to_int_saturates(arch):
+    k = kiln.ElementwiseKernel("int32 a, int32 b", "int32 q, int32 r", "q = a / b; r = a % b", "divide")
+    a = np.array([7, -7, 5, -2**31, 3], dtype=np.int32)
+    b = np.array([2, 2, 0, -1, 0], dtype=np.int32)
+    q, r = k(array(a, np.int32), array(b, np.int32))
+    assert np.asarray(q).tolist() == [3, -3, 0, -2**31, 0]  # C's truncation; 0 for x/0; MIN/-1 wraps
+    assert np.asarray(r).tolist() == [1, -1, 0, 0, 0]
+    cast = kiln.ElementwiseKernel("float32 x", "int32 y", "y = (int)x", "to_int")
+    y = cast(array([np.nan, 1e20, -1e20, 2.7]))
+    assert np.asarray(y).tolist() == [0, 2**31 - 1, -2**31, 2]
+
+
+def test_a_kernel_made_twice_compiles_once_and_its_code_is_charged_while_cached(arch):
+    base = in_use("code_object")
+    k1 = kiln.ElementwiseKernel(*SQUARED_DIFF)
+    k1(array([1.0]), array([2.0]))
+    charged = in_use("code_object")
+    assert charged > base
+    k2 = kiln.ElementwiseKernel(*SQUARED_DIFF)
+    k2(array([1.0]), array([2.0]))
+    assert len(_kernels._cache) == 1 and in_use("code_object") == charged
+    _kernels._clear_cache()
+    gc.collect()
+    assert in_use("code_object") == base
+
+
+# --- mistakes ---------------------------------------------------------------------------------
+
+def test_a_syntax_error_is_a_kernel_compile_error_when_the_kernel_is_made(arch):
+    with pytest.raises(kiln.KernelCompileError) as info:
+        kiln.ElementwiseKernel("float32 x", "float32 z", "float32 t = x;\nz = t +* 2", "bad")
+    e = info.value
+    assert isinstance(e, kiln.InvalidUsageError) and isinstance(e, ValueError)
+    assert (e.line, e.column) == (2, 8)
+    assert "z = t +* 2\n" in str(e) and str(e).rstrip().endswith("       ^" + " [at kernel compile]"[0:0]) or "^" in str(e)
+    again = pickle.loads(pickle.dumps(e))
+    assert type(again) is kiln.KernelCompileError
+    assert (again.line, again.column, str(again)) == (2, 8, str(e))
+
+
+@pytest.mark.parametrize("operation, line, column, words", [
+    ("z = q + x", 1, 5, "unknown name q"),
+    ("z = foo(x)", 1, 5, "unknown function foo"),
+    ("z = pow(x)", 1, 5, "pow takes 2 arguments, got 1"),
+    ("z = x;\n  x = 1", 2, 3, "x is an input and cannot be assigned"),
+    ("float t = 1; float t = 2; z = t", 1, 20, "t is already declared"),
+    ("z = x & 1", 1, 7, "operator & needs integers"),
+    ("z = (quux)x", 1, 6, "unknown type quux"),
+])
+def test_type_errors_are_kernel_compile_errors_at_the_first_call(arch, operation, line, column, words):
+    k = kiln.ElementwiseKernel("float32 x", "float32 z", operation, "typed")
+    x = array([1.0, 2.0])
+    before = in_use("ndarray")
+    with pytest.raises(kiln.KernelCompileError) as info:
+        k(x)
+    assert (info.value.line, info.value.column) == (line, column)
+    assert words in str(info.value)
+    assert in_use("ndarray") == before  # no output was allocated
+
+
+def test_a_string_literal_is_refused_with_a_caret(arch):
+    with pytest.raises(kiln.KernelCompileError, match="string"):
+        kiln.ElementwiseKernel("float32 x", "float32 z", 'z = x + "a"', "strings")
+
+
+@pytest.mark.parametrize("in_params, out_params, words", [
+    ("float32", "float32 z", "not a declaration"),
+    ("float32 x, float32 x", "float32 z", "declared twice"),
+    ("float16 x", "float32 z", "not a type kiln has"),
+    ("float32 i", "float32 z", "named i"),
+    ("float32 x", "", "no output"),
+])
+def test_bad_declarations_are_invalid_usage_not_compile_errors(in_params, out_params, words):
+    with pytest.raises(kiln.InvalidUsageError, match=words) as info:
+        kiln.ElementwiseKernel(in_params, out_params, "z = x", "decl")
+    assert not isinstance(info.value, kiln.KernelCompileError)
+
+
+def test_wrong_arguments_name_the_parameter_before_anything_is_allocated(arch):
+    k = kiln.ElementwiseKernel(*SQUARED_DIFF)
+    x, y = array([1.0, 2.0, 3.0]), array([1.0, 2.0, 3.0])
+    y64, wrong_shape = array([1.0, 2.0, 3.0], np.float64), kiln.zeros((1,))
+    before = in_use("ndarray")
+    with pytest.raises(kiln.InvalidUsageError, match="takes 2 arguments"):
+        k(x)
+    with pytest.raises(kiln.InvalidTypeError, match="y is declared f32, got an array of f64"):
+        k(x, y64)
+    with pytest.raises(kiln.InvalidTypeError, match="y must be a kiln.ndarray or a number"):
+        k(x, np.ones(3, np.float32))
+    with pytest.raises(kiln.InvalidUsageError, match="do not broadcast"):
+        k(x, array([1.0, 2.0]))
+    with pytest.raises(kiln.InvalidUsageError, match="output z has shape"):
+        k(x, y, wrong_shape)
+    with pytest.raises(kiln.InvalidUsageError, match="overlaps"):
+        k(x, y, x)
+    assert in_use("ndarray") == before  # nothing was allocated
+
+
+def test_a_placeholder_only_outputs_use_needs_an_argument():
+    k = kiln.ElementwiseKernel("float32 x", "T z", "z = x", "unknown_t")
+    with pytest.raises(kiln.InvalidUsageError, match="type T of z is not known"):
+        k(array([1.0]))
+
+
+# --- ReductionKernel --------------------------------------------------------------------------
+
+def l2norm():
+    return kiln.ReductionKernel("T x", "T y", "x * x", "a + b", "y = sqrt(a)", "0", "l2norm")
+
+
+def test_l2_norm_over_the_whole_array(arch):
+    x = np.random.default_rng(1).standard_normal(300_001)
+    got = l2norm()(array(x, np.float64))
+    assert got.shape == ()
+    np.testing.assert_allclose(np.asarray(got), np.linalg.norm(x), rtol=1e-12)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_reduction_over_one_axis(arch, axis, keepdims):
+    x = np.arange(5 * 7, dtype=np.float32).reshape(5, 7)
+    got = l2norm()(array(x), axis=axis, keepdims=keepdims)
+    want = np.sqrt((x * x).sum(axis=axis, keepdims=keepdims))
+    assert got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+
+
+def test_a_max_reduction_with_a_scalar_and_an_out(arch):
+    k = kiln.ReductionKernel("int64 x, int64 shift", "int64 y", "x + shift", "max(a, b)", "y = a",
+                             "-9223372036854775807", "shifted_max")
+    x = np.random.default_rng(2).integers(-10**9, 10**9, size=(3, 50_000))
+    out = kiln.ndarray(kiln.i64, (3,))
+    got = k(array(x, np.int64), 5, axis=1, out=out)
+    assert got is out
+    assert np.asarray(got).tolist() == (x.max(axis=1) + 5).tolist()
+
+
+def test_reduction_mistakes_are_named():
+    with pytest.raises(kiln.InvalidUsageError, match="identity"):
+        kiln.ReductionKernel("T x", "T y", "x", "a + b", "y = a", None, "no_identity")
+    with pytest.raises(kiln.KernelCompileError, match="reduce_expr"):
+        kiln.ReductionKernel("T x", "T y", "x", "a +", "y = a", "0", "bad_reduce")
+    k = kiln.ReductionKernel("T x", "T y", "x", "a + c", "y = a", "0", "unknown_c")
+    with pytest.raises(kiln.KernelCompileError, match="unknown name c"):
+        k(array([1.0]))
+    with pytest.raises(kiln.InvalidUsageError, match="axis 2 is out of range"):
+        l2norm()(array([[1.0]]), axis=2)
+
+
+# --- kiln.Kernel from LLVM IR -----------------------------------------------------------------
+
+def test_an_ir_kernel_runs_with_arrays_and_a_scalar(arch):
+    k = kiln.Kernel(IR_SCALE, "scale", "in float32 x, out float32 y, float32 alpha")
+    x = np.arange(1000, dtype=np.float32)
+    y = kiln.empty((1000,))
+    k(array(x), y, 0.5)
+    np.testing.assert_array_equal(np.asarray(y), x * 0.5)
+    k2 = kiln.Kernel(IR_SCALE.encode(), "scale", "in float32 x, out float32 y, float32 alpha")
+    k2(array(x), y, 2.0)
+    np.testing.assert_array_equal(np.asarray(y), x * 2.0)
+
+
+def test_ir_that_does_not_parse_is_a_compile_error_with_its_line():
+    with pytest.raises(kiln.KernelCompileError) as info:
+        kiln.Kernel(IR_SCALE.replace("fmul float", "fmul flaot"), "scale",
+                    "in float32 x, out float32 y, float32 alpha")
+    assert info.value.line == 7 and info.value.column > 0
+
+
+def test_ir_whose_signature_differs_from_params_is_a_compile_error():
+    with pytest.raises(kiln.KernelCompileError, match="declare"):
+        kiln.Kernel(IR_SCALE, "scale", "in float32 x, out float32 y, float64 alpha")
+
+
+def test_ir_kernel_arguments_are_checked_by_parameter_name(arch):
+    k = kiln.Kernel(IR_SCALE, "scale", "in float32 x, out float32 y, float32 alpha")
+    x = array(np.ones(4))
+    with pytest.raises(kiln.InvalidUsageError, match="takes 3 arguments, got 2"):
+        k(x, x)
+    with pytest.raises(kiln.InvalidUsageError, match="y is declared f32"):
+        k(x, kiln.empty((4,), kiln.f64), 1.0)
+    with pytest.raises(kiln.InvalidTypeError):
+        k(x, kiln.empty((4,)), "one")
+
+
+def test_device_heap_exhaustion_inside_a_user_kernel_is_named_and_the_device_stays_usable(arch):
+    kiln.init(arch=arch, num_threads=2, device_heap_bytes=1 << 20)
+    k = kiln.Kernel(IR_HEAP, "heap_user", "out int64 out, int64 bytes")
+    out = kiln.zeros((64,), kiln.i64)
+    with pytest.raises(kiln.DeviceHeapExhaustedError) as info:
+        k(out, 1 << 16)  # 64 elements x 64 KiB > 1 MiB
+    assert isinstance(info.value, MemoryError) and info.value.requested_bytes == 1 << 16
+    k(out, 8)  # the same kernel, the same device: fine
+    sq = kiln.ElementwiseKernel(*SQUARED_DIFF)
+    np.testing.assert_array_equal(np.asarray(sq(array([3.0]), array([1.0]))), [4.0])
