@@ -302,3 +302,11 @@ def test_device_heap_exhaustion_inside_a_user_kernel_is_named_and_the_device_sta
     k(out, 8)  # the same kernel, the same device: fine
     sq = kiln.ElementwiseKernel(*SQUARED_DIFF)
     np.testing.assert_array_equal(np.asarray(sq(array([3.0]), array([1.0]))), [4.0])
+
+
+def test_the_user_kernels_example_runs(capsys):
+    import os
+    import runpy
+    from conftest import SOURCE_DIR
+    runpy.run_path(os.path.join(SOURCE_DIR, "examples", "user_kernels.py"), run_name="__main__")
+    assert capsys.readouterr().out.rstrip().endswith("OK")
