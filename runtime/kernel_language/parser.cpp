@@ -9,6 +9,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
+#include <limits>
 #include <utility>
 
 #include <fmt/format.h>
@@ -138,6 +139,21 @@ constexpr std::array<std::array<std::string_view, 4>, 10> kBinaryLevels = {{
     {"||"}, {"&&"}, {"|"}, {"^"}, {"&"}, {"==", "!="}, {"<", "<=", ">", ">="}, {"<<", ">>"},
     {"+", "-"}, {"*", "/", "%"}}};
 
+/// `e` with its operands' height: 1 + the tallest. The tree's walks (type check, code generation,
+/// destruction) recurse, so a tree taller than kMaxHeight is refused, never a stack overflow.
+constexpr uint32_t kMaxHeight = 200;
+
+Parsed<std::unique_ptr<Expr>> measured(std::unique_ptr<Expr> e) {
+  uint32_t tallest = 0;
+  for (const auto &operand : e->operands) tallest = std::max(tallest, operand->height);
+  e->height = tallest + 1;
+  if (e->height > kMaxHeight)
+    return std::unexpected(SourceError{e->offset, fmt::format("the expression nests deeper than {} levels (split "
+                                                              "it with local variables)",
+                                                              kMaxHeight)});
+  return e;
+}
+
 class Parser {
  public:
   explicit Parser(std::vector<Token> tokens) : tokens_(std::move(tokens)) {}
@@ -214,6 +230,8 @@ class Parser {
   }
 
   Parsed<std::unique_ptr<Expr>> expression() {
+    if (++depth_ > kMaxDepth) return fail(peek(), fmt::format("the expression nests deeper than {} levels", kMaxDepth));
+    struct Leave { int &d; ~Leave() { --d; } } leave{depth_};
     auto condition = binary(0);
     if (!condition || !is(peek(), "?")) return condition;
     const Token &question = peek();
@@ -227,7 +245,7 @@ class Parser {
     e->operands.push_back(std::move(*condition));
     e->operands.push_back(std::move(*then));
     e->operands.push_back(std::move(*otherwise));
-    return e;
+    return measured(std::move(e));
   }
 
   Parsed<std::unique_ptr<Expr>> binary(std::size_t level) {
@@ -245,7 +263,8 @@ class Parser {
       auto e = node(Expr::Kind::binary, op.text, op.offset);
       e->operands.push_back(std::move(*left));
       e->operands.push_back(std::move(*right));
-      left = std::move(e);
+      left = measured(std::move(e));
+      if (!left) return left;
     }
   }
 
@@ -269,7 +288,7 @@ class Parser {
       if (!operand) return operand;
       auto e = node(Expr::Kind::unary, t.text, t.offset);
       e->operands.push_back(std::move(*operand));
-      return e;
+      return measured(std::move(e));
     }
     if (at_cast()) {
       const Token &type = peek(1);
@@ -278,7 +297,7 @@ class Parser {
       if (!operand) return operand;
       auto e = node(Expr::Kind::cast, type.text, type.offset);
       e->operands.push_back(std::move(*operand));
-      return e;
+      return measured(std::move(e));
     }
     return postfix();
   }
@@ -298,7 +317,7 @@ class Parser {
             return fail(peek(), fmt::format("expected ',' or ')' in the call of {}, got {}", t.text, shown(peek())));
         }
       }
-      return call;
+      return measured(std::move(call));
     }
     return primary();
   }
@@ -317,6 +336,8 @@ class Parser {
       }
       case Token::Kind::int_literal: {
         ++pos_;
+        if (t.text.size() > 1 && t.text[0] == '0')
+          return fail(t, fmt::format("{}: an integer with a leading 0 is octal in C; write it without the 0s", t.text));
         auto e = node(Expr::Kind::int_literal, t.text, t.offset);
         const auto [end, ec] = std::from_chars(t.text.data(), t.text.data() + t.text.size(), e->int_value);
         if (ec != std::errc() || end != t.text.data() + t.text.size())
@@ -327,7 +348,16 @@ class Parser {
         ++pos_;
         auto e = node(Expr::Kind::float_literal, t.text, t.offset);
         e->float32 = t.text.back() == 'f';
-        e->float_value = std::strtod(t.text.c_str(), nullptr);  // stops at the f suffix
+        // from_chars: C's reading whatever the process's locale (strtod follows LC_NUMERIC).
+        const std::string_view digits(t.text.data(), t.text.size() - (e->float32 ? 1 : 0));
+        const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), e->float_value);
+        if (ec == std::errc::result_out_of_range) {  // as strtod: too small is 0, too large infinity
+          const std::size_t exponent = digits.find_first_of("eE");
+          const bool tiny = exponent != std::string_view::npos && exponent + 1 < digits.size() &&
+                            digits[exponent + 1] == '-';
+          e->float_value = tiny ? 0.0 : std::numeric_limits<double>::infinity();
+        } else if (ec != std::errc() || end != digits.data() + digits.size())
+          return fail(t, fmt::format("{} is not a number", t.text));
         return e;
       }
       case Token::Kind::punct:

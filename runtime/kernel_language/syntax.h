@@ -34,6 +34,7 @@ struct Expr {
   int64_t int_value = 0;
   double float_value = 0.0;
   bool float32 = false;  ///< a float literal with an f suffix
+  uint32_t height = 1;   ///< 1 + the tallest operand's (the parser refuses trees past its limit)
   std::vector<std::unique_ptr<Expr>> operands;
 };
 
