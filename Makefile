@@ -55,6 +55,7 @@ bench: build
 	  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BUILD)/bin/kiln-matmul-bench; \
 	else echo "kiln-matmul-bench not built (OpenBLAS missing: scripts/install-deps.sh)"; fi
 	PYTHONPATH=$(BUILD)/python /usr/bin/python3 bench/python_overhead.py
+	PYTHONPATH=$(BUILD)/python /usr/bin/python3 bench/user_kernels.py
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

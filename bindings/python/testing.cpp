@@ -57,7 +57,7 @@ uint64_t push_inject(py::handle spec_obj) {
   const std::string text = to_text(spec_obj, "spec", "inject");
   RhiExpected<runtime::FaultSpec> spec = runtime::FaultSpec::parse(text);
   if (!spec) raise_invalid_usage("kiln", "inject", spec.error().detail);
-  if (auto known = check_fault_kernel(*spec); !known)
+  if (auto known = executor()->check_fault(*spec); !known)  // user kernels' entries too
     raise_invalid_usage("kiln", "inject", known.error().detail);
   runtime::RequestFaultPlan &plan = executor()->memory().fault_plan();
   fault_blocks().push_back({plan.allocation_count(), FaultPlan::kNever, plan.setting(),

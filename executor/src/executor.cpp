@@ -1,5 +1,7 @@
 #include "kiln/executor/executor.h"
 
+#include <algorithm>
+
 #include <cstring>
 #include <utility>
 
@@ -139,8 +141,10 @@ RhiStatus LlvmRuntimeExecutor::init_runtime() {
   return launcher_->bind();
 }
 
-RhiStatus check_fault_kernel(const runtime::FaultSpec &spec) {
+RhiStatus check_fault_kernel(const runtime::FaultSpec &spec, std::span<const std::string> user_kernels) {
   if (spec.kernel.empty()) return {};
+  for (const std::string &entry : user_kernels)
+    if (spec.kernel == entry) return {};
   static constexpr std::string_view kKernels[] = {
 #define KILN_KERNEL_NAME(op, dtype) "kiln_" #op "_" #dtype,
       KILN_FOR_EACH_KERNEL(KILN_KERNEL_NAME)
@@ -160,9 +164,20 @@ RhiStatus check_fault_kernel(const runtime::FaultSpec &spec) {
 }
 
 RhiStatus LlvmRuntimeExecutor::arm_fault(const runtime::FaultSpec &spec) {
-  KILN_RETURN_IF_ERROR(check_fault_kernel(spec));
+  KILN_RETURN_IF_ERROR(check_fault(spec));
   memory().fault_plan().arm(spec);
   return {};
+}
+
+RhiStatus LlvmRuntimeExecutor::check_fault(const runtime::FaultSpec &spec) const {
+  std::lock_guard lock(user_kernels_mutex_);
+  return check_fault_kernel(spec, user_kernel_names_);
+}
+
+void LlvmRuntimeExecutor::remember_user_kernel(const std::string &entry) {
+  std::lock_guard lock(user_kernels_mutex_);
+  if (std::find(user_kernel_names_.begin(), user_kernel_names_.end(), entry) == user_kernel_names_.end())
+    user_kernel_names_.push_back(entry);
 }
 
 RhiStatus recreate_executor(std::unique_ptr<LlvmRuntimeExecutor> &executor, ExecutorConfig config) {

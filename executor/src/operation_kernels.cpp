@@ -63,9 +63,9 @@ RhiExpected<ReductionKernels> compile_reduction(LlvmRuntimeExecutor &executor, c
     if (!p.array) combine.push_back(param_of(p));
   combine.push_back(index_param("_parts"));
   ReductionKernels kernels;
-  KILN_ASSIGN_OR_RETURN(kernels.partial, UserKernel::create(executor, bytes(ir.partial), source.name + "_partial",
+  KILN_ASSIGN_OR_RETURN(kernels.partial, UserKernel::create(executor, bytes(ir.partial), source.name,
                                                             std::move(partial)));
-  KILN_ASSIGN_OR_RETURN(kernels.combine, UserKernel::create(executor, bytes(ir.combine), source.name + "_combine",
+  KILN_ASSIGN_OR_RETURN(kernels.combine, UserKernel::create(executor, bytes(ir.combine), source.name,
                                                             std::move(combine)));
   kernels.partial->set_min_indices_per_task(1);  // each index folds a run of the input
   kernels.combine->set_min_indices_per_task(256);

@@ -141,6 +141,7 @@ RhiExpected<std::shared_ptr<UserKernel>> UserKernel::create(LlvmRuntimeExecutor 
   KILN_RETURN_IF_ERROR_CONTEXT(executor.memory().charge(MemoryCategory::code_object, kernel->code_size_bytes_),
                                "loading user kernel {}", kernel->entry_);
   kernel->charged_ = true;
+  executor.remember_user_kernel(kernel->entry_);
   return kernel;
 }
 

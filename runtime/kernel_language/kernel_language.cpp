@@ -235,7 +235,7 @@ RhiExpected<std::string> build_partial(const ReductionSource &source, const char
   for (const OperationParam &p : source.inputs) types.push_back(p.array ? m.b.getPtrTy() : m.element_type(p.type));
   llvm::Type *i64 = m.b.getInt64Ty();
   types.insert(types.end(), {m.b.getPtrTy(), i64, i64, i64});
-  m.begin(source.name + "_partial", types);
+  m.begin(source.name, types);
   const auto n = static_cast<unsigned>(source.inputs.size());
   llvm::Value *partial = m.function->getArg(n + 1), *k = m.function->getArg(n + 2);
   llvm::Value *inner = m.function->getArg(n + 3), *parts = m.function->getArg(n + 4);
@@ -279,7 +279,7 @@ RhiExpected<std::string> build_combine(const ReductionSource &source, const char
       types.push_back(m.element_type(p.type));
     }
   types.push_back(m.b.getInt64Ty());
-  m.begin(source.name + "_combine", types);
+  m.begin(source.name, types);
   llvm::Value *partial = m.function->getArg(1);
   llvm::Value *parts = m.function->getArg(static_cast<unsigned>(types.size()));
   llvm::Value *q = m.index();

@@ -310,3 +310,116 @@ def test_the_user_kernels_example_runs(capsys):
     from conftest import SOURCE_DIR
     runpy.run_path(os.path.join(SOURCE_DIR, "examples", "user_kernels.py"), run_name="__main__")
     assert capsys.readouterr().out.rstrip().endswith("OK")
+
+
+# --- the testing kit over user kernels ----------------------------------------------------------
+
+def test_a_launch_fault_named_by_kernel_fails_that_kernel_only(arch):
+    sq = kiln.ElementwiseKernel(*SQUARED_DIFF)
+    x, y = array([1.0, 2.0]), array([0.0, 0.0])
+    sq(x, y)  # made: its name is known to the fault plan
+    before = in_use("ndarray")
+    with kiln.testing.inject("kind=launch,kernel=squared_diff"):
+        with pytest.raises(kiln.RuntimeFaultError, match="squared_diff"):
+            sq(x, y)
+        kiln.axpy(1.0, x, y)  # another kernel runs: y = x + y
+    assert in_use("ndarray") == before  # the output made for the failed launch was freed
+    np.testing.assert_array_equal(np.asarray(y), [1.0, 2.0])
+    np.testing.assert_array_equal(np.asarray(sq(x, array([0.0, 0.0]))), [1.0, 4.0])
+
+
+def test_a_heap_fault_names_the_reduction_and_both_its_launches_count(arch):
+    norm = l2norm()
+    x = array(np.ones(10_000), np.float64)
+    norm(x)
+    with kiln.testing.inject("kind=heap,kernel=l2norm,nth=2"):  # the 2nd launch: the combine
+        with pytest.raises(kiln.DeviceHeapExhaustedError):
+            norm(x)
+    np.testing.assert_allclose(np.asarray(norm(x)), 100.0)
+
+
+def test_a_fault_spec_naming_no_kernel_is_refused():
+    with pytest.raises(kiln.InvalidUsageError, match="names no kernel"):
+        with kiln.testing.inject("kind=launch,kernel=never_made"):
+            pass
+
+
+def test_sweep_over_a_user_kernel_workload_passes(arch):
+    sq = kiln.ElementwiseKernel(*SQUARED_DIFF)
+    norm = l2norm()
+
+    def workload():
+        x = kiln.from_numpy(np.arange(1000, dtype=np.float32))
+        y = kiln.zeros((1000,))
+        z = sq(x, y)
+        return float(np.asarray(norm(z)))
+
+    workload()  # compiled before the sweep: the sweep counts the launches' allocations only
+    report = kiln.testing.sweep(workload)
+    assert not report.broken and report.allocations >= 4  # x, y, z, the reduction's output and parts
+
+
+def test_min_budget_of_a_user_kernel_workload(arch):
+    sq = kiln.ElementwiseKernel(*SQUARED_DIFF)
+
+    def workload():
+        x = kiln.from_numpy(np.ones(1 << 16, dtype=np.float32))
+        sq(x, x)
+
+    report = kiln.testing.min_budget(workload, max_budget_bytes=64 << 20,
+                                     init_kwargs={"arch": arch, "num_threads": 2})
+    assert report.budget_bytes >= 2 * (1 << 18)  # x and the output, 256 KiB each
+
+
+# --- what a hostile review found --------------------------------------------------------------
+
+def test_an_expression_past_the_height_limit_is_a_compile_error_not_a_stack_overflow():
+    for operation in ("z = " + "x + " * 100_000 + "x", "z = " + "x ? x : " * 100_000 + "x",
+                      "z = " + "(" * 100_000 + "x" + ")" * 100_000):
+        with pytest.raises(kiln.KernelCompileError, match="nests deeper"):
+            kiln.ElementwiseKernel("float32 x", "float32 z", operation, "tall")
+
+
+def test_literals_read_as_c_reads_them_whatever_the_locale():
+    with pytest.raises(kiln.KernelCompileError, match="leading 0 is octal"):
+        kiln.ElementwiseKernel("float32 x", "float32 z", "z = x + 010", "octal")
+    k = kiln.ElementwiseKernel("float64 x", "float64 z", "z = x + 1.5 + 2.5e-1 + 1e400 * 0.0 + .5", "lit")
+    assert np.isnan(np.asarray(k(array([0.0], np.float64)))[0])  # 1e400 is infinity, times 0 NaN
+    k2 = kiln.ElementwiseKernel("float64 x", "float64 z", "z = x + 1.5 + 2.5e-1 + 1e-400 + .5f", "lit2")
+    assert np.asarray(k2(array([0.0], np.float64))).tolist() == [2.25]
+
+
+def test_numeric_identities_sizes_and_flags_are_checked():
+    x = array([[3.0, -1.0], [2.0, 7.0]], np.float64)
+    kmax = kiln.ReductionKernel("T x", "T y", "x", "max(a, b)", "y = a", float("-inf"), "max_inf")
+    assert np.asarray(kmax(x, axis=1)).tolist() == [3.0, 7.0]
+    ksum = kiln.ReductionKernel("T x", "T y", "x", "a + b", "y = a", np.float64(0.0), "np_identity")
+    assert float(np.asarray(ksum(x))) == 11.0
+    with pytest.raises(kiln.InvalidTypeError, match="keepdims"):
+        ksum(x, keepdims="no")
+    with pytest.raises(kiln.InvalidUsageError, match="reduce_type"):
+        kiln.ReductionKernel("T x", "T y", "x", "a + b", "y = a", "0", "rt", reduce_type=["float32"])
+    k = kiln.ElementwiseKernel("float32 x", "float32 z", "z = x", "sized")
+    for bad, error in ((True, kiln.InvalidTypeError), (2.5, kiln.InvalidTypeError), ("3", kiln.InvalidTypeError),
+                       (-1, kiln.InvalidUsageError), (1 << 63, kiln.InvalidUsageError)):
+        with pytest.raises(error):
+            k(1.0, size=bad)
+    with pytest.raises(kiln.InvalidTypeError):
+        kiln.Kernel(IR_SCALE, ["scale"], "in float32 x, out float32 y, float32 alpha")  # type: ignore
+
+
+def test_a_reduction_over_an_empty_axis_of_many_rows(arch):
+    x = kiln.ndarray(kiln.f64, (0, 10_000))
+    assert l2norm()(x, axis=1).shape == (0,)
+    np.testing.assert_array_equal(np.asarray(l2norm()(x, axis=0)), np.zeros(10_000))
+
+
+def test_the_user_kernels_benchmark_runs_quick():
+    import os
+    import subprocess
+    import sys
+    from conftest import SOURCE_DIR
+    done = subprocess.run([sys.executable, os.path.join(SOURCE_DIR, "bench", "user_kernels.py"), "--quick"],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert "ReductionKernel sum vs numpy sum" in done.stdout

@@ -23,6 +23,8 @@ import re
 import threading
 from typing import Any
 
+import numpy as np
+
 from . import _kiln
 from ._errors import InvalidTypeError, InvalidUsageError, NotSupportedError
 
@@ -119,8 +121,13 @@ def _is_array(value: Any) -> bool:
 
 def _cached(key: tuple[Any, ...], make: Any) -> Any:
     """The compiled kernel(s) of `key`, made by make() once (per executor: key[0] is its
-    generation). Compiles run outside the lock; a racing twin's result is dropped."""
+    generation). Kernels of an executor kiln.init replaced are dropped at the first lookup for
+    the new one (they would keep the old device context alive). Compiles run outside the lock;
+    a racing twin's result is dropped."""
     with _cache_lock:
+        stale = [k for k in _cache if k[0] != key[0]] if _cache and next(iter(_cache))[0] != key[0] else []
+        for k in stale:
+            del _cache[k]
         hit = _cache.get(key)
         if hit is not None:
             _cache.move_to_end(key)
@@ -146,6 +153,21 @@ def _check_name(name: Any, site: str) -> str:
     if not _IDENTIFIER.match(name):
         raise _usage(site, f"name {name!r} is not a function name (letters, digits, '_')")
     return name
+
+
+def _identity_text(value: Any, site: str) -> Any:
+    """CuPy's identity: a str of the operation language, or a number (written so that the
+    language reads it back exactly; infinities and NaN as divisions)."""
+    if isinstance(value, (str, bool)) or not isinstance(value, (numbers.Integral, numbers.Real)):
+        return value  # a str, or refused by the caller as not one
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    f = float(value)
+    if math.isnan(f):
+        return "(0.0 / 0.0)"
+    if math.isinf(f):
+        return "(1.0 / 0.0)" if f > 0 else "(-1.0 / 0.0)"
+    return repr(f)
 
 
 class _Types:
@@ -199,7 +221,7 @@ class Kernel:
 
     def __init__(self, ir: str | bytes, entry: str, params: str = "") -> None:
         site = "make kernel"
-        self.entry = _check_name(entry, site) if isinstance(entry, str) else entry
+        self.entry = _check_name(entry, site)
         self._params = _parse_params(params, "params", site, kinds=True)
         if not isinstance(ir, (str, bytes)):
             raise _type_error(site, f"ir must be LLVM IR text (str) or bitcode (bytes), got "
@@ -332,6 +354,10 @@ class ElementwiseKernel:
         if arrays:
             shape = _broadcast_shape([s for _, s in arrays], [n for n, _ in arrays], site)
         elif size is not None:
+            if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+                raise _type_error(site, f"size must be an int, got {type(size).__name__}")
+            if not 0 <= size < 1 << 63:
+                raise _usage(site, f"size {size} is not in [0, 2**63)")
             shape = (int(size),)
         else:
             raise _usage(site, "no argument is an array: pass size= (the element count)")
@@ -412,20 +438,22 @@ class ReductionKernel:
         texts: list[str] = []
         for what, text in (("map_expr", map_expr), ("reduce_expr", reduce_expr),
                            ("post_map_expr", post_map_expr), ("identity", identity)):
-            if what == "identity" and isinstance(text, (int, float)) and not isinstance(text, bool):
-                text = repr(text)
+            if what == "identity":
+                text = _identity_text(text, site)
             if not isinstance(text, str):
                 raise _type_error(site, f"{what} must be a str, got {type(text).__name__}")
             _kiln._check_kernel_syntax(text, what == "post_map_expr", f"{what} of kernel {self.name}")
             texts.append(text)
         self.texts = (texts[0], texts[1], texts[2], texts[3])
-        if reduce_type is not None and reduce_type not in _DTYPE_NAMES:
+        if reduce_type is not None and (not isinstance(reduce_type, str) or reduce_type not in _DTYPE_NAMES):
             raise _usage(site, f"reduce_type {reduce_type!r} is not a type kiln has")
         self.reduce_type = reduce_type
 
     def __call__(self, *args: Any, out: Any = None, axis: int | None = None,
                  keepdims: bool = False) -> Any:
         site = "call " + self.name
+        if not isinstance(keepdims, (bool, np.bool_)):
+            raise _type_error(site, f"keepdims must be True or False, got {type(keepdims).__name__}")
         if len(args) != len(self.in_params):
             raise _usage(site, f"takes {len(self.in_params)} inputs, got {len(args)}")
         inputs = list(args)
@@ -490,7 +518,7 @@ class ReductionKernel:
         partial, combine = _cached(key, lambda: _kiln._compile_reduction(
             self.name, self.texts, ins, outs_decl, reduce_dtype, type_names))
         n_outputs = outer * inner
-        parts = 1 if k < 8192 or n_outputs >= 64 else max(1, min(k // 4096, -(-256 // n_outputs)))
+        parts = 1 if k < 8192 or n_outputs == 0 or n_outputs >= 64 else max(1, min(k // 4096, -(-256 // n_outputs)))
         scalars = [a for a in inputs if not _is_array(a)]
         made: list[Any] = []
         try:

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kiln/executor/dtype.h"
@@ -140,8 +141,15 @@ class LlvmRuntimeExecutor {
   /// CPU threads a launch runs on (ExecutorConfig::num_threads, or all cores when 0).
   [[nodiscard]] unsigned worker_threads() const;
   /// Arms `spec` on memory().fault_plan() (replacing its setting, as RequestFaultPlan::arm), after
-  /// check_fault_kernel. Errors: invalid_usage from check_fault_kernel; nothing is armed then.
+  /// check_fault_kernel, which also accepts the entry of every user kernel made on this executor
+  /// so far. Errors: invalid_usage from check_fault_kernel; nothing is armed then.
   [[nodiscard]] RhiStatus arm_fault(const runtime::FaultSpec &spec);
+  /// check_fault_kernel(spec) with the entries of the user kernels made on this executor so far.
+  /// Errors: invalid_usage. Thread-safe.
+  [[nodiscard]] RhiStatus check_fault(const runtime::FaultSpec &spec) const;
+  /// Records the entry of a user kernel made on this executor (UserKernel::create), so that a
+  /// fault spec may name it (kernel=NAME). Thread-safe.
+  void remember_user_kernel(const std::string &entry);
   /// Whether `a` can be used by `op` here: not freed, not default-constructed, made by this
   /// executor. Touches no memory; callers check with it before they allocate for a call.
   /// Errors: invalid_usage.
@@ -171,12 +179,17 @@ class LlvmRuntimeExecutor {
   std::unique_ptr<KernelLauncher> launcher_;
   // A compaction's launch and its copy-out from the heap (made anew in a forked child).
   ForkSafeMutex compact_mutex_{ForkSafeMutex::Policy::reset_in_child};
+  // The entries of the user kernels made here (remember_user_kernel), for arm_fault.
+  mutable ForkSafeMutex user_kernels_mutex_{ForkSafeMutex::Policy::reset_in_child};
+  std::vector<std::string> user_kernel_names_;
 };
 
 /// Success when `spec.kernel` is empty or names a kernel of the device runtime module (an op,
-/// "axpy", or a kernel, "kiln_axpy_f32"; see FaultSpec::kernel_named). Errors: invalid_usage
-/// (site check_fault_kernel) naming the spec's kernel and the ops there are. Thread-safe (pure).
-[[nodiscard]] RhiStatus check_fault_kernel(const runtime::FaultSpec &spec);
+/// "axpy", or a kernel, "kiln_axpy_f32"; see FaultSpec::kernel_named) or one of `user_kernels`
+/// (entries of user kernels). Errors: invalid_usage (site check_fault_kernel) naming the spec's
+/// kernel and the ops there are. Thread-safe (pure).
+[[nodiscard]] RhiStatus check_fault_kernel(const runtime::FaultSpec &spec,
+                                           std::span<const std::string> user_kernels = {});
 
 /// Replaces `executor` (may be null) with a new one for `config`. When the old executor's device
 /// is lost, the old executor is released BEFORE the new one is made: a lost device recovers only

@@ -21,7 +21,8 @@ namespace kiln {
 /// The two kernels of a reduction (runtime::build_reduction_ir):
 ///   partial(<inputs: arrays raw in, scalars>, out <reduce type> _partial, i64 _k, i64 _inner, i64 _parts)
 ///   combine(raw in <reduce type> _partial, <outputs: out>, <scalar inputs>, i64 _parts)
-/// launched as partial over outputs * parts indices, then combine over the outputs.
+/// launched as partial over outputs * parts indices, then combine over the outputs; both entries
+/// are source.name.
 struct ReductionKernels {
   std::shared_ptr<UserKernel> partial, combine;
 };

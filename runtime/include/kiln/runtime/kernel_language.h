@@ -80,10 +80,11 @@ struct ReductionSource {
 };
 
 /// The two element functions of a reduction over an input seen as (outer, K, inner), K the
-/// reduced length, each input's elements at o*K*inner + r*inner + j:
-///   <name>_partial(ctx, <inputs>, ptr partial, i64 K, i64 inner, i64 parts): index q*parts + p
+/// reduced length, each input's elements at o*K*inner + r*inner + j; both are named `name` (each
+/// in its own module), so a fault spec kernel=NAME selects both launches:
+///   partial(ctx, <inputs>, ptr partial, i64 K, i64 inner, i64 parts): index q*parts + p
 ///     folds map_expr over part p of the K elements of output q = o*inner + j into partial[index];
-///   <name>_combine(ctx, ptr partial, <outputs>, <scalar inputs>, i64 parts): index q folds
+///   combine(ctx, ptr partial, <outputs>, <scalar inputs>, i64 parts): index q folds
 ///     partial[q*parts .. q*parts + parts) and runs post_map_expr with `a` the result.
 /// Errors: as build_elementwise_ir, the message naming which expression is wrong.
 struct ReductionIr {
