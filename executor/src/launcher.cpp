@@ -1,5 +1,7 @@
 #include "kiln/executor/launcher.h"
 
+#include "kiln/runtime/user_kernel_abi.h"
+
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -148,7 +150,7 @@ RhiExpected<LaunchResult> KernelLauncher::launch_unguarded(const LaunchSpec &spe
   constexpr const char *kSite = "KernelLauncher::launch";
   std::lock_guard lock(mutex_);  // held until the results are read back: the buffers are shared
   KilnKernelFn fn = spec.host_fn;
-  if (fn == nullptr) {
+  if (fn == nullptr && !spec.gpu_module) {
     KILN_ASSIGN_OR_RETURN(fn, check_kernel(spec.kernel));
   }
   LlvmDevice &device = memory_.device();
@@ -196,7 +198,7 @@ RhiExpected<LaunchResult> KernelLauncher::launch_unguarded(const LaunchSpec &spe
   if (spec.wants_task_results) KILN_RETURN_IF_ERROR(clear_results(num_tasks));
 
   KILN_RETURN_IF_ERROR(check_injected_launch_fault(spec.kernel));
-  KILN_RETURN_IF_ERROR(execute(spec.kernel, fn, runtime_address_, args_address_, num_tasks,
+  KILN_RETURN_IF_ERROR(execute(spec, fn, runtime_address_, args_address_, num_tasks,
                                spec.iteration_size));
   KILN_RETURN_IF_ERROR(check_device_error(spec.kernel));
 
@@ -248,7 +250,7 @@ int64_t CpuKernelLauncher::task_count(const LaunchSpec &spec) const {
   return std::max<int64_t>(1, std::min(max_tasks, by_grain));
 }
 
-RhiStatus CpuKernelLauncher::execute(const std::string &, KilnKernelFn fn, uint64_t runtime_address,
+RhiStatus CpuKernelLauncher::execute(const LaunchSpec &, KilnKernelFn fn, uint64_t runtime_address,
                                      uint64_t args_address, int64_t num_tasks, int64_t n) {
   auto *runtime_ptr = reinterpret_cast<KilnRuntime *>(runtime_address);
   const auto *args_ptr = reinterpret_cast<const KilnKernelArgs *>(args_address);
@@ -296,7 +298,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 }  // namespace
 
 int64_t GpuKernelLauncher::task_count(const LaunchSpec &spec) const {
-  switch (gpu_grid_shape(spec.kernel)) {
+  switch (spec.gpu_module ? GpuGridShape::grid_stride : gpu_grid_shape(spec.kernel)) {
     case GpuGridShape::thread_per_task:
       return std::clamp<int64_t>(spec.iteration_size, 1, kMaxTasks);
     case GpuGridShape::matmul_tiles: {
@@ -313,11 +315,18 @@ int64_t GpuKernelLauncher::task_count(const LaunchSpec &spec) const {
                              kMaxGridBlocks);
 }
 
-RhiStatus GpuKernelLauncher::execute(const std::string &kernel, KilnKernelFn, uint64_t runtime_address,
+RhiStatus GpuKernelLauncher::execute(const LaunchSpec &spec, KilnKernelFn, uint64_t runtime_address,
                                      uint64_t args_address, int64_t num_tasks, int64_t) {
+  const std::string &kernel = spec.kernel;
   void *params[2] = {&runtime_address, &args_address};
   unsigned block = kBlockThreads;
   auto grid = static_cast<unsigned>(num_tasks);  // grid-stride kernels: one slot per block
+  if (spec.gpu_module) {  // a user kernel: its own module's grid-stride entry point
+    KILN_RETURN_IF_ERROR_CONTEXT(
+        device_.launch_kernel(*spec.gpu_module, runtime::kUserGpuEntryName, grid, block, params),
+        "running {}", kernel);
+    return {};
+  }
   if (gpu_grid_shape(kernel) == GpuGridShape::thread_per_task) {
     block = static_cast<unsigned>(std::min<int64_t>(num_tasks, kBlockThreads));
     grid = static_cast<unsigned>((num_tasks + block - 1) / block);

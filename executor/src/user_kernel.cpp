@@ -12,6 +12,8 @@
 #include "kiln/executor/executor.h"
 #include "kiln/executor/launcher.h"
 #include "kiln/runtime/cpu_jit.h"
+#include "kiln/runtime/ptx_codegen.h"
+#include "kiln/rhi/gpu_device.h"
 #include "kiln/runtime/host_memory_guard.h"
 #include "kiln/rhi/user_text.h"
 
@@ -104,9 +106,13 @@ UserKernel::UserKernel(std::shared_ptr<DeviceContext> context, std::string entry
       params_(std::move(params)),
       jit_(std::move(jit)),
       range_kernel_(range_kernel),
-      code_size_bytes_(jit_->code_size_bytes()) {}
+      code_size_bytes_(jit_ ? jit_->code_size_bytes() : 0) {}
 
 UserKernel::~UserKernel() {
+  // A destructor cannot report: a refused unload leaves the module to the context's teardown.
+  if (gpu_module_)
+    ignore_result(static_cast<GpuDevice &>(*context_->device).unload_module(*gpu_module_),
+                  "destructor; the module goes with the device's context");
   if (charged_) context_->memory->uncharge(MemoryCategory::code_object, code_size_bytes_);
 }
 
@@ -122,15 +128,17 @@ RhiExpected<std::shared_ptr<UserKernel>> UserKernel::create(LlvmRuntimeExecutor 
                                                             std::vector<KernelParam> params) {
   const std::string device = executor.device().name();
   KILN_RETURN_IF_ERROR(check_declaration(device, entry, params));
-  if (codegen_arch(executor.device()) != CodegenArch::host)
+  const CodegenArch arch = codegen_arch(executor.device());
+  if (arch == CodegenArch::amdgcn)
     return std::unexpected(make_failure(RhiResult::not_supported, device, kCreateSite,
-                                        fmt::format("user kernels run on cpu and mock in this build; {} "
-                                                    "(a GPU) cannot run {} yet",
+                                        fmt::format("user kernels run on cpu, mock and cuda in this build; {} "
+                                                    "(AMDGPU) cannot run {} yet",
                                                     device, entry)));
   std::vector<runtime::UserValueType> types;
   for (const KernelParam &p : params) types.push_back(value_type(p));
   runtime::install_llvm_error_handlers();
   KILN_RETURN_IF_ERROR(runtime::check_host_headroom(device, kCreateSite, runtime::kJitHeadroomBytes));
+  if (arch == CodegenArch::nvptx64) return create_for_cuda(executor, ir, std::move(entry), std::move(params), types);
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<runtime::CpuJit> jit,
                         runtime::guard_host_exceptions(device, kCreateSite, [&] {
                           return runtime::CpuJit::create_user(ir, entry, types, device.c_str());
@@ -141,6 +149,31 @@ RhiExpected<std::shared_ptr<UserKernel>> UserKernel::create(LlvmRuntimeExecutor 
   KILN_RETURN_IF_ERROR_CONTEXT(executor.memory().charge(MemoryCategory::code_object, kernel->code_size_bytes_),
                                "loading user kernel {}", kernel->entry_);
   kernel->charged_ = true;
+  executor.remember_user_kernel(kernel->entry_);
+  return kernel;
+}
+
+RhiExpected<std::shared_ptr<UserKernel>> UserKernel::create_for_cuda(LlvmRuntimeExecutor &executor,
+                                                                     std::span<const std::byte> ir, std::string entry,
+                                                                     std::vector<KernelParam> params,
+                                                                     std::span<const runtime::UserValueType> types) {
+  const std::string device = executor.device().name();
+  auto &gpu = static_cast<GpuDevice &>(executor.device());
+  KILN_ASSIGN_OR_RETURN(const std::string ptx, runtime::guard_host_exceptions(device, kCreateSite, [&] {
+                          return runtime::generate_user_ptx(ir, entry, types, gpu.code_target(), device.c_str());
+                        }));
+  std::shared_ptr<UserKernel> kernel(
+      new UserKernel(executor.context(), std::move(entry), std::move(params), nullptr, nullptr));
+  kernel->code_size_bytes_ = ptx.size() + 1;  // the image the driver gets, NUL included
+  KILN_RETURN_IF_ERROR_CONTEXT(executor.memory().charge(MemoryCategory::code_object, kernel->code_size_bytes_),
+                               "loading user kernel {}", kernel->entry_);
+  kernel->charged_ = true;  // from here the destructor gives the charge back
+  auto module = gpu.load_module(std::as_bytes(std::span(ptx.c_str(), ptx.size() + 1)));
+  if (!module) {
+    executor.memory().annotate(module.error());
+    return std::unexpected(std::move(module).error().add_context("loading user kernel " + kernel->entry_));
+  }
+  kernel->gpu_module_ = *module;
   executor.remember_user_kernel(kernel->entry_);
   return kernel;
 }
@@ -198,6 +231,7 @@ RhiStatus LlvmRuntimeExecutor::launch(const UserKernel &kernel, std::span<const 
   if (*elements == 0) return {};
   spec.kernel = kernel.entry();
   spec.host_fn = kernel.range_kernel();
+  spec.gpu_module = kernel.gpu_module();
   spec.args.num_elements = *elements;
   spec.iteration_size = static_cast<int64_t>(*elements);
   spec.min_elements_per_task = kernel.min_indices_per_task();

@@ -5,6 +5,7 @@
 #include "kiln/runtime/ptx_codegen.h"
 
 #include <charconv>
+#include <cstddef>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -14,6 +15,8 @@
 #include <llvm/Bitcode/BitcodeReader.h>
 #include <llvm/Config/llvm-config.h>
 #include <llvm/IR/Constants.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/IntrinsicsNVPTX.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Metadata.h>
 #include <llvm/IR/Module.h>
@@ -26,6 +29,8 @@
 #include <llvm/Target/TargetOptions.h>
 
 #include "llvm_gpu_pipeline.h"
+#include "user_module.h"
+#include "kiln/runtime/kernel_abi.h"
 #include "kiln/rhi/fork_hooks.h"
 #include "kiln/runtime/embedded_code.h"
 
@@ -130,8 +135,8 @@ int annotate_kernels(llvm::Module &module) {
   });
 }
 
-/// The whole pipeline for one SM version (the caller validated it against this LLVM).
-RhiExpected<std::string> emit_ptx(const llvm::Target &target, int sm_version) {
+/// An NVPTX target machine for sm_<sm_version> at the lowest PTX ISA version it needs.
+RhiExpected<std::unique_ptr<llvm::TargetMachine>> target_machine(const llvm::Target &target, int sm_version) {
   const std::string cpu = "sm_" + std::to_string(sm_version);
   const std::string features = "+ptx" + std::to_string(min_ptx_version(sm_version));
   std::unique_ptr<llvm::TargetMachine> tm(target.createTargetMachine(
@@ -141,12 +146,11 @@ RhiExpected<std::string> emit_ptx(const llvm::Target &target, int sm_version) {
     return std::unexpected(make_failure(RhiResult::error, kDevice, kSite,
                                         "LLVM could not create an NVPTX target machine for " + cpu));
   }
+  return tm;
+}
 
-  llvm::LLVMContext context;
-  auto diagnostics = std::make_unique<gpu::DiagnosticCollector>();
-  gpu::DiagnosticCollector *collected = diagnostics.get();
-  context.setDiagnosticHandler(std::move(diagnostics));
-
+/// The embedded nvptx runtime bitcode, parsed into `context` and set up for `tm`.
+RhiExpected<std::unique_ptr<llvm::Module>> runtime_module(llvm::LLVMContext &context, llvm::TargetMachine &tm) {
   const std::span<const uint8_t> bytes = nvptx_runtime_bitcode();
   const llvm::StringRef data(reinterpret_cast<const char *>(bytes.data()), bytes.size());
   auto parsed =
@@ -157,23 +161,39 @@ RhiExpected<std::string> emit_ptx(const llvm::Target &target, int sm_version) {
   }
   std::unique_ptr<llvm::Module> module = std::move(*parsed);
   module->setTargetTriple(kTriple);
-  module->setDataLayout(tm->createDataLayout());
+  module->setDataLayout(tm.createDataLayout());
+  return module;
+}
+
+/// O3 for `tm`, then PTX text.
+RhiExpected<std::string> optimize_and_emit(llvm::Module &module, llvm::TargetMachine &tm,
+                                           const gpu::DiagnosticCollector &collected) {
+  gpu::optimize(module, tm);
+  llvm::SmallString<0> ptx;
+  if (llvm::Error error = gpu::verify_and_emit(module, tm, llvm::CodeGenFileType::AssemblyFile, collected, ptx)) {
+    return std::unexpected(llvm_failure(std::move(error), "PTX emission for " + tm.getTargetCPU().str() + " failed"));
+  }
+  return std::string(ptx.data(), ptx.size());
+}
+
+/// The whole pipeline for one SM version (the caller validated it against this LLVM).
+RhiExpected<std::string> emit_ptx(const llvm::Target &target, int sm_version) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<llvm::TargetMachine> tm, target_machine(target, sm_version));
+  llvm::LLVMContext context;
+  auto diagnostics = std::make_unique<gpu::DiagnosticCollector>();
+  gpu::DiagnosticCollector *collected = diagnostics.get();
+  context.setDiagnosticHandler(std::move(diagnostics));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<llvm::Module> module, runtime_module(context, *tm));
   if (annotate_kernels(*module) == 0) {
     return std::unexpected(make_failure(
         RhiResult::error, kDevice, kSite,
         "the embedded nvptx runtime bitcode defines no kiln_*_gpu entry point; rebuild kiln"));
   }
-  gpu::optimize(*module, *tm);
-  llvm::SmallString<0> ptx;
-  if (llvm::Error error = gpu::verify_and_emit(*module, *tm, llvm::CodeGenFileType::AssemblyFile, *collected, ptx)) {
-    return std::unexpected(llvm_failure(std::move(error), "PTX emission for " + cpu + " failed"));
-  }
-  return std::string(ptx.data(), ptx.size());
+  return optimize_and_emit(*module, *tm, *collected);
 }
 
-}  // namespace
-
-RhiExpected<std::string> generate_ptx(std::string_view sm_arch) {
+/// The SM version to emit for `sm_arch` on this LLVM. Errors: as generate_ptx's.
+RhiExpected<std::pair<const llvm::Target *, int>> pick_sm_version(std::string_view sm_arch) {
   const std::optional<int> requested = parse_sm_version(sm_arch);
   if (!requested) {
     return std::unexpected(invalid_usage(kDevice, kSite,
@@ -193,16 +213,81 @@ RhiExpected<std::string> generate_ptx(std::string_view sm_arch) {
                                         "LLVM " LLVM_VERSION_STRING " cannot emit PTX for " +
                                             std::string(sm_arch) + " or any older SM version"));
   }
+  return std::pair{target, *sm_version};
+}
 
+/// define void @kiln_user_entry_gpu(ptr %runtime, ptr %args): thread g = ctaid.x * ntid.x +
+/// tid.x calls kiln_user_entry(runtime, args, i, i + 1, 0) for i = g, g + G, ... below
+/// args->num_elements (G = nctaid.x * ntid.x).
+void add_user_gpu_entry(llvm::Module &module) {
+  llvm::LLVMContext &context = module.getContext();
+  llvm::IRBuilder<> b(context);
+  llvm::Type *i64 = b.getInt64Ty();
+  llvm::Function *range = module.getFunction(kUserEntryName);
+  auto *entry = llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), {b.getPtrTy(), b.getPtrTy()}, false),
+                                       llvm::GlobalValue::ExternalLinkage, kUserGpuEntryName, module);
+  llvm::Value *runtime = entry->getArg(0), *args = entry->getArg(1);
+  auto *start = llvm::BasicBlock::Create(context, "start", entry);
+  auto *test = llvm::BasicBlock::Create(context, "test", entry);
+  auto *body = llvm::BasicBlock::Create(context, "body", entry);
+  auto *done = llvm::BasicBlock::Create(context, "done", entry);
+  b.SetInsertPoint(start);
+  const auto sreg = [&](llvm::Intrinsic::ID id) { return b.CreateZExt(b.CreateIntrinsic(id, {}, {}), i64); };
+  llvm::Value *threads = sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x);
+  llvm::Value *first = b.CreateAdd(b.CreateMul(sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x), threads),
+                                   sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x));
+  llvm::Value *stride = b.CreateMul(sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x), threads);
+  llvm::Value *count = b.CreateLoad(
+      i64, b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), args, offsetof(KilnKernelArgs, num_elements)));
+  b.CreateBr(test);
+  b.SetInsertPoint(test);
+  llvm::PHINode *i = b.CreatePHI(i64, 2, "i");
+  i->addIncoming(first, start);
+  b.CreateCondBr(b.CreateICmpULT(i, count), body, done);
+  b.SetInsertPoint(body);
+  llvm::Value *next = b.CreateAdd(i, b.getInt64(1));
+  b.CreateCall(range, {runtime, args, i, next, b.getInt64(0)});
+  i->addIncoming(b.CreateAdd(i, stride), body);
+  b.CreateBr(test);
+  b.SetInsertPoint(done);
+  b.CreateRetVoid();
+}
+
+}  // namespace
+
+RhiExpected<std::string> generate_user_ptx(std::span<const std::byte> ir, std::string_view entry,
+                                           std::span<const UserValueType> params, std::string_view sm_arch,
+                                           const char *device) {
+  KILN_ASSIGN_OR_RETURN(const auto picked, pick_sm_version(sm_arch));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<llvm::TargetMachine> tm, target_machine(*picked.first, picked.second));
+  llvm::LLVMContext context;
+  auto diagnostics = std::make_unique<gpu::DiagnosticCollector>();
+  gpu::DiagnosticCollector *collected = diagnostics.get();
+  context.setDiagnosticHandler(std::move(diagnostics));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<llvm::Module> runtime, runtime_module(context, *tm));
+  auto module = prepare_user_module(context, ir, entry, params, std::move(runtime), device);
+  if (!module) {
+    if (!collected->errors.empty()) module.error().detail += ": " + collected->errors;
+    return std::unexpected(std::move(module).error());
+  }
+  add_user_gpu_entry(**module);
+  annotate_kernels(**module);  // the entry point a kernel, everything else internal
+  KILN_ASSIGN_OR_RETURN(std::string ptx, optimize_and_emit(**module, *tm, *collected));
+  return ptx + user_module_comment(ir, entry, params);
+}
+
+RhiExpected<std::string> generate_ptx(std::string_view sm_arch) {
+  KILN_ASSIGN_OR_RETURN(const auto picked, pick_sm_version(sm_arch));
+  const auto [target, sm_version] = picked;
   // One generation per SM version per process; the lock also serializes first generations. Held
   // across fork() (a fork waits for a generation in progress), so a child never inherits it
   // locked; never destroyed, as a thread may still generate at exit.
   static auto *mutex = new ForkSafeMutex(ForkSafeMutex::Policy::hold_across_fork);
   static std::map<int, std::string> cache;
   const std::lock_guard lock(*mutex);
-  if (const auto it = cache.find(*sm_version); it != cache.end()) return it->second;
-  KILN_ASSIGN_OR_RETURN(std::string ptx, emit_ptx(*target, *sm_version));
-  cache.emplace(*sm_version, ptx);
+  if (const auto it = cache.find(sm_version); it != cache.end()) return it->second;
+  KILN_ASSIGN_OR_RETURN(std::string ptx, emit_ptx(*target, sm_version));
+  cache.emplace(sm_version, ptx);
   return ptx;
 }
 

@@ -188,6 +188,10 @@ CUresult parse_ptx(const char *image, const State &state, Module *module, std::s
   const int image_sm = sm_number(module->target);
   if (image_sm == 0) return kInvalidPtx;
   if (image_sm > sm_number(state.arch)) return kInvalidPtx;  // ptxas: .target newer than the GPU
+  // A user kernel's image carries the user's IR in its last comment: the fake runs that IR.
+  auto user = std::make_shared<UserCode>();
+  if (kiln::runtime::parse_user_module_comment(text, &user->ir, &user->entry, &user->params))
+    module->user = std::move(user);
   *size_bytes = text.size() + 1;
   return kSuccess;
 }

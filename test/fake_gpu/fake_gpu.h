@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kiln/runtime/kernel_abi.h"
+#include "kiln/runtime/user_kernel_abi.h"
 
 #define KILN_FAKE_GPU_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -92,12 +93,26 @@ struct Allocation {
   std::size_t size_bytes = 0;
 };
 
+/// A user kernel's code (a PTX image ending in runtime::user_module_comment): the user's IR, run
+/// as kiln runs it on the CPU (runtime::CpuJit::create_user, compiled at the first launch), one
+/// call of the range kernel per index of the emulated grid-stride loop.
+struct UserCode {
+  std::string ir;
+  std::string entry;
+  std::vector<kiln::runtime::UserValueType> params;
+  std::mutex mutex;                         ///< guards the two below (blocks run on several threads)
+  std::shared_ptr<void> jit;                ///< the runtime::CpuJit, type-erased
+  KilnKernelFn range_kernel = nullptr;
+};
+
 struct Module;
 struct Function {
   Module *module = nullptr;
-  const HostKernel *kernel = nullptr;
+  const HostKernel *kernel = nullptr;  ///< one of kiln's 24, or null for a user kernel's entry
+  UserCode *user = nullptr;            ///< a user kernel's code (module->user)
 };
 struct Module {
+  std::shared_ptr<UserCode> user;  ///< set when the image is a user kernel's
   std::size_t charged_bytes = 0;
   std::string target;  ///< the processor the image was built for ("sm_90", "gfx942")
   std::set<std::string, std::less<>> entries;  ///< the entry point names of the code image

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <system_error>
 #include <thread>
@@ -24,6 +25,7 @@
 
 #include "fake_gpu.h"
 #include "gpu_kernels.h"
+#include "kiln/runtime/cpu_jit.h"
 
 // The range kernels, compiled from runtime/device/kiln_runtime.cpp into this library
 // (compact_positive's GPU body calls its range kernel per thread).
@@ -154,6 +156,31 @@ const char *bad_operand(const State &state, const HostKernel &kernel, const Kiln
   return nullptr;
 }
 
+/// Runs `blocks` blocks as chunks on a few host threads (run_blocks(first, last) runs one chunk);
+/// a chunk whose thread cannot start runs on this one instead.
+template <class RunBlocks>
+void run_block_chunks(int64_t blocks, RunBlocks &&run_blocks) {
+  const auto workers = static_cast<int64_t>(
+      std::min<unsigned>(kMaxHostThreads, std::max(1u, std::thread::hardware_concurrency())));
+  if (blocks < 2 || workers < 2) {
+    run_blocks(0, blocks);
+    return;
+  }
+  const int64_t used = std::min(workers, blocks);
+  std::vector<std::thread> pool;
+  for (int64_t w = 1; w < used; ++w) {
+    const int64_t first = blocks * w / used;
+    const int64_t last = blocks * (w + 1) / used;
+    try {
+      pool.emplace_back(run_blocks, first, last);
+    } catch (const std::system_error &) {
+      run_blocks(first, last);
+    }
+  }
+  run_blocks(0, blocks / used);
+  for (std::thread &thread : pool) thread.join();
+}
+
 int illegal_address(const HostKernel &kernel, const char *what) {
   const Dialect &d = dialect();
   std::fprintf(stderr,
@@ -172,6 +199,62 @@ int unended_kernel(const HostKernel &kernel) {
                "returning %s\n",
                d.title, kernel.gpu_name, error_name(d.not_supported));
   return d.not_supported;
+}
+
+/// The host range kernel of a user kernel's IR, compiled at the first launch as kiln compiles it
+/// for the CPU; null (and a line on stderr) when it does not compile, which kiln's own checks of
+/// the same IR rule out.
+KilnKernelFn user_range_kernel(UserCode &code) {
+  std::lock_guard lock(code.mutex);
+  if (code.range_kernel != nullptr) return code.range_kernel;
+  auto jit = kiln::runtime::CpuJit::create_user(std::as_bytes(std::span(code.ir.data(), code.ir.size())), code.entry,
+                                                code.params, "fake");
+  if (!jit) {
+    std::fprintf(stderr, "%s: the user kernel %s does not compile for the host: %s\n", dialect().title,
+                 code.entry.c_str(), jit.error().message().c_str());
+    return nullptr;
+  }
+  auto fn = (*jit)->lookup_kernel(kiln::runtime::kUserEntryName);
+  if (!fn) return nullptr;
+  code.jit = std::shared_ptr<void>((*jit).release(), [](void *p) { delete static_cast<kiln::runtime::CpuJit *>(p); });
+  code.range_kernel = *fn;
+  return code.range_kernel;
+}
+
+/// A user kernel's launch: the grid-stride loop of kUserGpuEntryName, thread g of the grid
+/// calling the range kernel for indices g, g + G, ... of [0, args->num_elements). Before it
+/// runs, the runtime and argument blocks and every non-null pointer argument must lie in live
+/// allocations (a GPU would fault otherwise).
+int run_user_launch(State &state, const Function &function, unsigned grid_x, unsigned block_x, void **params) {
+  const Dialect &d = dialect();
+  UserCode &code = *function.user;
+  const uint64_t runtime_address = *static_cast<const uint64_t *>(params[0]);
+  const uint64_t args_address = *static_cast<const uint64_t *>(params[1]);
+  const auto fault = [&](const char *what) {
+    std::fprintf(stderr, "%s: user kernel %s would fault on the GPU: %s is not inside a live %s allocation; "
+                         "returning %s (sticky)\n",
+                 d.title, code.entry.c_str(), what, d.alloc_entry, error_name(d.illegal_address));
+    return d.illegal_address;
+  };
+  if (!state.device_range_ok(runtime_address, sizeof(KilnRuntime))) return fault("the KilnRuntime pointer");
+  if (!state.device_range_ok(args_address, sizeof(KilnKernelArgs))) return fault("the KilnKernelArgs pointer");
+  auto *runtime = reinterpret_cast<KilnRuntime *>(static_cast<uintptr_t>(runtime_address));
+  const auto *args = reinterpret_cast<const KilnKernelArgs *>(static_cast<uintptr_t>(args_address));
+  for (std::size_t k = 0; k < code.params.size() && k < KILN_MAX_USER_PARAMS; ++k)
+    if (code.params[k] == kiln::runtime::UserValueType::ptr && args->user_args[k] != 0 &&
+        !state.device_range_ok(args->user_args[k], 1))
+      return fault("an array argument");
+  const KilnKernelFn fn = user_range_kernel(code);
+  if (fn == nullptr) return d.not_supported;
+  ++state.current().launch_count;
+  const auto n = static_cast<int64_t>(args->num_elements);
+  const auto grid_threads = static_cast<int64_t>(grid_x) * block_x;
+  run_block_chunks(grid_x, [&](int64_t first, int64_t last) {
+    for (int64_t b = first; b < last; ++b)
+      for (int64_t t = 0; t < block_x; ++t)
+        for (int64_t i = b * block_x + t; i < n; i += grid_threads) fn(runtime, args, i, i + 1, 0);
+  });
+  return d.success;
 }
 
 }  // namespace
@@ -223,26 +306,7 @@ int run_launch(State &state, const Function &function, unsigned grid_x, unsigned
       }
     }
   };
-  const auto workers = static_cast<int64_t>(
-      std::min<unsigned>(kMaxHostThreads, std::max(1u, std::thread::hardware_concurrency())));
-  if (blocks < 2 || workers < 2) {
-    run_blocks(0, blocks);
-    return unended ? unended_kernel(kernel) : dialect().success;
-  }
-  // Block chunks on `used` threads; a chunk whose thread cannot start runs here instead.
-  const int64_t used = std::min(workers, blocks);
-  std::vector<std::thread> pool;
-  for (int64_t w = 1; w < used; ++w) {
-    const int64_t first = blocks * w / used;
-    const int64_t last = blocks * (w + 1) / used;
-    try {
-      pool.emplace_back(run_blocks, first, last);
-    } catch (const std::system_error &) {
-      run_blocks(first, last);
-    }
-  }
-  run_blocks(0, blocks / used);
-  for (std::thread &thread : pool) thread.join();
+  run_block_chunks(blocks, run_blocks);
   return unended ? unended_kernel(kernel) : dialect().success;
 }
 
@@ -273,6 +337,7 @@ int launch(State &state, const Function *f, unsigned grid_x, unsigned grid_y, un
   if (grid_y != 1 || grid_z != 1 || block_y != 1 || block_z != 1 || extra != nullptr) {
     return d.not_supported;
   }
+  if (function->user != nullptr) return run_user_launch(state, *function, grid_x, block_x, params);
   return run_launch(state, *function, grid_x, block_x, params);
 }
 

@@ -413,10 +413,13 @@ int get_function(State &state, Module *module, const char *name, Function **func
     return dialect().success;
   }
   const HostKernel *kernel = find_host_kernel(name);
-  if (!loaded.entries.contains(std::string_view(name)) || kernel == nullptr) return dialect().not_found;
+  const bool user_entry = loaded.user && std::string_view(name) == kiln::runtime::kUserGpuEntryName;
+  if (!loaded.entries.contains(std::string_view(name)) || (kernel == nullptr && !user_entry))
+    return dialect().not_found;
   auto created = std::make_unique<Function>();
   created->module = module;
   created->kernel = kernel;
+  if (user_entry) created->user = loaded.user.get();
   *function = created.get();
   loaded.functions.emplace(name, std::move(created));
   return dialect().success;

@@ -1,5 +1,6 @@
 #!/bin/sh
-# Assembles kiln's PTX with the CUDA toolkit's ptxas, once per SM version.
+# Assembles kiln's PTX with the CUDA toolkit's ptxas, once per SM version: the device runtime's
+# and a user kernel's (squared_diff.ll beside this script, through kiln-ptx --user).
 #   ptxas_check.sh <kiln-ptx> <ptxas> <work dir> <sm_arch>...
 # For each arch: kiln-ptx <arch> > <work dir>/kiln_<arch>.ptx, then
 # ptxas -arch=<arch> on it. Exit status 0 only if every arch assembles.
@@ -16,4 +17,10 @@ for arch in "$@"; do
   grep -qx "\.target $arch" "$ptx"  # native: never an older SM version the driver forwards
   "$ptxas" -arch="$arch" "$ptx" -o "$work_dir/kiln_$arch.cubin"
   echo "ptxas -arch=$arch: OK ($(grep -c '\.entry' "$ptx") entries, $(grep '^\.target' "$ptx"), $(grep '^\.version' "$ptx"))"
+  user="$work_dir/user_$arch.ptx"
+  "$kiln_ptx" "$arch" --user "$(dirname "$0")/squared_diff.ll" squared_diff ptr,ptr,ptr,float > "$user"
+  grep -q '^\.visible \.entry kiln_user_entry_gpu(' "$user"
+  grep -q '^// kiln-user-module squared_diff pppf ' "$user"
+  "$ptxas" -arch="$arch" "$user" -o "$work_dir/user_$arch.cubin"
+  echo "ptxas -arch=$arch: user kernel OK"
 done

@@ -10,6 +10,8 @@ import pytest
 import kiln
 from kiln import _kernels
 
+from conftest import GPU_BACKENDS
+
 SQUARED_DIFF = ("float32 x, float32 y", "float32 z", "z = (x - y) * (x - y)", "squared_diff")
 
 IR_SCALE = """
@@ -40,12 +42,29 @@ done:
 """
 
 
-@pytest.fixture(params=["cpu", "mock"])
-def arch(request):
+@pytest.fixture(params=["cpu", "mock", "cuda"])
+def arch(request, monkeypatch):
+    """cpu, mock and the fake CUDA driver (skipped, saying why, where it is not built)."""
+    if request.param == "cuda":
+        gpu = GPU_BACKENDS[0]
+        reason = gpu.skip_reason()
+        if reason:
+            pytest.skip(reason)
+        gpu.open()
+        monkeypatch.setenv(gpu.driver_env, gpu.path)
+        gc.collect()  # arrays of the last test (held by an exception's cycle) let go of their context
+        gpu.reset()
     kiln.init(arch=request.param, num_threads=2)
     _kernels._clear_cache()
     yield request.param
     _kernels._clear_cache()
+    kiln.init(arch="cpu", num_threads=2)
+    gc.collect()
+
+
+def host(a):
+    """The array's values in a numpy array (a copy: a CUDA array has no host view)."""
+    return a.to_numpy()
 
 
 def array(values, dtype=np.float32):
@@ -64,7 +83,7 @@ def test_squared_difference_matches_numpy(arch):
     k = kiln.ElementwiseKernel(*SQUARED_DIFF)
     z = k(array(x), array(y))
     assert isinstance(z, kiln.ndarray) and z.dtype == kiln.f32
-    np.testing.assert_array_equal(np.asarray(z), (x - y) * (x - y))
+    np.testing.assert_array_equal(host(z), (x - y) * (x - y))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
@@ -72,8 +91,8 @@ def test_type_placeholders_resolve_from_the_arrays(arch, dtype):
     k = kiln.ElementwiseKernel("T x, T y", "T z", "z = x * y + x", "mul_add")
     x, y = np.arange(10, dtype=dtype), np.arange(10, dtype=dtype)[::-1].copy()
     z = k(array(x, dtype), array(y, dtype))
-    assert np.asarray(z).dtype == dtype
-    np.testing.assert_array_equal(np.asarray(z), x * y + x)
+    assert host(z).dtype == dtype
+    np.testing.assert_array_equal(host(z), x * y + x)
 
 
 def test_outputs_written_in_place_and_returned(arch):
@@ -81,18 +100,18 @@ def test_outputs_written_in_place_and_returned(arch):
     z = kiln.zeros((4,))
     got = k(array([1, 2, 3, 4]), array([0, 0, 1, 1]), z)
     assert got is z
-    np.testing.assert_array_equal(np.asarray(z), [1, 4, 4, 9])
+    np.testing.assert_array_equal(host(z), [1, 4, 4, 9])
 
 
 def test_numpy_broadcasting_of_inputs_and_scalars(arch):
     k = kiln.ElementwiseKernel("T x, T y, T alpha", "T z", "z = alpha * x + y", "axpy_b")
     m = np.arange(12, dtype=np.float64).reshape(3, 4)
     row, col = np.arange(4, dtype=np.float64), np.arange(3, dtype=np.float64).reshape(3, 1)
-    np.testing.assert_array_equal(np.asarray(k(array(m, np.float64), array(row, np.float64), 2.0)),
+    np.testing.assert_array_equal(host(k(array(m, np.float64), array(row, np.float64), 2.0)),
                                   2.0 * m + row)
-    np.testing.assert_array_equal(np.asarray(k(array(col, np.float64), array(row, np.float64), 0.5)),
+    np.testing.assert_array_equal(host(k(array(col, np.float64), array(row, np.float64), 0.5)),
                                   0.5 * col + row)
-    np.testing.assert_array_equal(np.asarray(k(array(m, np.float64), 1.5, 3.0)), 3.0 * m + 1.5)
+    np.testing.assert_array_equal(host(k(array(m, np.float64), 1.5, 3.0)), 3.0 * m + 1.5)
 
 
 def test_several_outputs_locals_casts_and_functions(arch):
@@ -103,8 +122,8 @@ def test_several_outputs_locals_casts_and_functions(arch):
     x = np.array([-4.0, -0.25, 0.0, 0.25, 9.0, 10.5])
     s, n = k(array(x, np.float64))
     t = np.sqrt(np.abs(x))
-    np.testing.assert_allclose(np.asarray(s), np.where(x < 0, -t, np.maximum(t, 0.5)))
-    np.testing.assert_array_equal(np.asarray(n), np.fmod(np.floor(x).astype(np.int32), 3))
+    np.testing.assert_allclose(host(s), np.where(x < 0, -t, np.maximum(t, 0.5)))
+    np.testing.assert_array_equal(host(n), np.fmod(np.floor(x).astype(np.int32), 3))
 
 
 def test_integer_division_by_zero_gives_zero_and_float_to_int_saturates(arch):
@@ -112,11 +131,11 @@ def test_integer_division_by_zero_gives_zero_and_float_to_int_saturates(arch):
     a = np.array([7, -7, 5, -2**31, 3], dtype=np.int32)
     b = np.array([2, 2, 0, -1, 0], dtype=np.int32)
     q, r = k(array(a, np.int32), array(b, np.int32))
-    assert np.asarray(q).tolist() == [3, -3, 0, -2**31, 0]  # C's truncation; 0 for x/0; MIN/-1 wraps
-    assert np.asarray(r).tolist() == [1, -1, 0, 0, 0]
+    assert host(q).tolist() == [3, -3, 0, -2**31, 0]  # C's truncation; 0 for x/0; MIN/-1 wraps
+    assert host(r).tolist() == [1, -1, 0, 0, 0]
     cast = kiln.ElementwiseKernel("float32 x", "int32 y", "y = (int)x", "to_int")
     y = cast(array([np.nan, 1e20, -1e20, 2.7]))
-    assert np.asarray(y).tolist() == [0, 2**31 - 1, -2**31, 2]
+    assert host(y).tolist() == [0, 2**31 - 1, -2**31, 2]
 
 
 def test_a_kernel_made_twice_compiles_once_and_its_code_is_charged_while_cached(arch):
@@ -221,7 +240,7 @@ def test_l2_norm_over_the_whole_array(arch):
     x = np.random.default_rng(1).standard_normal(300_001)
     got = l2norm()(array(x, np.float64))
     assert got.shape == ()
-    np.testing.assert_allclose(np.asarray(got), np.linalg.norm(x), rtol=1e-12)
+    np.testing.assert_allclose(host(got), np.linalg.norm(x), rtol=1e-12)
 
 
 @pytest.mark.parametrize("axis", [0, 1, -1])
@@ -231,7 +250,7 @@ def test_reduction_over_one_axis(arch, axis, keepdims):
     got = l2norm()(array(x), axis=axis, keepdims=keepdims)
     want = np.sqrt((x * x).sum(axis=axis, keepdims=keepdims))
     assert got.shape == want.shape
-    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    np.testing.assert_allclose(host(got), want, rtol=1e-6)
 
 
 def test_a_max_reduction_with_a_scalar_and_an_out(arch):
@@ -241,7 +260,7 @@ def test_a_max_reduction_with_a_scalar_and_an_out(arch):
     out = kiln.ndarray(kiln.i64, (3,))
     got = k(array(x, np.int64), 5, axis=1, out=out)
     assert got is out
-    assert np.asarray(got).tolist() == (x.max(axis=1) + 5).tolist()
+    assert host(got).tolist() == (x.max(axis=1) + 5).tolist()
 
 
 def test_reduction_mistakes_are_named():
@@ -263,10 +282,10 @@ def test_an_ir_kernel_runs_with_arrays_and_a_scalar(arch):
     x = np.arange(1000, dtype=np.float32)
     y = kiln.empty((1000,))
     k(array(x), y, 0.5)
-    np.testing.assert_array_equal(np.asarray(y), x * 0.5)
+    np.testing.assert_array_equal(host(y), x * 0.5)
     k2 = kiln.Kernel(IR_SCALE.encode(), "scale", "in float32 x, out float32 y, float32 alpha")
     k2(array(x), y, 2.0)
-    np.testing.assert_array_equal(np.asarray(y), x * 2.0)
+    np.testing.assert_array_equal(host(y), x * 2.0)
 
 
 def test_ir_that_does_not_parse_is_a_compile_error_with_its_line():
@@ -301,7 +320,7 @@ def test_device_heap_exhaustion_inside_a_user_kernel_is_named_and_the_device_sta
     assert isinstance(info.value, MemoryError) and info.value.requested_bytes == 1 << 16
     k(out, 8)  # the same kernel, the same device: fine
     sq = kiln.ElementwiseKernel(*SQUARED_DIFF)
-    np.testing.assert_array_equal(np.asarray(sq(array([3.0]), array([1.0]))), [4.0])
+    np.testing.assert_array_equal(host(sq(array([3.0]), array([1.0]))), [4.0])
 
 
 def test_the_user_kernels_example_runs(capsys):
@@ -324,8 +343,8 @@ def test_a_launch_fault_named_by_kernel_fails_that_kernel_only(arch):
             sq(x, y)
         kiln.axpy(1.0, x, y)  # another kernel runs: y = x + y
     assert in_use("ndarray") == before  # the output made for the failed launch was freed
-    np.testing.assert_array_equal(np.asarray(y), [1.0, 2.0])
-    np.testing.assert_array_equal(np.asarray(sq(x, array([0.0, 0.0]))), [1.0, 4.0])
+    np.testing.assert_array_equal(host(y), [1.0, 2.0])
+    np.testing.assert_array_equal(host(sq(x, array([0.0, 0.0]))), [1.0, 4.0])
 
 
 def test_a_heap_fault_names_the_reduction_and_both_its_launches_count(arch):
@@ -335,7 +354,7 @@ def test_a_heap_fault_names_the_reduction_and_both_its_launches_count(arch):
     with kiln.testing.inject("kind=heap,kernel=l2norm,nth=2"):  # the 2nd launch: the combine
         with pytest.raises(kiln.DeviceHeapExhaustedError):
             norm(x)
-    np.testing.assert_allclose(np.asarray(norm(x)), 100.0)
+    np.testing.assert_allclose(host(norm(x)), 100.0)
 
 
 def test_a_fault_spec_naming_no_kernel_is_refused():
@@ -352,7 +371,7 @@ def test_sweep_over_a_user_kernel_workload_passes(arch):
         x = kiln.from_numpy(np.arange(1000, dtype=np.float32))
         y = kiln.zeros((1000,))
         z = sq(x, y)
-        return float(np.asarray(norm(z)))
+        return float(host(norm(z)))
 
     workload()  # compiled before the sweep: the sweep counts the launches' allocations only
     report = kiln.testing.sweep(workload)
@@ -384,17 +403,17 @@ def test_literals_read_as_c_reads_them_whatever_the_locale():
     with pytest.raises(kiln.KernelCompileError, match="leading 0 is octal"):
         kiln.ElementwiseKernel("float32 x", "float32 z", "z = x + 010", "octal")
     k = kiln.ElementwiseKernel("float64 x", "float64 z", "z = x + 1.5 + 2.5e-1 + 1e400 * 0.0 + .5", "lit")
-    assert np.isnan(np.asarray(k(array([0.0], np.float64)))[0])  # 1e400 is infinity, times 0 NaN
+    assert np.isnan(host(k(array([0.0], np.float64)))[0])  # 1e400 is infinity, times 0 NaN
     k2 = kiln.ElementwiseKernel("float64 x", "float64 z", "z = x + 1.5 + 2.5e-1 + 1e-400 + .5f", "lit2")
-    assert np.asarray(k2(array([0.0], np.float64))).tolist() == [2.25]
+    assert host(k2(array([0.0], np.float64))).tolist() == [2.25]
 
 
 def test_numeric_identities_sizes_and_flags_are_checked():
     x = array([[3.0, -1.0], [2.0, 7.0]], np.float64)
     kmax = kiln.ReductionKernel("T x", "T y", "x", "max(a, b)", "y = a", float("-inf"), "max_inf")
-    assert np.asarray(kmax(x, axis=1)).tolist() == [3.0, 7.0]
+    assert host(kmax(x, axis=1)).tolist() == [3.0, 7.0]
     ksum = kiln.ReductionKernel("T x", "T y", "x", "a + b", "y = a", np.float64(0.0), "np_identity")
-    assert float(np.asarray(ksum(x))) == 11.0
+    assert float(host(ksum(x))) == 11.0
     with pytest.raises(kiln.InvalidTypeError, match="keepdims"):
         ksum(x, keepdims="no")
     with pytest.raises(kiln.InvalidUsageError, match="reduce_type"):
@@ -411,7 +430,7 @@ def test_numeric_identities_sizes_and_flags_are_checked():
 def test_a_reduction_over_an_empty_axis_of_many_rows(arch):
     x = kiln.ndarray(kiln.f64, (0, 10_000))
     assert l2norm()(x, axis=1).shape == (0,)
-    np.testing.assert_array_equal(np.asarray(l2norm()(x, axis=0)), np.zeros(10_000))
+    np.testing.assert_array_equal(host(l2norm()(x, axis=0)), np.zeros(10_000))
 
 
 def test_the_user_kernels_benchmark_runs_quick():

@@ -309,17 +309,73 @@ TEST_CASE("a launch without arrays needs its count, within int64", "[user_kernel
   CHECK(ex->launch(*kernel, args, 1000));  // a given count runs
 }
 
-TEST_CASE("a user kernel for a GPU executor is not supported yet, named, and charges nothing",
-          "[user_kernel]") {
-  static kiln::test::FakeGpu fake =
+namespace {
+
+std::unique_ptr<LlvmRuntimeExecutor> fake_gpu_executor(Backend backend) {
+  const bool cuda = backend == Backend::cuda;
+  static kiln::test::FakeGpu fake_cuda =
       kiln::test::FakeGpu::open(KILN_FAKE_CUDA_LIBRARY, "KILN_CUDA_DRIVER", "kiln_fake_cuda_");
-  setenv("KILN_CUDA_DRIVER", KILN_FAKE_CUDA_LIBRARY, 1);  // other tests may point it elsewhere
-  fake.reset();
-  auto gpu = make_gpu_executor(Backend::cuda);
+  static kiln::test::FakeGpu fake_hip =
+      kiln::test::FakeGpu::open(KILN_FAKE_HIP_LIBRARY, "KILN_HIP_RUNTIME", "kiln_fake_hip_");
+  // Other tests may point the variables elsewhere.
+  setenv(cuda ? "KILN_CUDA_DRIVER" : "KILN_HIP_RUNTIME", cuda ? KILN_FAKE_CUDA_LIBRARY : KILN_FAKE_HIP_LIBRARY, 1);
+  (cuda ? fake_cuda : fake_hip).reset();
+  return make_gpu_executor(backend);
+}
+
+}  // namespace
+
+TEST_CASE("a user kernel runs on the fake CUDA driver from the PTX kiln made, its IR run for the host",
+          "[user_kernel]") {
+  auto gpu = fake_gpu_executor(Backend::cuda);
+  const uint64_t before = ledger_bytes(*gpu);
+  const uint64_t code_before = code_bytes(*gpu);
+  {
+    auto kernel = compile(*gpu, kSquaredDiff, "squared_diff", squared_diff_params());
+    CHECK(code_bytes(*gpu) > code_before);  // the PTX image, charged while the kernel lives
+    std::vector<float> xs(70000), ys(70000);  // more indices than one grid-stride pass of a block
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      xs[i] = static_cast<float>(i % 13);
+      ys[i] = static_cast<float>(i % 4);
+    }
+    Ndarray x = upload<float>(*gpu, DataType::f32, xs), y = upload<float>(*gpu, DataType::f32, ys);
+    Ndarray z = upload<float>(*gpu, DataType::f32, std::vector<float>(xs.size(), -1.0f));
+    const KernelArg args[] = {KernelArg::of(x), KernelArg::of(y), KernelArg::of(z), KernelArg::of(Scalar::of(2.0))};
+    REQUIRE(gpu->launch(*kernel, args));
+    const std::vector<float> got = download<float>(*gpu, z);
+    for (std::size_t i = 0; i < xs.size(); ++i) REQUIRE(got[i] == (xs[i] - ys[i]) * (xs[i] - ys[i]) * 2.0f);
+  }
+  CHECK(code_bytes(*gpu) == code_before);  // unloaded and uncharged with the kernel
+  CHECK(ledger_bytes(*gpu) == before);
+}
+
+TEST_CASE("a user kernel's device heap and assertion work on the fake CUDA driver", "[user_kernel]") {
+  auto gpu = fake_gpu_executor(Backend::cuda);
+  auto heap_user = compile(*gpu, kHeapUser, "heap_user",
+                           {{"out", ParamKind::out, DataType::i64}, {"bytes", ParamKind::scalar, DataType::i64}});
+  Ndarray out = upload<int64_t>(*gpu, DataType::i64, std::vector<int64_t>(64, 0));
+  const KernelArg too_much[] = {KernelArg::of(out), KernelArg::of(Scalar::of_int(int64_t{1} << 40))};
+  auto refused = gpu->launch(*heap_user, too_much);
+  REQUIRE_FALSE(refused);
+  CHECK(classify(refused.error()) == ErrorKind::device_heap_exhausted);
+  const KernelArg fine[] = {KernelArg::of(out), KernelArg::of(Scalar::of_int(8))};
+  CHECK(gpu->launch(*heap_user, fine));  // the device is usable after
+
+  auto check = compile(*gpu, kCheckPositive, "check_positive", {{"x", ParamKind::in, DataType::f32}});
+  Ndarray x = upload<float>(*gpu, DataType::f32, {1.0f, -2.0f, 3.0f});
+  const KernelArg args[] = {KernelArg::of(x)};
+  auto failed = gpu->launch(*check, args);
+  REQUIRE_FALSE(failed);
+  CHECK_THAT(failed.error().message(), Catch::Contains("x must not be negative") && Catch::Contains("check_positive"));
+}
+
+TEST_CASE("a user kernel for an AMDGPU executor is not supported yet, named, and charges nothing",
+          "[user_kernel]") {
+  auto gpu = fake_gpu_executor(Backend::amdgpu);
   const uint64_t before = ledger_bytes(*gpu);
   auto kernel = UserKernel::create(*gpu, text(kIota), "iota", {{"out", ParamKind::out, DataType::i64}});
   REQUIRE_FALSE(kernel);
   CHECK(kernel.error().result == RhiResult::not_supported);
-  CHECK_THAT(kernel.error().message(), Catch::Contains("user kernels run on cpu and mock in this build"));
+  CHECK_THAT(kernel.error().message(), Catch::Contains("user kernels run on cpu, mock and cuda in this build"));
   CHECK(ledger_bytes(*gpu) == before);
 }

@@ -1,23 +1,49 @@
-// kiln-ptx: prints the PTX that kiln's CUDA backend loads, for one SM version.
+// kiln-ptx: prints the PTX that kiln's CUDA backend loads, for one SM version: the device
+// runtime's, or a user kernel's.
 //
-//   kiln-ptx [sm_<digits>]      (default sm_80)
+//   kiln-ptx [sm_<digits>]                                  (default sm_80)
+//   kiln-ptx sm_<digits> --user <file.ll|file.bc> <entry> <types>
 //
-// Exit status 0 with the PTX on stdout; 1 with the named failure on stderr when generate_ptx
-// fails (not_supported: no NVPTX target in this LLVM); 2 on bad usage. Used by the ptxas test
-// (test/CMakeLists.txt, label "ptxas") and handy for reading what the driver gets.
+// <types>: the LLVM types of the element function's parameters after its context, comma-separated
+// (ptr, float, double, i32, i64), or "-" for none: what UserKernel::create derives from its
+// declared parameters. Exit status 0 with the PTX on stdout; 1 with the named failure on stderr
+// when generation fails (not_supported: no NVPTX target in this LLVM; invalid_usage: the user IR
+// does not compile); 2 on bad usage. Used by the ptxas test (test/ptx, label "ptxas") and handy
+// for reading what the driver gets.
 #include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "kiln/runtime/ptx_codegen.h"
 
-int main(int argc, char **argv) {
-  if (argc > 2 || (argc == 2 && (std::string_view(argv[1]) == "-h" ||
-                                 std::string_view(argv[1]) == "--help"))) {
-    std::fprintf(stderr, "usage: kiln-ptx [sm_<digits>]   (default sm_80)\n");
-    return 2;
+namespace {
+
+int usage() {
+  std::fprintf(stderr, "usage: kiln-ptx [sm_<digits>]   (default sm_80)\n"
+                       "       kiln-ptx sm_<digits> --user <file.ll|file.bc> <entry> <ptr,float,...|->\n");
+  return 2;
+}
+
+bool parse_types(std::string_view text, std::vector<kiln::runtime::UserValueType> *types) {
+  using kiln::runtime::UserValueType;
+  if (text == "-") return true;
+  std::stringstream list{std::string(text)};
+  for (std::string word; std::getline(list, word, ',');) {
+    if (word == "ptr") types->push_back(UserValueType::ptr);
+    else if (word == "float") types->push_back(UserValueType::f32);
+    else if (word == "double") types->push_back(UserValueType::f64);
+    else if (word == "i32") types->push_back(UserValueType::i32);
+    else if (word == "i64") types->push_back(UserValueType::i64);
+    else return false;
   }
-  const std::string_view arch = argc == 2 ? std::string_view(argv[1]) : std::string_view("sm_80");
-  auto ptx = kiln::runtime::generate_ptx(arch);
+  return true;
+}
+
+int print(const kiln::RhiExpected<std::string> &ptx) {
   if (!ptx) {
     std::fprintf(stderr, "kiln-ptx: %s: %s\n", std::string(kiln::to_string(ptx.error().result)).c_str(),
                  ptx.error().message().c_str());
@@ -25,4 +51,22 @@ int main(int argc, char **argv) {
   }
   std::fwrite(ptx->data(), 1, ptx->size(), stdout);
   return std::fflush(stdout) == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc == 2 && (std::string_view(argv[1]) == "-h" || std::string_view(argv[1]) == "--help")) return usage();
+  if (argc <= 2) return print(kiln::runtime::generate_ptx(argc == 2 ? argv[1] : "sm_80"));
+  if (argc != 6 || std::string_view(argv[2]) != "--user") return usage();
+  std::ifstream file(argv[3], std::ios::binary);
+  if (!file) {
+    std::fprintf(stderr, "kiln-ptx: cannot read %s\n", argv[3]);
+    return 2;
+  }
+  const std::string ir((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  std::vector<kiln::runtime::UserValueType> types;
+  if (!parse_types(argv[5], &types)) return usage();
+  return print(kiln::runtime::generate_user_ptx(std::as_bytes(std::span(ir.data(), ir.size())), argv[4], types,
+                                                argv[1], "cuda"));
 }

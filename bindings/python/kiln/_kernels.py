@@ -171,23 +171,47 @@ def _identity_text(value: Any, site: str) -> Any:
 
 
 class _Types:
-    """Placeholder -> dtype, resolved from a call's arguments."""
+    """Placeholder -> dtype, resolved from a call's arguments: an array's dtype binds its
+    placeholder for good, a number's only while no array has bound it."""
 
     def __init__(self, site: str) -> None:
         self.site = site
         self.bound: dict[str, Any] = {}
+        self.from_arrays: set[str] = set()
 
-    def bind(self, param: _Param, dtype: Any, from_array: bool, strong: set[str]) -> None:
+    def bind(self, param: _Param, dtype: Any, from_array: bool) -> None:
         if param.placeholder is None or dtype is None:
             return
         known = self.bound.get(param.placeholder)
-        if known is None or (from_array and param.placeholder not in strong):
+        if known is None or (from_array and param.placeholder not in self.from_arrays):
             self.bound[param.placeholder] = dtype
             if from_array:
-                strong.add(param.placeholder)
+                self.from_arrays.add(param.placeholder)
         elif from_array and known != dtype:
             raise _type_error(self.site, f"{param.name} is declared {param.placeholder}, which "
                                          f"is {known.name} here, got an array of {dtype.name}")
+
+    def bind_arrays(self, params: list[_Param], values: list[Any], outputs: bool = False) -> None:
+        """Checks each value (an array of the declared dtype; an input may be a number) and binds
+        the arrays' dtypes. Errors: InvalidTypeError naming the parameter."""
+        for p, a in zip(params, values):
+            if _is_array(a):
+                if p.dtype is not None and a.dtype != p.dtype:
+                    raise _type_error(self.site, f"{p.name} is declared {p.dtype.name}, got an array "
+                                                 f"of {a.dtype.name} {tuple(a.shape)}")
+                self.bind(p, a.dtype, True)
+            elif outputs:
+                raise _type_error(self.site, f"output {p.name} must be a kiln.ndarray, got "
+                                             f"{type(a).__name__}")
+            elif _scalar_dtype(a) is None:
+                raise _type_error(self.site, f"{p.name} must be a kiln.ndarray or a number, got "
+                                             f"{type(a).__name__}")
+
+    def bind_numbers(self, params: list[_Param], values: list[Any]) -> None:
+        """Binds the placeholders that only numbers give (after bind_arrays)."""
+        for p, a in zip(params, values):
+            if not _is_array(a):
+                self.bind(p, _scalar_dtype(a), False)
 
     def of(self, param: _Param) -> Any:
         if param.dtype is not None:
@@ -330,25 +354,9 @@ class ElementwiseKernel:
                                f"outputs), got {len(args)}")
         inputs, outputs = list(args[:n_in]), list(args[n_in:])
         types = _Types(site)
-        strong: set[str] = set()
-        for p, a in zip(self.in_params, inputs):
-            if _is_array(a):
-                types.bind(p, a.dtype, True, strong)
-            elif _scalar_dtype(a) is None:
-                raise _type_error(site, f"{p.name} must be a kiln.ndarray or a number, got "
-                                        f"{type(a).__name__}")
-        for p, a in zip(self.out_params, outputs):
-            if not _is_array(a):
-                raise _type_error(site, f"output {p.name} must be a kiln.ndarray, got "
-                                        f"{type(a).__name__}")
-            types.bind(p, a.dtype, True, strong)
-        for p, a in zip(self.in_params, inputs):
-            if not _is_array(a):
-                types.bind(p, _scalar_dtype(a), False, strong)
-        for p, a in zip(self.in_params + self.out_params, inputs + outputs):
-            if _is_array(a) and p.dtype is not None and a.dtype != p.dtype:
-                raise _type_error(site, f"{p.name} is declared {p.dtype.name}, got an array of "
-                                        f"{a.dtype.name} {tuple(a.shape)}")
+        types.bind_arrays(self.in_params, inputs)
+        types.bind_arrays(self.out_params, outputs, outputs=True)
+        types.bind_numbers(self.in_params, inputs)
         arrays = [(p.name, tuple(a.shape)) for p, a in zip(self.in_params + self.out_params,
                                                               inputs + outputs) if _is_array(a)]
         if arrays:
@@ -458,19 +466,8 @@ class ReductionKernel:
             raise _usage(site, f"takes {len(self.in_params)} inputs, got {len(args)}")
         inputs = list(args)
         types = _Types(site)
-        strong: set[str] = set()
-        for p, a in zip(self.in_params, inputs):
-            if _is_array(a):
-                if p.dtype is not None and a.dtype != p.dtype:
-                    raise _type_error(site, f"{p.name} is declared {p.dtype.name}, got an array of "
-                                            f"{a.dtype.name} {tuple(a.shape)}")
-                types.bind(p, a.dtype, True, strong)
-            elif _scalar_dtype(a) is None:
-                raise _type_error(site, f"{p.name} must be a kiln.ndarray or a number, got "
-                                        f"{type(a).__name__}")
-        for p, a in zip(self.in_params, inputs):
-            if not _is_array(a):
-                types.bind(p, _scalar_dtype(a), False, strong)
+        types.bind_arrays(self.in_params, inputs)
+        types.bind_numbers(self.in_params, inputs)
         shapes = {tuple(a.shape) for a in inputs if _is_array(a)}
         if len(shapes) != 1:
             raise _usage(site, "the inputs' arrays must have one shape, got " + (
@@ -493,19 +490,13 @@ class ReductionKernel:
             outs = list(out) if isinstance(out, (tuple, list)) else [out]
             if len(outs) != len(self.out_params):
                 raise _usage(site, f"out gives {len(outs)} arrays for {len(self.out_params)} outputs")
+            types.bind_arrays(self.out_params, outs, outputs=True)
             for p, o in zip(self.out_params, outs):
-                if not _is_array(o):
-                    raise _type_error(site, f"out {p.name} must be a kiln.ndarray, got {type(o).__name__}")
                 if tuple(o.shape) != out_shape:
                     raise _usage(site, f"out {p.name} has shape {tuple(o.shape)}, the reduction "
                                        f"gives {out_shape}")
-                types.bind(p, o.dtype, True, strong)
             outputs = outs
         out_dtypes = [types.of(p) for p in self.out_params]
-        for p, o in zip(self.out_params, outputs):
-            if o.dtype != types.of(p):
-                raise _type_error(site, f"out {p.name} is declared {types.of(p).name}, got an "
-                                        f"array of {o.dtype.name}")
         reduce_dtype = _DTYPE_NAMES[self.reduce_type] if self.reduce_type else out_dtypes[0]
         ins: list[tuple[str, Any, bool, bool, list[int]]] = [
             (p.name, types.of(p), _is_array(a), False, []) for p, a in zip(self.in_params, inputs)]

@@ -46,6 +46,9 @@ struct LaunchSpec {
   std::string kernel;                ///< "kiln_axpy_f32"; a user kernel's entry
   /// A user kernel's range kernel (host devices): run instead of looking `kernel` up.
   KilnKernelFn host_fn = nullptr;
+  /// A user kernel's module (GPU devices): its runtime::kUserGpuEntryName runs, grid-stride, instead
+  /// of `kernel` + "_gpu" of the executor's module.
+  std::optional<uint64_t> gpu_module;
   KilnKernelArgs args{};
   int64_t iteration_size = 0;        ///< elements (or rows, for matmul) of the iteration space
   int64_t min_elements_per_task = kDefaultMinElementsPerTask;  ///< CPU: up to this, one task
@@ -108,9 +111,9 @@ class KernelLauncher {
   /// (GPU launchers). Errors: invalid_usage (no such kernel).
   [[nodiscard]] virtual RhiExpected<KilnKernelFn> check_kernel(const std::string &kernel) = 0;
   [[nodiscard]] virtual int64_t task_count(const LaunchSpec &spec) const = 0;
-  /// Runs the kernel over num_tasks tasks; the argument block is already in the argument
+  /// Runs spec's kernel over num_tasks tasks; the argument block is already in the argument
   /// buffer, whose device address (and the runtime state's) bind() looked up.
-  [[nodiscard]] virtual RhiStatus execute(const std::string &kernel, KilnKernelFn fn,
+  [[nodiscard]] virtual RhiStatus execute(const LaunchSpec &spec, KilnKernelFn fn,
                                           uint64_t runtime_address, uint64_t args_address,
                                           int64_t num_tasks, int64_t iteration_size) = 0;
   runtime::DeviceMemory &memory_;
@@ -163,7 +166,7 @@ class CpuKernelLauncher final : public KernelLauncher {
  private:
   RhiExpected<KilnKernelFn> check_kernel(const std::string &kernel) override;
   int64_t task_count(const LaunchSpec &spec) const override;
-  RhiStatus execute(const std::string &kernel, KilnKernelFn fn, uint64_t runtime_address,
+  RhiStatus execute(const LaunchSpec &spec, KilnKernelFn fn, uint64_t runtime_address,
                     uint64_t args_address, int64_t num_tasks, int64_t iteration_size) override;
 
   Program &program_;
@@ -201,7 +204,7 @@ class GpuKernelLauncher final : public KernelLauncher {
  private:
   RhiExpected<KilnKernelFn> check_kernel(const std::string &kernel) override;
   int64_t task_count(const LaunchSpec &spec) const override;
-  RhiStatus execute(const std::string &kernel, KilnKernelFn fn, uint64_t runtime_address,
+  RhiStatus execute(const LaunchSpec &spec, KilnKernelFn fn, uint64_t runtime_address,
                     uint64_t args_address, int64_t num_tasks, int64_t iteration_size) override;
 
   GpuDevice &device_;

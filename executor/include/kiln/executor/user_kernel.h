@@ -4,14 +4,15 @@
 // is allocated, the code charged to the ledger as code_object while the kernel lives, a heap
 // exhaustion, an assertion or a lost device reported as a named failure naming the kernel.
 //
-// This build compiles user kernels for the host (the cpu and mock backends); on cuda and amdgpu
-// UserKernel::create answers not_supported.
+// This build compiles user kernels for the host (cpu, mock) and for CUDA (PTX, loaded as the
+// kernel's own module); on amdgpu UserKernel::create answers not_supported.
 #ifndef KILN_EXECUTOR_USER_KERNEL_H_
 #define KILN_EXECUTOR_USER_KERNEL_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "kiln/executor/ndarray.h"
 #include "kiln/rhi/result.h"
 #include "kiln/runtime/kernel_abi.h"
+#include "kiln/runtime/user_kernel_abi.h"
 
 namespace kiln {
 
@@ -71,7 +73,8 @@ class UserKernel {
   /// column), does not verify, lacks `entry`, has a signature other than void(ptr, params...),
   /// calls what kiln does not provide; for an empty or non-identifier entry, an empty or
   /// repeated parameter name, more than KILN_MAX_USER_PARAMS parameters, or an invalid dtype;
-  /// not_supported on a GPU backend (this build compiles user kernels for the host);
+  /// not_supported on amdgpu (this build compiles user kernels for the host and CUDA); those of
+  /// GpuDevice::load_module on CUDA (the driver refused the PTX);
   /// out_of_memory when the code does not fit the budget (budget, category code_object) or the
   /// host has no room to compile (oom_source host); error when LLVM fails otherwise.
   [[nodiscard]] static RhiExpected<std::shared_ptr<UserKernel>> create(
@@ -87,8 +90,12 @@ class UserKernel {
   [[nodiscard]] uint64_t code_size_bytes() const { return code_size_bytes_; }
   /// "square_diff(in f32 x, in f32 y, out f32 z)": the kernel as messages name it.
   [[nodiscard]] std::string describe() const;
-  /// The range kernel (KilnKernelFn) that runs the element function over [begin, end).
+  /// The range kernel (KilnKernelFn) that runs the element function over [begin, end); null on
+  /// a GPU.
   [[nodiscard]] KilnKernelFn range_kernel() const { return range_kernel_; }
+  /// A GPU's module holding runtime::kUserGpuEntryName (GpuDevice::load_module); nullopt on the
+  /// host.
+  [[nodiscard]] std::optional<uint64_t> gpu_module() const { return gpu_module_; }
   /// CPU launches: the fewest indices one task runs (the range split). Kernels whose index does
   /// much work (a reduction's partial) set it low so a launch of few indices still spreads over
   /// the worker threads. Default kDefaultMinElementsPerTask.
@@ -101,6 +108,10 @@ class UserKernel {
  private:
   UserKernel(std::shared_ptr<DeviceContext> context, std::string entry, std::vector<KernelParam> params,
              std::unique_ptr<runtime::CpuJit> jit, KilnKernelFn range_kernel);
+  /// create() on a CUDA device: PTX (runtime::generate_user_ptx), charged, then loaded.
+  [[nodiscard]] static RhiExpected<std::shared_ptr<UserKernel>> create_for_cuda(
+      LlvmRuntimeExecutor &executor, std::span<const std::byte> ir, std::string entry,
+      std::vector<KernelParam> params, std::span<const runtime::UserValueType> types);
 
   std::shared_ptr<DeviceContext> context_;
   std::string entry_;
@@ -109,6 +120,7 @@ class UserKernel {
   KilnKernelFn range_kernel_ = nullptr;
   uint64_t code_size_bytes_ = 0;
   bool charged_ = false;
+  std::optional<uint64_t> gpu_module_;  // unloaded by the destructor
   int64_t min_indices_per_task_ = 1 << 16;  // kDefaultMinElementsPerTask (launcher.h)
 };
 

@@ -5,11 +5,14 @@
 #ifndef KILN_RUNTIME_PTX_CODEGEN_H_
 #define KILN_RUNTIME_PTX_CODEGEN_H_
 
+#include <cstddef>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
 #include "kiln/rhi/result.h"
+#include "kiln/runtime/user_kernel_abi.h"
 
 namespace kiln::runtime {
 
@@ -34,6 +37,18 @@ namespace kiln::runtime {
 /// Thread-safe. The first call per SM version takes a few hundred ms; the text is cached, so
 /// later calls for the same SM version return a copy at once.
 [[nodiscard]] RhiExpected<std::string> generate_ptx(std::string_view sm_arch = "sm_80");
+
+/// PTX of a user module (kernel_abi.h's user-kernel ABI; checked as UserKernel::create checks it:
+/// user_module.h) for `sm_arch`: the element function `entry` taking `params`, linked with what it
+/// calls of the nvptx device runtime, wrapped in the range kernel kiln_user_entry and the GPU entry
+/// point kUserGpuEntryName (a grid-stride loop over args->num_elements, at most 256 threads a
+/// block), O3 as generate_ptx's, and ended by user_module_comment (for the fake CUDA driver).
+/// `device` names the device in failures.
+/// Errors: invalid_usage (kernel_compile) as prepare_user_module's; those of generate_ptx.
+/// Thread-safe (nothing cached: each call compiles).
+[[nodiscard]] RhiExpected<std::string> generate_user_ptx(std::span<const std::byte> ir, std::string_view entry,
+                                                         std::span<const UserValueType> params,
+                                                         std::string_view sm_arch, const char *device);
 
 /// The number of an SM version "sm_<digits>" with an optional feature-set suffix "a" or "f"
 /// (sm_80 -> 80, sm_90a -> 90, sm_100f -> 100); nullopt if malformed.

@@ -3,8 +3,12 @@
 #ifndef KILN_RUNTIME_USER_KERNEL_ABI_H_
 #define KILN_RUNTIME_USER_KERNEL_ABI_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace kiln::runtime {
 
@@ -25,6 +29,21 @@ enum class UserValueType : uint8_t { ptr, f32, f64, i32, i64 };
   }
   return "?";
 }
+
+/// The GPU entry point kiln generates around kUserEntryName: `kernel void(ptr runtime, ptr args)`,
+/// a grid-stride loop (thread g runs indices g, g + G, ... of [0, args->num_elements), G the
+/// grid's threads), the same shape as the built-in elementwise kernels.
+inline constexpr const char *kUserGpuEntryName = "kiln_user_entry_gpu";
+
+/// The comment line that ends a user kernel's PTX, "// kiln-user-module <entry> <types> <hex IR>":
+/// the user's IR as given, for the fake CUDA driver, which runs that IR JIT-compiled for the host
+/// (test/fake_gpu); a driver ignores comments.
+[[nodiscard]] std::string user_module_comment(std::span<const std::byte> ir, std::string_view entry,
+                                              std::span<const UserValueType> params);
+/// The parts of a user_module_comment found in `text` (a whole PTX image); false when it has none
+/// or it is malformed.
+[[nodiscard]] bool parse_user_module_comment(std::string_view text, std::string *ir, std::string *entry,
+                                             std::vector<UserValueType> *params);
 
 }  // namespace kiln::runtime
 
