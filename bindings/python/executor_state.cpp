@@ -234,6 +234,9 @@ void init(py::handle arch, const py::object &budget_bytes, const py::object &res
                                     mock_other_process_bytes, num_threads);
   const std::optional<uint64_t> fault = to_optional_bytes(fault_at, "fault_at");
   const std::optional<uint64_t> fail_size = to_optional_bytes(fail_sizes_at_least, "fail_sizes_at_least");
+  // Compiled user kernels hold the old executor's device context: a lost device recovers only
+  // once they are gone (kiln/_kernels.py compiles them again for the new one).
+  py::module_::import("kiln._kernels").attr("_clear_cache")();
   std::shared_ptr<LlvmRuntimeExecutor> fresh = create_executor(std::move(config));
   // Faults count from after the executor's own set-up, as kiln-ops --fault-at does.
   if (fault && *fault != 0) fresh->memory().fault_plan().fail_nth_allocation(*fault);

@@ -56,8 +56,8 @@ ForkRegistration g_busy_fork_registration(ForkHooks{nullptr, nullptr, [] {
 /// every operand check compares an argument's type with its type first.
 const py::detail::type_info *g_ndarray_info = nullptr;
 
-/// The PyArray of `value`, or nullptr when it is not a kiln.ndarray or was made by
-/// kiln.ndarray.__new__ without __init__.
+}  // namespace
+
 PyArray *initialized_array(py::handle value) {
   // An exact kiln.ndarray (the common case) skips pybind11's type lookups.
   if (Py_TYPE(value.ptr()) != g_ndarray_info->type && !py::isinstance<PyArray>(value)) return nullptr;
@@ -66,8 +66,6 @@ PyArray *initialized_array(py::handle value) {
   if (!v_h || !v_h.holder_constructed()) return nullptr;
   return v_h.value_ptr<PyArray>();
 }
-
-}  // namespace
 
 std::unique_ptr<PyArray> make_ndarray(py::handle dtype, py::handle shape) {
   check_not_in_observer("ndarray");

@@ -142,6 +142,10 @@ auto launch_small(const LlvmRuntimeExecutor &ex, uint64_t num_elements,
 /// Returns the value as pybind11's holder owns it (no move of a PyArray).
 std::unique_ptr<PyArray> make_ndarray(py::handle dtype, py::handle shape);
 
+/// The PyArray of `value`, or nullptr when it is not a kiln.ndarray or was made by
+/// kiln.ndarray.__new__ without __init__. Raises nothing.
+PyArray *initialized_array(py::handle value);
+
 /// `value` as a kiln.ndarray of `site`'s argument `name`. Errors: InvalidTypeError when it is
 /// not one (a numpy array, a list, ...); InvalidUsageError for an instance made by
 /// kiln.ndarray.__new__ without __init__ (its memory was never set: reading it would read

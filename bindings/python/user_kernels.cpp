@@ -171,6 +171,26 @@ void launch_kernel(const PyUserKernel &k, py::list args, py::object count_obj) {
   check(without_gil([&] { return ex->launch(kernel, kernel_args, count); }));
 }
 
+/// The argument signature of a call (ElementwiseKernel's path past the checks): the executor's
+/// generation, then per argument an array's dtype and shape, or the type of anything else, as
+/// bytes (cheap to hash; the arrays' dtype and shape objects are never made).
+py::bytes argument_signature(py::args args) {
+  std::string packed;
+  packed.reserve(8 + args.size() * 24);
+  const auto put = [&packed](uint64_t v) { packed.append(reinterpret_cast<const char *>(&v), sizeof v); };
+  put(executor_generation());
+  for (py::handle a : args) {
+    if (const PyArray *array = initialized_array(a)) {
+      const std::vector<int64_t> &shape = array->shape();
+      put((uint64_t{1} << 63) | (static_cast<uint64_t>(array->dtype) << 8) | shape.size());
+      for (const int64_t d : shape) put(static_cast<uint64_t>(d));
+    } else {
+      put(reinterpret_cast<uintptr_t>(Py_TYPE(a.ptr())));
+    }
+  }
+  return py::bytes(packed);
+}
+
 py::list describe_params(const PyUserKernel &k) {
   py::list result;
   for (const KernelParam &p : k.kernel->params())
@@ -196,6 +216,7 @@ void register_user_kernels(py::module_ &m) {
         guarded());
   m.def("_check_kernel_syntax", &check_kernel_syntax, doc("_check_kernel_syntax"), py::arg("text"),
         py::arg("statements"), py::arg("what"), guarded());
+  m.def("_argument_signature", &argument_signature, doc("_argument_signature"), guarded());
   m.def("_launch_kernel", &launch_kernel, doc("_launch_kernel"), py::arg("kernel"), py::arg("args"),
         py::arg("count") = py::none(), guarded());
 }

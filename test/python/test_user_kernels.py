@@ -442,3 +442,21 @@ def test_the_user_kernels_benchmark_runs_quick():
                           capture_output=True, text=True, timeout=300, env=dict(os.environ))
     assert done.returncode == 0, done.stderr
     assert "ReductionKernel sum vs numpy sum" in done.stdout
+
+
+def test_a_lost_device_recovers_though_kernels_were_compiled_for_it(arch):
+    # kiln.init drops the compiled kernels first: on a GPU they hold the lost device's context,
+    # which the driver keeps poisoned (a sticky fault) until every holder lets go.
+    if arch != "cuda":
+        pytest.skip("a sticky driver fault needs the fake CUDA driver")
+    gpu = GPU_BACKENDS[0]
+    sq = kiln.ElementwiseKernel(*SQUARED_DIFF)
+    x = array([1.0, 2.0])
+    sq(x, x)  # compiled and remembered for these arguments
+    assert gpu.inject_fault("launch", 1, "illegal_address") == 0
+    with pytest.raises(kiln.DeviceLostError):
+        sq(x, x)
+    del x
+    gc.collect()
+    kiln.init(arch=arch, num_threads=2)  # a new executor: the device recovers
+    np.testing.assert_array_equal(host(sq(array([3.0]), array([1.0]))), [4.0])

@@ -38,6 +38,7 @@ from ._kiln import (  # noqa: F401
     add_oom_observer, remove_oom_observer,
 )
 from ._kernels import Kernel, ElementwiseKernel, ReductionKernel  # noqa: F401
+from . import _kernels
 from . import _kiln, testing  # noqa: F401
 from ._typed import typed_arguments as _typed_arguments
 from ._version import __version__ as __version__  # CMake's project(VERSION); exported for mypy
@@ -91,7 +92,9 @@ def _ndarray_from_host(host: "_npt.NDArray[_Any]") -> ndarray:
 
 
 def _shutdown() -> None:
-    # The executor goes while the interpreter is still whole (its OOM observers hold callables).
+    # The executor goes while the interpreter is still whole (its OOM observers hold callables),
+    # and the compiled user kernels first (they hold its device context).
+    _kernels._clear_cache()
     _kiln._shutdown()
 
 

@@ -21,6 +21,7 @@ import math
 import numbers
 import re
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,9 @@ _OTHER_TYPES = {"bool", "float16", "half", "float128", "longdouble", "int8", "in
                 "uint32", "uint64", "complex64", "complex128", "complex", "raw"}
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _CACHE_ENTRIES = 256
+_FAST_ENTRIES = 64  # argument signatures an ElementwiseKernel remembers
+# The ElementwiseKernels whose argument signatures hold compiled kernels (_clear_cache empties them).
+_instances: "weakref.WeakSet[ElementwiseKernel]" = weakref.WeakSet()
 _cache: "collections.OrderedDict[tuple[Any, ...], Any]" = collections.OrderedDict()
 _cache_lock = threading.Lock()
 
@@ -142,9 +146,14 @@ def _cached(key: tuple[Any, ...], make: Any) -> Any:
 
 
 def _clear_cache() -> None:
-    """Drops every cached kernel (their code is uncharged once nothing else holds them)."""
+    """Drops every cached kernel (their code is uncharged once nothing else holds them), and
+    every ElementwiseKernel's argument signatures: called by kiln.init before it replaces the
+    executor and at exit, so that no kernel keeps a replaced (perhaps lost) device's context."""
     with _cache_lock:
         _cache.clear()
+        for kernel in list(_instances):
+            kernel._fast.clear()
+            kernel._fast_generation = -1
 
 
 def _check_name(name: Any, site: str) -> str:
@@ -345,8 +354,44 @@ class ElementwiseKernel:
         self.operation = operation
         self.no_return, self.return_tuple = no_return, return_tuple
         _kiln._check_kernel_syntax(operation, True, f"operation of kernel {self.name}")
+        # Argument signature -> (kernel, the dtypes of the outputs to allocate, shape), for the
+        # executor of generation _fast_generation only.
+        self._fast: dict[Any, tuple[Any, list[Any], tuple[int, ...]]] = {}
+        self._fast_generation = -1
 
     def __call__(self, *args: Any, size: int | None = None) -> Any:
+        # A call whose arguments have the types, dtypes and shapes of an earlier call's passed
+        # every check that depends on them then: it goes straight to the launch (which checks
+        # again what can change: freed arrays, overlaps).
+        signature = None
+        if size is None:
+            signature = _kiln._argument_signature(*args)  # the executor's generation first
+            hit = self._fast.get(signature)
+            if hit is not None:
+                return self._launch(hit[0], list(args), hit[1], hit[2])
+        return self._checked_call(args, size, _kiln._executor_generation(), signature)
+
+    def _launch(self, kernel: Any, arguments: list[Any], out_dtypes: list[Any], shape: tuple[int, ...]) -> Any:
+        """Allocates the outputs not passed (`out_dtypes`, of `shape`) and launches."""
+        made: list[Any] = []
+        try:
+            for dtype in out_dtypes:
+                out = _kiln.ndarray(dtype, shape)
+                made.append(out)
+                arguments.append(out)
+            _kiln._launch_kernel(kernel, arguments, math.prod(shape))
+        except BaseException:
+            for out in made:
+                out.free()
+            raise
+        if self.no_return:
+            return None
+        outputs = arguments[len(self.in_params):]
+        if len(self.out_params) == 1 and not self.return_tuple:
+            return outputs[0]
+        return tuple(outputs)
+
+    def _checked_call(self, args: tuple[Any, ...], size: int | None, generation: int, signature: Any) -> Any:
         site = "call " + self.name
         n_in, n_out = len(self.in_params), len(self.out_params)
         if len(args) not in (n_in, n_in + n_out):
@@ -384,27 +429,19 @@ class ElementwiseKernel:
         for p in self.out_params:
             params.append((p.name, types.of(p), True, True, []))
         type_names = sorted(types.bound.items())
-        key = (_kiln._executor_generation(), "elementwise", self.name, self.operation,
+        key = (generation, "elementwise", self.name, self.operation,
                tuple((n, d, arr, o, tuple(s)) for n, d, arr, o, s in params),
                shape if broadcast else None, tuple(type_names))
         kernel = _cached(key, lambda: _kiln._compile_elementwise(
             self.name, self.operation, params, list(shape), type_names))
-        made: list[Any] = []
-        try:
-            while len(outputs) < n_out:
-                out = _kiln.ndarray(types.of(self.out_params[len(outputs)]), shape)
-                made.append(out)
-                outputs.append(out)
-            _kiln._launch_kernel(kernel, inputs + outputs, math.prod(shape))
-        except BaseException:
-            for out in made:
-                out.free()
-            raise
-        if self.no_return:
-            return None
-        if n_out == 1 and not self.return_tuple:
-            return outputs[0]
-        return tuple(outputs)
+        out_dtypes = [types.of(p) for p in self.out_params[len(outputs):]]
+        if signature is not None:
+            if self._fast_generation != generation or len(self._fast) >= _FAST_ENTRIES:
+                self._fast.clear()  # never a kernel of a replaced executor, never unbounded
+                self._fast_generation = generation
+            self._fast[signature] = (kernel, out_dtypes, shape)
+            _instances.add(self)
+        return self._launch(kernel, inputs + outputs, out_dtypes, shape)
 
 
 class ReductionKernel:

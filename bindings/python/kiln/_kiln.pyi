@@ -563,6 +563,11 @@ def _check_kernel_syntax(text: str, statements: bool, what: str) -> None:
     naming ``what``, with line and column."""
 
 
+def _argument_signature(*args: Any) -> bytes:
+    """The executor's generation, then per argument a kiln.ndarray's dtype and shape or any other
+    value's type, packed as bytes: equal for two calls whose checks depend on nothing else."""
+
+
 def _launch_kernel(kernel: _UserKernel, args: list[Any], count: _Int | None = None) -> None:
     """Launches ``kernel`` with ``args`` (kiln.ndarray for array parameters, numbers for scalars)
     over ``count`` indices (default: the non-raw arrays' element count). Errors: InvalidTypeError,
