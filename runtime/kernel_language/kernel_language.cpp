@@ -210,6 +210,12 @@ RhiStatus fold(const Compiler &compiler, const ReductionSource &source, ModuleBu
   Emitter e(m.b, m.entry, type_names(source.type_names));
   e.bind("a", Binding{rt, m.b.CreateLoad(m.element_type(source.reduce_type), acc), nullptr, false, "the accumulator"});
   e.bind("b", Binding{rt, e.convert(value, rt).value, nullptr, false, "the value folded in"});
+  // The fold may be reassociated (a reduction's order is unspecified, as CuPy's): the loop
+  // vectorizer can then keep several partial sums, where a strict order is one add per latency.
+  llvm::FastMathFlags reassociate;
+  reassociate.setAllowReassoc();
+  const llvm::IRBuilderBase::FastMathFlagGuard keep(m.b);
+  m.b.setFastMathFlags(reassociate);
   KILN_ASSIGN_OR_RETURN(const lang::Typed folded, compiler.value("reduce_expr", source.reduce_expr, e, reduce));
   m.b.CreateStore(e.convert(folded, rt).value, acc);
   return {};
