@@ -452,9 +452,9 @@ class ReductionKernel:
     ``k(x, axis=None, keepdims=False, out=None)``: over the whole array (a 0-d output), or over one
     ``axis`` (the output has the other dimensions). The inputs' arrays have one shape; numbers
     are scalars. ``reduce_type`` (default: the first output's type) is the type of ``a`` and
-    ``b``. The fold runs in parallel over parts of the reduced axis, then over the parts' results
-    (the order of a floating-point sum differs from numpy's pairwise sum: results agree to
-    rounding). Errors: as ElementwiseKernel's; identity None is InvalidUsageError (kiln needs an
+    ``b``. The fold runs in parallel over parts of the reduced axis, then over the parts' results,
+    and may be reassociated (vectorized): the order of a floating-point sum differs from numpy's
+    pairwise sum, and results agree to rounding. Errors: as ElementwiseKernel's; identity None is InvalidUsageError (kiln needs an
     identity). Thread-safe.
     """
 
