@@ -156,7 +156,8 @@ void launch_kernel(const PyUserKernel &k, py::list args, py::object count_obj) {
     const KernelParam &p = params[i];
     py::handle a = args[i];
     if (p.kind == ParamKind::scalar) {
-      kernel_args[i] = KernelArg::of(to_scalar(a, p.dtype, site));
+      const std::string what = fmt::format("launch {} (argument {})", kernel.entry(), p.name);
+      kernel_args[i] = KernelArg::of(to_scalar(a, p.dtype, what.c_str()));
       continue;
     }
     const std::string what = fmt::format("argument {} of {}", p.name, kernel.entry());
@@ -172,9 +173,11 @@ void launch_kernel(const PyUserKernel &k, py::list args, py::object count_obj) {
 }
 
 /// The argument signature of a call (ElementwiseKernel's path past the checks): the executor's
-/// generation, then per argument an array's dtype and shape, or the type of anything else, as
-/// bytes (cheap to hash; the arrays' dtype and shape objects are never made).
-py::bytes argument_signature(py::args args) {
+/// generation, then per argument an array's dtype and shape, or "int" or "float", as bytes (cheap
+/// to hash; the arrays' dtype and shape objects are never made); None when an argument is
+/// anything else (a numpy scalar or 0-d array: its dtype is not its type), which takes the
+/// checked path every time.
+py::object argument_signature(py::args args) {
   std::string packed;
   packed.reserve(8 + args.size() * 24);
   const auto put = [&packed](uint64_t v) { packed.append(reinterpret_cast<const char *>(&v), sizeof v); };
@@ -184,8 +187,10 @@ py::bytes argument_signature(py::args args) {
       const std::vector<int64_t> &shape = array->shape();
       put((uint64_t{1} << 63) | (static_cast<uint64_t>(array->dtype) << 8) | shape.size());
       for (const int64_t d : shape) put(static_cast<uint64_t>(d));
-    } else {
+    } else if (PyFloat_CheckExact(a.ptr()) || PyLong_CheckExact(a.ptr())) {
       put(reinterpret_cast<uintptr_t>(Py_TYPE(a.ptr())));
+    } else {
+      return py::none();
     }
   }
   return py::bytes(packed);

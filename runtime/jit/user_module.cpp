@@ -12,6 +12,8 @@
 #include <llvm/AsmParser/Parser.h>
 #include <llvm/Bitcode/BitcodeReader.h>
 #include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/InstrTypes.h>
+#include <llvm/IR/Intrinsics.h>
 #include <llvm/IR/Verifier.h>
 #include <llvm/Linker/Linker.h>
 #include <llvm/Support/Error.h>
@@ -130,10 +132,33 @@ RhiExpected<llvm::Function *> check_entry(llvm::Module &module, std::string_view
   return f;
 }
 
+/// Whether `f` calls inline assembly (native code kiln cannot check).
+bool calls_inline_asm(const llvm::Function &f) {
+  for (const llvm::BasicBlock &block : f)
+    for (const llvm::Instruction &instruction : block)
+      if (const auto *call = llvm::dyn_cast<llvm::CallBase>(&instruction); call != nullptr && call->isInlineAsm())
+        return true;
+  return false;
+}
+
 /// What the module may call: the ABI's functions (declared with the runtime's types) and LLVM
-/// intrinsics; and what it may not define: a name of the runtime's, or kiln_user_entry.
+/// intrinsics other than the traps; and what it may not define: a name of the runtime's,
+/// kiln_user_entry, an ifunc, or a function with inline assembly.
 RhiStatus check_symbols(const llvm::Module &module, const llvm::Module &runtime, const char *device) {
+  if (!module.ifunc_empty())
+    return std::unexpected(usage(device, fmt::format("the module defines the ifunc @{}; a user kernel defines "
+                                                     "plain functions only",
+                                                     module.ifuncs().begin()->getName().str())));
   for (const llvm::Function &f : module) {
+    if (f.getIntrinsicID() == llvm::Intrinsic::trap || f.getIntrinsicID() == llvm::Intrinsic::debugtrap ||
+        f.getIntrinsicID() == llvm::Intrinsic::ubsantrap)
+      return std::unexpected(usage(device, fmt::format("the module calls @{}, which would end the process; "
+                                                       "report a failure with kiln_assert instead",
+                                                       f.getName().str())));
+    if (!f.isDeclaration() && calls_inline_asm(f))
+      return std::unexpected(usage(device, fmt::format("@{} holds inline assembly, which kiln cannot check; "
+                                                       "a user kernel is LLVM IR only",
+                                                       f.getName().str())));
     const std::string name = f.getName().str();
     const llvm::Function *theirs = runtime.getFunction(f.getName());
     if (!f.isDeclaration()) {

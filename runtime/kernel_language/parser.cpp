@@ -25,9 +25,9 @@ struct Token {
 };
 
 // Longest first, so "<=" wins over "<".
-constexpr std::array<std::string_view, 30> kPunctuators = {
-    "<<=", ">>=", "+=", "-=", "*=", "/=", "%=", "==", "!=", "<=", ">=", "&&", "||", "<<", ">>",
-    "+",   "-",   "*",  "/",  "%",  "<",  ">",  "=",  "!",  "~",  "&",  "|",  "^",  "?",  ":"};
+constexpr std::array<std::string_view, 33> kPunctuators = {
+    "<<=", ">>=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "==", "!=", "<=", ">=", "&&", "||", "<<",
+    ">>",  "+",   "-",  "*",  "/",  "%",  "<",  ">",  "=",  "!",  "~",  "&",  "|",  "^",  "?",  ":"};
 
 bool ident_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
 bool ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
@@ -216,7 +216,8 @@ class Parser {
     s.offset = name.offset;
     ++pos_;
     const Token &op = peek();
-    static constexpr std::array<std::string_view, 8> kAssign = {"=", "+=", "-=", "*=", "/=", "%=", "<<=", ">>="};
+    static constexpr std::array<std::string_view, 11> kAssign = {"=",  "+=", "-=",  "*=",  "/=", "%=",
+                                                                 "&=", "|=", "^=", "<<=", ">>="};
     const bool assigns = op.kind == Token::Kind::punct &&
                          std::find(kAssign.begin(), kAssign.end(), op.text) != kAssign.end();
     if (!assigns || (!s.type_name.empty() && op.text != "="))
@@ -407,11 +408,19 @@ std::string describe(std::string_view text, const SourceError &error, uint32_t *
   if (end == std::string_view::npos) end = text.size();
   *line = 1 + static_cast<uint32_t>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(begin), '\n'));
   *column = 1 + static_cast<uint32_t>(offset - begin);
-  std::string shown;
-  for (const char c : text.substr(begin, end - begin))  // tabs keep the caret aligned
+  // At most kShown characters of the line, around the caret (a long line is cut with "...").
+  constexpr std::size_t kShown = 100;
+  std::size_t from = begin, to = end;
+  if (to - from > kShown) {
+    from = offset > begin + kShown / 2 ? offset - kShown / 2 : begin;
+    to = std::min(end, from + kShown);
+  }
+  std::string shown = from > begin ? "..." : "";
+  std::string caret = from > begin ? "   " : "";
+  for (const char c : text.substr(from, to - from))  // tabs keep the caret aligned
     shown += std::isprint(static_cast<unsigned char>(c)) || c == '\t' ? c : '?';
-  std::string caret;
-  for (std::size_t k = begin; k < offset; ++k) caret += text[k] == '\t' ? '\t' : ' ';
+  if (to < end) shown += "...";
+  for (std::size_t k = from; k < offset; ++k) caret += text[k] == '\t' ? '\t' : ' ';
   return fmt::format("line {}, column {}: {}\n    {}\n    {}^", *line, *column, error.message, shown, caret);
 }
 

@@ -460,3 +460,37 @@ def test_a_lost_device_recovers_though_kernels_were_compiled_for_it(arch):
     gc.collect()
     kiln.init(arch=arch, num_threads=2)  # a new executor: the device recovers
     np.testing.assert_array_equal(host(sq(array([3.0]), array([1.0]))), [4.0])
+
+
+def test_ir_that_would_end_the_process_is_refused_when_made():
+    trap = IR_SCALE.replace("  ret void\n}", "  call void @llvm.trap()\n  ret void\n}") + \
+        "declare void @llvm.trap()\n"
+    with pytest.raises(kiln.KernelCompileError, match="llvm.trap"):
+        kiln.Kernel(trap, "scale", "in float32 x, out float32 y, float32 alpha")
+    asm = IR_SCALE.replace("  ret void\n}", '  call void asm sideeffect "ud2", ""()\n  ret void\n}')
+    with pytest.raises(kiln.KernelCompileError, match="inline assembly"):
+        kiln.Kernel(asm, "scale", "in float32 x, out float32 y, float32 alpha")
+
+
+def test_arguments_the_fast_path_must_not_take():
+    k = kiln.ElementwiseKernel("float32 x, float32 s", "float32 z", "z = x + s", "fast")
+    x = array([1.0, 2.0])
+    assert host(k(x, np.array(1.0, np.float32))).tolist() == [2.0, 3.0]
+    with pytest.raises(kiln.InvalidTypeError):
+        k(x, np.array("7"))  # a 0-d array of another kind: checked again, not taken as the last one
+    with pytest.raises(kiln.InvalidTypeError):
+        k(x, np.array(True))
+    with pytest.raises(kiln.InvalidTypeError, match="unknown keyword"):
+        k(x, s=1.0)
+    with pytest.raises(kiln.InvalidUsageError, match="size=3"):
+        k(x, 1.0, size=3)
+    with pytest.raises(kiln.InvalidUsageError, match="not a parameter name"):
+        kiln.ElementwiseKernel("float32 true", "float32 z", "z = true", "reserved")
+
+
+def test_compound_assignments_and_a_long_line_in_a_message():
+    k = kiln.ElementwiseKernel("int32 x", "int32 z", "z = 12; z &= x; z |= 1; z ^= 2", "bits")
+    assert host(k(array([10, 7], np.int32))).tolist() == [(12 & 10 | 1) ^ 2, (12 & 7 | 1) ^ 2]
+    with pytest.raises(kiln.KernelCompileError) as info:
+        kiln.ElementwiseKernel("float32 x", "float32 z", "z = " + "x + " * 150 + "@", "long")
+    assert len(str(info.value)) < 600 and "..." in str(info.value)

@@ -40,6 +40,9 @@ _DTYPE_NAMES: dict[str, Any] = {
 # numpy's other type names: not placeholders, types kiln does not have.
 _OTHER_TYPES = {"bool", "float16", "half", "float128", "longdouble", "int8", "int16", "uint8", "uint16",
                 "uint32", "uint64", "complex64", "complex128", "complex", "raw"}
+# Words of the operation language that a parameter may not be named.
+_RESERVED = {"true", "false", "const", "float", "double", "float32", "float64", "int", "long", "int32",
+             "int64", "bool"}
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _CACHE_ENTRIES = 256
 _FAST_ENTRIES = 64  # argument signatures an ElementwiseKernel remembers
@@ -93,8 +96,9 @@ def _parse_params(text: Any, what: str, site: str, kinds: bool = False) -> list[
             raise _usage(site, f"{what}: {part.strip()!r} is not a declaration (a type and a name, "
                                "as \"float32 x\")")
         type_name, name = words
-        if not _IDENTIFIER.match(name) or keyword.iskeyword(name):
-            raise _usage(site, f"{what}: {name!r} is not a parameter name")
+        if not _IDENTIFIER.match(name) or keyword.iskeyword(name) or name in _RESERVED:
+            raise _usage(site, f"{what}: {name!r} is not a parameter name (true, false and the type "
+                               "names are the language's own)")
         if any(p.name == name for p in params):
             raise _usage(site, f"{what}: {name} is declared twice")
         dtype = _DTYPE_NAMES.get(type_name)
@@ -272,11 +276,15 @@ class Kernel:
         """Bytes of compiled code, charged to the device as code_object while cached."""
         return int(self._compiled().code_size_bytes)
 
-    def __call__(self, *args: Any, size: int | None = None) -> None:
+    def __call__(self, *args: Any, size: int | None = None, **kwargs: Any) -> None:
+        if kwargs:
+            raise _type_error("call " + self.entry, f"unknown keyword arguments {sorted(kwargs)}; "
+                                                    "the call takes the arguments in order, and size=")
         _kiln._launch_kernel(self._compiled(), list(args), size)
 
     def __repr__(self) -> str:
-        return f"kiln.Kernel({self.entry!r}, params={', '.join(f'{k} {d.name} {n}' for n, k, d, _ in self._declared)!r})"
+        params = ", ".join(f"{'raw ' if raw else ''}{k} {d.name} {n}" for n, k, d, raw in self._declared)
+        return f"kiln.Kernel({self.entry!r}, params={params!r})"
 
 
 def _broadcast_shape(shapes: list[tuple[int, ...]], names: list[str], site: str) -> tuple[int, ...]:
@@ -359,16 +367,20 @@ class ElementwiseKernel:
         self._fast: dict[Any, tuple[Any, list[Any], tuple[int, ...]]] = {}
         self._fast_generation = -1
 
-    def __call__(self, *args: Any, size: int | None = None) -> Any:
+    def __call__(self, *args: Any, size: int | None = None, **kwargs: Any) -> Any:
         # A call whose arguments have the types, dtypes and shapes of an earlier call's passed
         # every check that depends on them then: it goes straight to the launch (which checks
         # again what can change: freed arrays, overlaps).
         signature = None
-        if size is None:
+        if size is None and not kwargs:
             signature = _kiln._argument_signature(*args)  # the executor's generation first
-            hit = self._fast.get(signature)
-            if hit is not None:
-                return self._launch(hit[0], list(args), hit[1], hit[2])
+            if signature is not None:
+                hit = self._fast.get(signature)
+                if hit is not None:
+                    return self._launch(hit[0], list(args), hit[1], hit[2])
+        if kwargs:
+            raise _type_error("call " + self.name, f"unknown keyword arguments {sorted(kwargs)}; "
+                                                   "the call takes the arguments in order, and size=")
         return self._checked_call(args, size, _kiln._executor_generation(), signature)
 
     def _launch(self, kernel: Any, arguments: list[Any], out_dtypes: list[Any], shape: tuple[int, ...]) -> Any:
@@ -404,13 +416,17 @@ class ElementwiseKernel:
         types.bind_numbers(self.in_params, inputs)
         arrays = [(p.name, tuple(a.shape)) for p, a in zip(self.in_params + self.out_params,
                                                               inputs + outputs) if _is_array(a)]
-        if arrays:
-            shape = _broadcast_shape([s for _, s in arrays], [n for n, _ in arrays], site)
-        elif size is not None:
+        if size is not None:
             if isinstance(size, bool) or not isinstance(size, numbers.Integral):
                 raise _type_error(site, f"size must be an int, got {type(size).__name__}")
             if not 0 <= size < 1 << 63:
                 raise _usage(site, f"size {size} is not in [0, 2**63)")
+        if arrays:
+            shape = _broadcast_shape([s for _, s in arrays], [n for n, _ in arrays], site)
+            if size is not None and size != math.prod(shape):
+                raise _usage(site, f"size={size}, but the arguments broadcast to {shape} "
+                                   f"({math.prod(shape)} elements); size is for a call without arrays")
+        elif size is not None:
             shape = (int(size),)
         else:
             raise _usage(site, "no argument is an array: pass size= (the element count)")
@@ -495,8 +511,11 @@ class ReductionKernel:
         self.reduce_type = reduce_type
 
     def __call__(self, *args: Any, out: Any = None, axis: int | None = None,
-                 keepdims: bool = False) -> Any:
+                 keepdims: bool = False, **kwargs: Any) -> Any:
         site = "call " + self.name
+        if kwargs:
+            raise _type_error(site, f"unknown keyword arguments {sorted(kwargs)}; the call takes "
+                                    "the inputs in order, out=, axis= and keepdims=")
         if not isinstance(keepdims, (bool, np.bool_)):
             raise _type_error(site, f"keepdims must be True or False, got {type(keepdims).__name__}")
         if len(args) != len(self.in_params):

@@ -563,9 +563,10 @@ def _check_kernel_syntax(text: str, statements: bool, what: str) -> None:
     naming ``what``, with line and column."""
 
 
-def _argument_signature(*args: Any) -> bytes:
-    """The executor's generation, then per argument a kiln.ndarray's dtype and shape or any other
-    value's type, packed as bytes: equal for two calls whose checks depend on nothing else."""
+def _argument_signature(*args: Any) -> bytes | None:
+    """The executor's generation, then per argument a kiln.ndarray's dtype and shape, or int or
+    float, packed as bytes: equal for two calls whose checks depend on nothing else; None when an
+    argument is anything else (a numpy scalar or array)."""
 
 
 def _launch_kernel(kernel: _UserKernel, args: list[Any], count: _Int | None = None) -> None:
