@@ -311,15 +311,22 @@ TEST_CASE("a launch without arrays needs its count, within int64", "[user_kernel
 
 namespace {
 
-std::unique_ptr<LlvmRuntimeExecutor> fake_gpu_executor(Backend backend) {
+/// The fake driver of `backend`, reset, kiln's loader pointed at it (other tests may point the
+/// variable elsewhere).
+kiln::test::FakeGpu &fake_driver(Backend backend) {
   const bool cuda = backend == Backend::cuda;
   static kiln::test::FakeGpu fake_cuda =
       kiln::test::FakeGpu::open(KILN_FAKE_CUDA_LIBRARY, "KILN_CUDA_DRIVER", "kiln_fake_cuda_");
   static kiln::test::FakeGpu fake_hip =
       kiln::test::FakeGpu::open(KILN_FAKE_HIP_LIBRARY, "KILN_HIP_RUNTIME", "kiln_fake_hip_");
-  // Other tests may point the variables elsewhere.
   setenv(cuda ? "KILN_CUDA_DRIVER" : "KILN_HIP_RUNTIME", cuda ? KILN_FAKE_CUDA_LIBRARY : KILN_FAKE_HIP_LIBRARY, 1);
-  (cuda ? fake_cuda : fake_hip).reset();
+  kiln::test::FakeGpu &fake = cuda ? fake_cuda : fake_hip;
+  fake.reset();
+  return fake;
+}
+
+std::unique_ptr<LlvmRuntimeExecutor> fake_gpu_executor(Backend backend) {
+  fake_driver(backend);
   return make_gpu_executor(backend);
 }
 
@@ -378,4 +385,19 @@ TEST_CASE("a user kernel for an AMDGPU executor is not supported yet, named, and
   CHECK(kernel.error().result == RhiResult::not_supported);
   CHECK_THAT(kernel.error().message(), Catch::Contains("user kernels run on cpu, mock and cuda in this build"));
   CHECK(ledger_bytes(*gpu) == before);
+}
+
+TEST_CASE("a user kernel whose module the CUDA driver refuses is named and gives its charge back",
+          "[user_kernel]") {
+  kiln::test::FakeGpu &fake = fake_driver(Backend::cuda);
+  auto gpu = make_gpu_executor(Backend::cuda);
+  const uint64_t before = ledger_bytes(*gpu);
+  constexpr int kCudaErrorOutOfMemory = 2;
+  REQUIRE(fake.inject_fault("cuModuleLoadData", 1, kCudaErrorOutOfMemory) == 0);  // the next load
+  auto kernel = UserKernel::create(*gpu, text(kSquaredDiff), "squared_diff", squared_diff_params());
+  REQUIRE_FALSE(kernel);
+  CHECK(kernel.error().result == RhiResult::out_of_memory);
+  CHECK_THAT(kernel.error().message(), Catch::Contains("loading user kernel squared_diff"));
+  CHECK(ledger_bytes(*gpu) == before);  // the code's charge went back with the failed kernel
+  CHECK(compile(*gpu, kSquaredDiff, "squared_diff", squared_diff_params()));  // the next load works
 }
