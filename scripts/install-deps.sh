@@ -9,7 +9,8 @@ packages=(
   # libLLVM, llc, llvm-readobj), clang-19 (the device-runtime bitcode), lld-19 (ld.lld links HSACO);
   # the libraries LLVM 19's CMake package and static libraries name (zlib, zstd, libxml2, z3,
   # ffi, edit)
-  llvm-19-dev clang-19 lld-19 zlib1g-dev libzstd-dev libxml2-dev libz3-dev libffi-dev libedit-dev
+  # liblld-19-dev: lld as a library, linking AMDGPU user kernels into HSACO at run time
+  llvm-19-dev clang-19 lld-19 liblld-19-dev zlib1g-dev libzstd-dev libxml2-dev libz3-dev libffi-dev libedit-dev
   libfmt-dev catch2 libbenchmark-dev
   libopenblas-pthread-dev  # kiln-matmul-bench's baseline: OpenBLAS sgemm/dgemm (that program only)
   libre2-dev  # kiln-ops --filter: linear-time regex matching (std::regex recursed and crashed)

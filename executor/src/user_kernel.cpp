@@ -12,6 +12,7 @@
 #include "kiln/executor/executor.h"
 #include "kiln/executor/launcher.h"
 #include "kiln/runtime/cpu_jit.h"
+#include "kiln/runtime/amdgcn_codegen.h"
 #include "kiln/runtime/ptx_codegen.h"
 #include "kiln/rhi/gpu_device.h"
 #include "kiln/runtime/host_memory_guard.h"
@@ -129,16 +130,11 @@ RhiExpected<std::shared_ptr<UserKernel>> UserKernel::create(LlvmRuntimeExecutor 
   const std::string device = executor.device().name();
   KILN_RETURN_IF_ERROR(check_declaration(device, entry, params));
   const CodegenArch arch = codegen_arch(executor.device());
-  if (arch == CodegenArch::amdgcn)
-    return std::unexpected(make_failure(RhiResult::not_supported, device, kCreateSite,
-                                        fmt::format("user kernels run on cpu, mock and cuda in this build; {} "
-                                                    "(AMDGPU) cannot run {} yet",
-                                                    device, entry)));
   std::vector<runtime::UserValueType> types;
   for (const KernelParam &p : params) types.push_back(value_type(p));
   runtime::install_llvm_error_handlers();
   KILN_RETURN_IF_ERROR(runtime::check_host_headroom(device, kCreateSite, runtime::kJitHeadroomBytes));
-  if (arch == CodegenArch::nvptx64) return create_for_cuda(executor, ir, std::move(entry), std::move(params), types);
+  if (arch != CodegenArch::host) return create_for_gpu(executor, ir, std::move(entry), std::move(params), types);
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<runtime::CpuJit> jit,
                         runtime::guard_host_exceptions(device, kCreateSite, [&] {
                           return runtime::CpuJit::create_user(ir, entry, types, device.c_str());
@@ -153,22 +149,38 @@ RhiExpected<std::shared_ptr<UserKernel>> UserKernel::create(LlvmRuntimeExecutor 
   return kernel;
 }
 
-RhiExpected<std::shared_ptr<UserKernel>> UserKernel::create_for_cuda(LlvmRuntimeExecutor &executor,
-                                                                     std::span<const std::byte> ir, std::string entry,
-                                                                     std::vector<KernelParam> params,
-                                                                     std::span<const runtime::UserValueType> types) {
+namespace {
+
+/// The code image of a user kernel for `gpu`: PTX text with its NUL on CUDA, an HSACO on AMDGPU.
+RhiExpected<std::vector<std::byte>> gpu_code_image(GpuDevice &gpu, CodegenArch arch, std::span<const std::byte> ir,
+                                                   std::string_view entry, std::span<const runtime::UserValueType> types) {
+  const std::string device = gpu.name();
+  if (arch == CodegenArch::amdgcn)
+    return runtime::generate_user_hsaco(ir, entry, types, gpu.code_target(), device.c_str());
+  KILN_ASSIGN_OR_RETURN(const std::string ptx,
+                        runtime::generate_user_ptx(ir, entry, types, gpu.code_target(), device.c_str()));
+  const auto *text = reinterpret_cast<const std::byte *>(ptx.c_str());
+  return std::vector<std::byte>(text, text + ptx.size() + 1);  // the image the driver gets, NUL included
+}
+
+}  // namespace
+
+RhiExpected<std::shared_ptr<UserKernel>> UserKernel::create_for_gpu(LlvmRuntimeExecutor &executor,
+                                                                    std::span<const std::byte> ir, std::string entry,
+                                                                    std::vector<KernelParam> params,
+                                                                    std::span<const runtime::UserValueType> types) {
   const std::string device = executor.device().name();
   auto &gpu = static_cast<GpuDevice &>(executor.device());
-  KILN_ASSIGN_OR_RETURN(const std::string ptx, runtime::guard_host_exceptions(device, kCreateSite, [&] {
-                          return runtime::generate_user_ptx(ir, entry, types, gpu.code_target(), device.c_str());
+  KILN_ASSIGN_OR_RETURN(const std::vector<std::byte> image, runtime::guard_host_exceptions(device, kCreateSite, [&] {
+                          return gpu_code_image(gpu, codegen_arch(executor.device()), ir, entry, types);
                         }));
   std::shared_ptr<UserKernel> kernel(
       new UserKernel(executor.context(), std::move(entry), std::move(params), nullptr, nullptr));
-  kernel->code_size_bytes_ = ptx.size() + 1;  // the image the driver gets, NUL included
+  kernel->code_size_bytes_ = image.size();
   KILN_RETURN_IF_ERROR_CONTEXT(executor.memory().charge(MemoryCategory::code_object, kernel->code_size_bytes_),
                                "loading user kernel {}", kernel->entry_);
   kernel->charged_ = true;  // from here the destructor gives the charge back
-  auto module = gpu.load_module(std::as_bytes(std::span(ptx.c_str(), ptx.size() + 1)));
+  auto module = gpu.load_module(image);
   if (!module) {
     executor.memory().annotate(module.error());
     return std::unexpected(std::move(module).error().add_context("loading user kernel " + kernel->entry_));

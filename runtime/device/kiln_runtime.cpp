@@ -386,4 +386,10 @@ struct HardwareContext {
 KILN_FOR_EACH_KERNEL(KILN_GPU_ENTRY)
 #undef KILN_GPU_ENTRY
 
+// The geometry of a user kernel's grid-stride entry point (kiln_user_entry_gpu, which
+// runtime/jit/user_module.cpp builds in LLVM IR for both GPU targets): this thread's first index
+// and the grid's thread count, read from the hardware as the built-in kernels read them.
+extern "C" int64_t kiln_grid_first_index() { return HardwareContext::global_index(HardwareContext::thread()); }
+extern "C" int64_t kiln_grid_threads() { return HardwareContext::grid_threads(); }
+
 #endif  // __NVPTX__ || __AMDGCN__

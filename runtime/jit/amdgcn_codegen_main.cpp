@@ -7,11 +7,7 @@
 //   kiln-amdgcn-codegen <input.bc> <gfx processor> <output.o>
 //
 // The pipeline is ptx_codegen's (llvm_gpu_pipeline.h): every kiln_*_gpu function becomes an
-// entry point, every other definition is internalized, O3, verify, emit. An entry point here gets
-// the amdgpu_kernel calling convention (clang has no source attribute for it outside OpenCL and
-// HIP), protected visibility (so ld.lld exports it and the runtime finds it by name) and
-// "amdgpu-flat-work-group-size"="1,<kBlockThreads>": GpuKernelLauncher never launches more than
-// kBlockThreads = 256 threads per block, which lets the compiler budget registers for 256.
+// entry point (gpu::mark_amdgpu_kernel), every other definition is internalized, O3, verify, emit.
 // The code object version is the one the bitcode's "amdhsa_code_object_version" module flag
 // names (clang wrote 500: v5, ELF ABI version 3); a bitcode without the flag is refused, so the
 // version never silently follows LLVM's default.
@@ -26,7 +22,6 @@
 #include <llvm/ADT/SmallVector.h>
 #include <llvm/Bitcode/BitcodeReader.h>
 #include <llvm/Config/llvm-config.h>
-#include <llvm/IR/CallingConv.h>
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
@@ -48,7 +43,6 @@ extern "C" void LLVMInitializeAMDGPUAsmPrinter();
 namespace {
 
 constexpr const char *kTriple = "amdgcn-amd-amdhsa";
-constexpr const char *kFlatWorkGroupSize = "1,256";  // GpuKernelLauncher::kBlockThreads
 constexpr uint64_t kCodeObjectVersion = 500;           // v5, as the module flag spells it
 
 int fail(const std::string &what) {
@@ -90,12 +84,7 @@ int main(int argc, char **argv) {
   std::unique_ptr<llvm::Module> module = std::move(*parsed);
   module->setTargetTriple(kTriple);
   module->setDataLayout(tm->createDataLayout());
-  const int kernels = kiln::runtime::gpu::prepare_entry_points(*module, [](llvm::Function &function) {
-    function.setCallingConv(llvm::CallingConv::AMDGPU_KERNEL);
-    function.setLinkage(llvm::GlobalValue::ExternalLinkage);
-    function.setVisibility(llvm::GlobalValue::ProtectedVisibility);
-    function.addFnAttr("amdgpu-flat-work-group-size", kFlatWorkGroupSize);
-  });
+  const int kernels = kiln::runtime::gpu::prepare_entry_points(*module, kiln::runtime::gpu::mark_amdgpu_kernel);
   if (kernels == 0) return fail(input + " defines no kiln_*_gpu entry point");
   const auto *version = llvm::mdconst::extract_or_null<llvm::ConstantInt>(
       module->getModuleFlag("amdhsa_code_object_version"));

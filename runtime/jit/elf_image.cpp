@@ -9,7 +9,7 @@ namespace {
 // ELF-64 offsets and constants (System V ABI, ELF-64 object file format).
 constexpr std::size_t kEhdrSize = 64;
 constexpr uint8_t kClass64 = 2, kDataLsb = 1;
-constexpr uint32_t kShtSymtab = 2, kShtDynsym = 11;
+constexpr uint32_t kShtSymtab = 2, kShtNobits = 8, kShtDynsym = 11;
 constexpr uint8_t kSttFunc = 2, kStbGlobal = 1, kStbWeak = 2;
 constexpr std::size_t kSymSize = 24;
 
@@ -21,6 +21,7 @@ bool load(std::span<const std::byte> image, uint64_t offset, T *value) {
 }
 
 struct Section {
+  uint32_t name = 0;
   uint32_t type = 0;
   uint32_t link = 0;
   uint64_t offset = 0;
@@ -31,7 +32,7 @@ struct Section {
 bool section(std::span<const std::byte> image, uint64_t shoff, uint16_t shentsize, uint64_t index,
              Section *s) {
   const uint64_t base = shoff + index * shentsize;
-  return load(image, base + 4, &s->type) && load(image, base + 24, &s->offset) &&
+  return load(image, base, &s->name) && load(image, base + 4, &s->type) && load(image, base + 24, &s->offset) &&
          load(image, base + 32, &s->size) && load(image, base + 40, &s->link) &&
          load(image, base + 56, &s->entsize);
 }
@@ -85,6 +86,34 @@ bool read_elf_image(std::span<const std::byte> image, ElfImageInfo *info, std::s
   }
   *info = std::move(out);
   return true;
+}
+
+std::optional<std::span<const std::byte>> find_elf_section(std::span<const std::byte> image, std::string_view name) {
+  if (image.size() < kEhdrSize || std::memcmp(image.data(), "\x7f" "ELF", 4) != 0 ||
+      static_cast<uint8_t>(image[4]) != kClass64 || static_cast<uint8_t>(image[5]) != kDataLsb)
+    return std::nullopt;
+  uint64_t shoff = 0;
+  uint16_t shentsize = 0, shnum = 0, shstrndx = 0;
+  if (!load(image, 40, &shoff) || !load(image, 58, &shentsize) || !load(image, 60, &shnum) ||
+      !load(image, 62, &shstrndx) || shentsize < 64 || shstrndx >= shnum)
+    return std::nullopt;
+  const auto contents = [&](const Section &s) -> std::optional<std::span<const std::byte>> {
+    if (s.offset > image.size() || s.size > image.size() - s.offset) return std::nullopt;
+    return image.subspan(s.offset, s.size);
+  };
+  Section names_section;
+  if (!section(image, shoff, shentsize, shstrndx, &names_section)) return std::nullopt;
+  const auto names = contents(names_section);
+  if (!names) return std::nullopt;
+  const std::string_view table(reinterpret_cast<const char *>(names->data()), names->size());
+  for (uint64_t i = 0; i < shnum; ++i) {
+    Section s;
+    if (!section(image, shoff, shentsize, i, &s) || s.name >= table.size()) return std::nullopt;
+    const std::string_view rest = table.substr(s.name);
+    if (rest.substr(0, rest.find('\0')) != name) continue;
+    return s.type == kShtNobits ? std::nullopt : contents(s);
+  }
+  return std::nullopt;
 }
 
 uint64_t elf_image_size(const void *image) {

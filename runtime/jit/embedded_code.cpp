@@ -16,6 +16,10 @@ extern "C" const uint8_t kiln_bitcode_kiln_device_runtime_host_end[];
 extern "C" const uint8_t kiln_bitcode_kiln_device_runtime_nvptx_begin[];
 extern "C" const uint8_t kiln_bitcode_kiln_device_runtime_nvptx_end[];
 #endif
+#if KILN_HAVE_AMDGPU
+extern "C" const uint8_t kiln_bitcode_kiln_device_runtime_amdgcn_begin[];
+extern "C" const uint8_t kiln_bitcode_kiln_device_runtime_amdgcn_end[];
+#endif
 #define KILN_AMDGCN_TARGET(gfx)                                 \
   extern "C" const uint8_t kiln_hsaco_##gfx##_begin[];          \
   extern "C" const uint8_t kiln_hsaco_##gfx##_end[];
@@ -46,6 +50,14 @@ std::span<const uint8_t> host_runtime_bitcode() {
 std::span<const uint8_t> nvptx_runtime_bitcode() {
 #if KILN_HAVE_NVPTX
   return embedded(kiln_bitcode_kiln_device_runtime_nvptx_begin, kiln_bitcode_kiln_device_runtime_nvptx_end);
+#else
+  return {};
+#endif
+}
+
+std::span<const uint8_t> amdgcn_runtime_bitcode() {
+#if KILN_HAVE_AMDGPU
+  return embedded(kiln_bitcode_kiln_device_runtime_amdgcn_begin, kiln_bitcode_kiln_device_runtime_amdgcn_end);
 #else
   return {};
 #endif

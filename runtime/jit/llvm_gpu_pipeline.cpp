@@ -1,5 +1,6 @@
 #include "llvm_gpu_pipeline.h"
 
+#include <llvm/IR/CallingConv.h>
 #include <llvm/IR/DiagnosticPrinter.h>
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Verifier.h>
@@ -34,6 +35,13 @@ int prepare_entry_points(llvm::Module &module, llvm::function_ref<void(llvm::Fun
     }
   }
   return kernels;
+}
+
+void mark_amdgpu_kernel(llvm::Function &function) {
+  function.setCallingConv(llvm::CallingConv::AMDGPU_KERNEL);
+  function.setLinkage(llvm::GlobalValue::ExternalLinkage);
+  function.setVisibility(llvm::GlobalValue::ProtectedVisibility);
+  function.addFnAttr("amdgpu-flat-work-group-size", "1,256");  // GpuKernelLauncher::kBlockThreads
 }
 
 void optimize(llvm::Module &module, llvm::TargetMachine &tm) {

@@ -32,6 +32,13 @@ struct DiagnosticCollector final : llvm::DiagnosticHandler {
 /// and drops what no entry point uses. Returns the number of kernels.
 int prepare_entry_points(llvm::Module &module, llvm::function_ref<void(llvm::Function &)> mark_kernel);
 
+/// Makes `function` an AMDGPU kernel as kiln launches it: the amdgpu_kernel calling convention
+/// (clang has no source attribute for it outside OpenCL and HIP), external linkage and protected
+/// visibility (ld.lld exports it, the runtime finds it by name), and
+/// "amdgpu-flat-work-group-size"="1,256": GpuKernelLauncher never launches more than
+/// kBlockThreads = 256 threads per block, which lets the compiler budget registers for 256.
+void mark_amdgpu_kernel(llvm::Function &function);
+
 /// The O3 module pipeline for `tm`, loop and SLP vectorization on.
 void optimize(llvm::Module &module, llvm::TargetMachine &tm);
 

@@ -15,8 +15,6 @@
 #include <llvm/Bitcode/BitcodeReader.h>
 #include <llvm/Config/llvm-config.h>
 #include <llvm/IR/Constants.h>
-#include <llvm/IR/IRBuilder.h>
-#include <llvm/IR/IntrinsicsNVPTX.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Metadata.h>
 #include <llvm/IR/Module.h>
@@ -216,43 +214,6 @@ RhiExpected<std::pair<const llvm::Target *, int>> pick_sm_version(std::string_vi
   return std::pair{target, *sm_version};
 }
 
-/// define void @kiln_user_entry_gpu(ptr %runtime, ptr %args): thread g = ctaid.x * ntid.x +
-/// tid.x calls kiln_user_entry(runtime, args, i, i + 1, 0) for i = g, g + G, ... below
-/// args->num_elements (G = nctaid.x * ntid.x).
-void add_user_gpu_entry(llvm::Module &module) {
-  llvm::LLVMContext &context = module.getContext();
-  llvm::IRBuilder<> b(context);
-  llvm::Type *i64 = b.getInt64Ty();
-  llvm::Function *range = module.getFunction(kUserEntryName);
-  auto *entry = llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), {b.getPtrTy(), b.getPtrTy()}, false),
-                                       llvm::GlobalValue::ExternalLinkage, kUserGpuEntryName, module);
-  llvm::Value *runtime = entry->getArg(0), *args = entry->getArg(1);
-  auto *start = llvm::BasicBlock::Create(context, "start", entry);
-  auto *test = llvm::BasicBlock::Create(context, "test", entry);
-  auto *body = llvm::BasicBlock::Create(context, "body", entry);
-  auto *done = llvm::BasicBlock::Create(context, "done", entry);
-  b.SetInsertPoint(start);
-  const auto sreg = [&](llvm::Intrinsic::ID id) { return b.CreateZExt(b.CreateIntrinsic(id, {}, {}), i64); };
-  llvm::Value *threads = sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ntid_x);
-  llvm::Value *first = b.CreateAdd(b.CreateMul(sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x), threads),
-                                   sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x));
-  llvm::Value *stride = b.CreateMul(sreg(llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x), threads);
-  llvm::Value *count = b.CreateLoad(
-      i64, b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), args, offsetof(KilnKernelArgs, num_elements)));
-  b.CreateBr(test);
-  b.SetInsertPoint(test);
-  llvm::PHINode *i = b.CreatePHI(i64, 2, "i");
-  i->addIncoming(first, start);
-  b.CreateCondBr(b.CreateICmpULT(i, count), body, done);
-  b.SetInsertPoint(body);
-  llvm::Value *next = b.CreateAdd(i, b.getInt64(1));
-  b.CreateCall(range, {runtime, args, i, next, b.getInt64(0)});
-  i->addIncoming(b.CreateAdd(i, stride), body);
-  b.CreateBr(test);
-  b.SetInsertPoint(done);
-  b.CreateRetVoid();
-}
-
 }  // namespace
 
 RhiExpected<std::string> generate_user_ptx(std::span<const std::byte> ir, std::string_view entry,
@@ -265,12 +226,12 @@ RhiExpected<std::string> generate_user_ptx(std::span<const std::byte> ir, std::s
   gpu::DiagnosticCollector *collected = diagnostics.get();
   context.setDiagnosticHandler(std::move(diagnostics));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<llvm::Module> runtime, runtime_module(context, *tm));
-  auto module = prepare_user_module(context, ir, entry, params, std::move(runtime), device);
+  auto module = prepare_user_module(context, ir, entry, params, std::move(runtime), device, /*gpu_entry=*/true);
   if (!module) {
     if (!collected->errors.empty()) module.error().detail += ": " + collected->errors;
     return std::unexpected(std::move(module).error());
   }
-  add_user_gpu_entry(**module);
+  KILN_RETURN_IF_ERROR(check_device_math(**module, DeviceMath::nvptx, device));
   annotate_kernels(**module);  // the entry point a kernel, everything else internal
   KILN_ASSIGN_OR_RETURN(std::string ptx, optimize_and_emit(**module, *tm, *collected));
   return ptx + user_module_comment(ir, entry, params);

@@ -214,7 +214,11 @@ void make_entry_wrapper(llvm::Module &module, llvm::Function &element, std::span
 
   b.SetInsertPoint(start);
   llvm::StructType *context_type = llvm::StructType::get(context, {b.getPtrTy(), i64, i64});  // KilnUserContext
-  llvm::Value *element_context = b.CreateAlloca(context_type);
+  // In the data layout's alloca address space (AMDGPU: private, 5), seen by the element function
+  // as a generic pointer.
+  const unsigned alloca_space = module.getDataLayout().getAllocaAddrSpace();
+  llvm::Value *element_context =
+      b.CreateAddrSpaceCast(b.CreateAlloca(context_type, alloca_space, nullptr), b.getPtrTy());
   b.CreateStore(runtime, b.CreateStructGEP(context_type, element_context, 0));
   llvm::Value *count = b.CreateLoad(
       i64, b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), args, offsetof(KilnKernelArgs, num_elements)));
@@ -240,11 +244,47 @@ void make_entry_wrapper(llvm::Module &module, llvm::Function &element, std::span
   b.CreateRetVoid();
 }
 
-/// Everything but kiln_user_entry internal, so the optimizer inlines the element function and
+/// define void @kiln_user_entry_gpu(ptr %runtime, ptr %args): a grid-stride loop calling
+/// kiln_user_entry(runtime, args, i, i + 1, 0) for i = first, first + G, ... below
+/// args->num_elements, first and G from the GPU runtime (kiln_grid_first_index, kiln_grid_threads).
+void make_gpu_entry(llvm::Module &module) {
+  llvm::LLVMContext &context = module.getContext();
+  llvm::IRBuilder<> b(context);
+  llvm::Type *i64 = b.getInt64Ty();
+  llvm::Function *range = module.getFunction(kUserEntryName);
+  llvm::FunctionCallee first_index = module.getOrInsertFunction("kiln_grid_first_index", i64);
+  llvm::FunctionCallee grid_threads = module.getOrInsertFunction("kiln_grid_threads", i64);
+  auto *entry = llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), {b.getPtrTy(), b.getPtrTy()}, false),
+                                       llvm::GlobalValue::ExternalLinkage, kUserGpuEntryName, module);
+  llvm::Value *runtime = entry->getArg(0), *args = entry->getArg(1);
+  auto *start = llvm::BasicBlock::Create(context, "start", entry);
+  auto *test = llvm::BasicBlock::Create(context, "test", entry);
+  auto *body = llvm::BasicBlock::Create(context, "body", entry);
+  auto *done = llvm::BasicBlock::Create(context, "done", entry);
+  b.SetInsertPoint(start);
+  llvm::Value *first = b.CreateCall(first_index);
+  llvm::Value *stride = b.CreateCall(grid_threads);
+  llvm::Value *count = b.CreateLoad(
+      i64, b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), args, offsetof(KilnKernelArgs, num_elements)));
+  b.CreateBr(test);
+  b.SetInsertPoint(test);
+  llvm::PHINode *i = b.CreatePHI(i64, 2, "i");
+  i->addIncoming(first, start);
+  b.CreateCondBr(b.CreateICmpULT(i, count), body, done);
+  b.SetInsertPoint(body);
+  b.CreateCall(range, {runtime, args, i, b.CreateAdd(i, b.getInt64(1)), b.getInt64(0)});
+  i->addIncoming(b.CreateAdd(i, stride), body);
+  b.CreateBr(test);
+  b.SetInsertPoint(done);
+  b.CreateRetVoid();
+}
+
+/// Everything but kiln_user_entry (and the GPU entry point) internal, so the optimizer inlines the element function and
 /// the runtime's into the loop and drops what it does not use.
 void internalize(llvm::Module &module) {
   for (llvm::Function &f : module)
-    if (!f.isDeclaration() && f.getName() != kUserEntryName) f.setLinkage(llvm::GlobalValue::InternalLinkage);
+    if (!f.isDeclaration() && f.getName() != kUserEntryName && f.getName() != kUserGpuEntryName)
+      f.setLinkage(llvm::GlobalValue::InternalLinkage);
   for (llvm::GlobalVariable &g : module.globals())
     if (!g.isDeclaration()) g.setLinkage(llvm::GlobalValue::InternalLinkage);
 }
@@ -254,7 +294,7 @@ void internalize(llvm::Module &module) {
 RhiExpected<std::unique_ptr<llvm::Module>> prepare_user_module(
     llvm::LLVMContext &context, std::span<const std::byte> ir, std::string_view entry,
     std::span<const UserValueType> params, std::unique_ptr<llvm::Module> runtime,
-    const char *device) {
+    const char *device, bool gpu_entry) {
   if (params.size() > KILN_MAX_USER_PARAMS)
     return std::unexpected(usage(device, fmt::format("{} parameters; a user kernel has at most {}",
                                                      params.size(), KILN_MAX_USER_PARAMS)));
@@ -262,15 +302,57 @@ RhiExpected<std::unique_ptr<llvm::Module>> prepare_user_module(
   KILN_RETURN_IF_ERROR(verify(*module, device));
   KILN_ASSIGN_OR_RETURN(llvm::Function * element, check_entry(*module, entry, params, device));
   KILN_RETURN_IF_ERROR(check_symbols(*module, *runtime, device));
-  make_entry_wrapper(*module, *element, params);
   module->setTargetTriple(runtime->getTargetTriple());
-  module->setDataLayout(runtime->getDataLayout());
+  module->setDataLayout(runtime->getDataLayout());  // before the wrapper: its alloca's address space
+  make_entry_wrapper(*module, *element, params);
+  if (gpu_entry) make_gpu_entry(*module);  // before linking: it names the runtime's geometry functions
   if (llvm::Linker::linkModules(*module, std::move(runtime), llvm::Linker::Flags::LinkOnlyNeeded))
     return std::unexpected(make_failure(RhiResult::error, device, kSite,
                                         "could not link the user module with kiln's device runtime "
                                         "(the context's diagnostic handler has LLVM's words)"));
   internalize(*module);
   return module;
+}
+
+namespace {
+
+/// The math intrinsics a GPU back end may not lower without a vendor library.
+constexpr llvm::Intrinsic::ID kLibraryMath[] = {
+    llvm::Intrinsic::exp,  llvm::Intrinsic::exp2, llvm::Intrinsic::exp10, llvm::Intrinsic::log,
+    llvm::Intrinsic::log2, llvm::Intrinsic::log10, llvm::Intrinsic::sin,  llvm::Intrinsic::cos,
+    llvm::Intrinsic::tan,  llvm::Intrinsic::asin, llvm::Intrinsic::acos,  llvm::Intrinsic::atan,
+    llvm::Intrinsic::sinh, llvm::Intrinsic::cosh, llvm::Intrinsic::tanh,  llvm::Intrinsic::pow};
+
+/// Those AMDGPU lowers itself for float (LLVM 19: exact-enough expansions, no library).
+constexpr llvm::Intrinsic::ID kAmdgpuFloatMath[] = {
+    llvm::Intrinsic::exp,  llvm::Intrinsic::exp2, llvm::Intrinsic::exp10, llvm::Intrinsic::log,
+    llvm::Intrinsic::log2, llvm::Intrinsic::log10, llvm::Intrinsic::sin,  llvm::Intrinsic::cos,
+    llvm::Intrinsic::pow};
+
+bool lowered_natively(llvm::Intrinsic::ID id, const llvm::Type &type, DeviceMath target) {
+  const auto listed = [id](std::span<const llvm::Intrinsic::ID> ids) { return std::ranges::find(ids, id) != ids.end(); };
+  if (!listed(kLibraryMath)) return true;
+  return target == DeviceMath::amdgcn && type.isFloatTy() && listed(kAmdgpuFloatMath);
+}
+
+}  // namespace
+
+RhiStatus check_device_math(const llvm::Module &module, DeviceMath target, const char *device) {
+  for (const llvm::Function &f : module) {
+    if (!f.isIntrinsic() || f.use_empty()) continue;
+    const llvm::Type &type = *f.getReturnType()->getScalarType();
+    if (lowered_natively(f.getIntrinsicID(), type, target)) continue;
+    const std::string name = llvm::Intrinsic::getBaseName(f.getIntrinsicID()).drop_front(5).str();  // "llvm."
+    const char *dtype = type.isFloatTy() ? "float32" : type.isDoubleTy() ? "float64" : "this type";
+    const bool cuda = target == DeviceMath::nvptx;
+    return std::unexpected(make_failure(
+        RhiResult::not_supported, device, kSite,
+        fmt::format("{} on {} has no implementation on {} in this build: LLVM's {} back end needs {} for it, which "
+                    "kiln does not link; the kernel runs on cpu and mock",
+                    name, dtype, cuda ? "cuda" : "amdgpu", cuda ? "NVPTX" : "AMDGPU",
+                    cuda ? "CUDA's libdevice" : "ROCm's device library (ocml)")));
+  }
+  return {};
 }
 
 }  // namespace kiln::runtime

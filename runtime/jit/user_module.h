@@ -28,10 +28,28 @@ namespace kiln::runtime {
 /// column), a module the verifier refuses (its first message), a name the module defines that
 /// the runtime defines too, no definition of `entry`, a signature that is not
 /// void(ptr, <params>), more than KILN_MAX_USER_PARAMS parameters; error when linking fails.
+/// With `gpu_entry`, the module also defines kUserGpuEntryName(ptr runtime, ptr args): thread g
+/// runs kiln_user_entry over indices g, g + G, ... below args->num_elements (G the grid's
+/// threads), its geometry from the GPU runtime's kiln_grid_first_index and kiln_grid_threads;
+/// the caller marks it a kernel for its target.
 [[nodiscard]] RhiExpected<std::unique_ptr<llvm::Module>> prepare_user_module(
     llvm::LLVMContext &context, std::span<const std::byte> ir, std::string_view entry,
     std::span<const UserValueType> params, std::unique_ptr<llvm::Module> runtime,
-    const char *device);
+    const char *device, bool gpu_entry = false);
+
+/// A GPU back end whose math prepare_user_module's callers check (check_device_math).
+enum class DeviceMath : uint8_t { nvptx, amdgcn };
+
+/// Refuses a module that calls a math intrinsic `target`'s back end cannot lower by itself:
+/// LLVM 19 turns those into calls of a vendor library kiln does not link (CUDA's libdevice,
+/// ROCm's ocml), which fail in code generation with an LLVM fatal error or a missing libcall.
+/// NVPTX lowers none of exp, exp2, exp10, log, log2, log10, sin, cos, tan, asin, acos, atan,
+/// sinh, cosh, tanh, pow (sqrt, fma, floor, min, powi and friends it does); AMDGPU lowers the
+/// float32 exp, log and sin/cos families and pow, and none of them for float64. Measured for each
+/// intrinsic and type with LLVM 19.1.7 (sm_80, gfx90a). Checked before optimization, so whether
+/// a kernel compiles never depends on what O3 folds away.
+/// Errors: not_supported naming the first such function, its type, the target and where it runs.
+[[nodiscard]] RhiStatus check_device_math(const llvm::Module &module, DeviceMath target, const char *device);
 
 }  // namespace kiln::runtime
 

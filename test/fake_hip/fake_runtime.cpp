@@ -134,6 +134,14 @@ hipError_t parse_hsaco(const void *image, const State &state, Module *module, st
     return kInvalidImage;
   }
   module->entries.insert(info.functions.begin(), info.functions.end());
+  // A user kernel's image carries the user's IR in a section of its own: the fake runs that IR.
+  const std::span<const std::byte> bytes(static_cast<const std::byte *>(image), size);
+  if (const auto section = runtime::find_elf_section(bytes, runtime::kUserModuleSection)) {
+    auto user = std::make_shared<UserCode>();
+    const std::string_view text(reinterpret_cast<const char *>(section->data()), section->size());
+    if (!runtime::parse_user_module_comment(text, &user->ir, &user->entry, &user->params)) return kInvalidImage;
+    module->user = std::move(user);
+  }
   // A code object runs only on the processor it was built for (no JIT between gfx processors).
   module->target = std::string(runtime::amdgpu_processor(info.flags));
   if (module->target != processor(state.arch)) return kNoBinaryForGpu;

@@ -42,11 +42,17 @@ done:
 """
 
 
-@pytest.fixture(params=["cpu", "mock", "cuda"])
+def fake_gpu(name):
+    """The fake driver of GPU backend `name` ("cuda" or "amdgpu")."""
+    return next(gpu for gpu in GPU_BACKENDS if gpu.name == name)
+
+
+@pytest.fixture(params=["cpu", "mock", "cuda", "amdgpu"])
 def arch(request, monkeypatch):
-    """cpu, mock and the fake CUDA driver (skipped, saying why, where it is not built)."""
-    if request.param == "cuda":
-        gpu = GPU_BACKENDS[0]
+    """cpu, mock, the fake CUDA driver and the fake HIP runtime (the fakes skipped, saying why,
+    where they are not built)."""
+    if request.param in ("cuda", "amdgpu"):
+        gpu = fake_gpu(request.param)
         reason = gpu.skip_reason()
         if reason:
             pytest.skip(reason)
@@ -124,6 +130,26 @@ def test_several_outputs_locals_casts_and_functions(arch):
     t = np.sqrt(np.abs(x))
     np.testing.assert_allclose(host(s), np.where(x < 0, -t, np.maximum(t, 0.5)))
     np.testing.assert_array_equal(host(n), np.fmod(np.floor(x).astype(np.int32), 3))
+
+
+def test_library_math_a_gpu_cannot_compile_is_not_supported_and_charges_nothing(arch):
+    # tanh needs a vendor math library (CUDA's libdevice, ROCm's ocml) that kiln does not link;
+    # on cpu and mock it runs. float32 exp runs on amdgpu (its back end expands it) but not cuda.
+    x = np.array([-1.0, 0.0, 0.5], dtype=np.float64)
+    tanh = kiln.ElementwiseKernel("float64 x", "float64 y", "y = tanh(x)", "gpu_tanh")
+    exp32 = kiln.ElementwiseKernel("float32 x", "float32 y", "y = exp(x)", "gpu_exp")
+    if arch in ("cpu", "mock"):
+        np.testing.assert_allclose(host(tanh(array(x, np.float64))), np.tanh(x))
+        return
+    before = in_use("code_object")
+    with pytest.raises(kiln.NotSupportedError, match=f"tanh on float64 has no implementation on {arch}"):
+        tanh(array(x, np.float64))
+    assert in_use("code_object") == before
+    if arch == "amdgpu":
+        np.testing.assert_allclose(host(exp32(array(x))), np.exp(x).astype(np.float32), rtol=1e-6)
+    else:
+        with pytest.raises(kiln.NotSupportedError, match="CUDA's libdevice"):
+            exp32(array(x))
 
 
 def test_integer_division_by_zero_gives_zero_and_float_to_int_saturates(arch):
@@ -447,9 +473,9 @@ def test_the_user_kernels_benchmark_runs_quick():
 def test_a_lost_device_recovers_though_kernels_were_compiled_for_it(arch):
     # kiln.init drops the compiled kernels first: on a GPU they hold the lost device's context,
     # which the driver keeps poisoned (a sticky fault) until every holder lets go.
-    if arch != "cuda":
-        pytest.skip("a sticky driver fault needs the fake CUDA driver")
-    gpu = GPU_BACKENDS[0]
+    if arch not in ("cuda", "amdgpu"):
+        pytest.skip("a sticky driver fault needs a fake GPU driver")
+    gpu = fake_gpu(arch)
     sq = kiln.ElementwiseKernel(*SQUARED_DIFF)
     x = array([1.0, 2.0])
     sq(x, x)  # compiled and remembered for these arguments

@@ -9,8 +9,10 @@
 
 #include "kiln/executor/errors.h"
 #include "kiln/executor/program.h"
+#include "kiln/runtime/amdgcn_codegen.h"
 #include "kiln/runtime/embedded_code.h"
 #include "kiln/runtime/elf_image.h"
+#include "kiln/runtime/user_kernel_abi.h"
 
 using namespace kiln;
 using namespace kiln::runtime;
@@ -93,4 +95,83 @@ TEST_CASE("the ELF reader refuses what is not a 64-bit little-endian ELF", "[amd
   elf32.resize(64, '\0');
   CHECK_FALSE(read_elf_image(std::as_bytes(std::span(elf32.data(), elf32.size())), &info, &error));
   CHECK(elf_image_size(elf32.data()) == 0);
+}
+
+namespace {
+
+// z[i] = (x[i] - y[i])^2 * scale, and a device-heap allocation: a user kernel that calls into the
+// device runtime, so the HSACO links kiln's amdgcn runtime as well as the user's code.
+const std::string kUserIr = R"(
+declare i64 @kiln_index(ptr)
+declare ptr @kiln_heap_allocate(ptr, i64, i64)
+define void @squared_diff(ptr %ctx, ptr %x, ptr %y, ptr %z, float %scale) {
+  %i = call i64 @kiln_index(ptr %ctx)
+  %scratch = call ptr @kiln_heap_allocate(ptr %ctx, i64 16, i64 8)
+  %px = getelementptr float, ptr %x, i64 %i
+  %py = getelementptr float, ptr %y, i64 %i
+  %pz = getelementptr float, ptr %z, i64 %i
+  %a = load float, ptr %px
+  %b = load float, ptr %py
+  %d = fsub float %a, %b
+  %s = fmul float %d, %d
+  %r = fmul float %s, %scale
+  store float %r, ptr %pz
+  ret void
+}
+)";
+constexpr UserValueType kUserParams[] = {UserValueType::ptr, UserValueType::ptr, UserValueType::ptr,
+                                         UserValueType::f32};
+
+std::span<const std::byte> user_ir() { return std::as_bytes(std::span(kUserIr.data(), kUserIr.size())); }
+
+}  // namespace
+
+TEST_CASE("a user kernel's HSACO, linked at run time, is a code object v5 for its processor with the "
+          "user's IR in a section of its own",
+          "[amdgpu][codegen][user_kernel]") {
+  REQUIRE(can_generate_hsaco());
+  for (const char *target : {"gfx90a", "gfx942:sramecc+:xnack-", "gfx1100", "gfx1201"}) {
+    INFO(target);
+    const std::vector<std::byte> image = value_or_throw(generate_user_hsaco(user_ir(), "squared_diff", kUserParams,
+                                                                           target, "amdgpu:0"));
+    ElfImageInfo info;
+    std::string error;
+    REQUIRE(read_elf_image(image, &info, &error));
+    CHECK(info.machine == kElfMachineAmdgpu);
+    CHECK(info.os_abi == kElfOsAbiAmdgpuHsa);
+    CHECK(info.abi_version == kElfAbiVersionAmdgpuHsaV5);
+    CHECK(info.type == 3);  // ET_DYN: lld -shared
+    CHECK(amdgpu_processor(info.flags) == std::string_view(target).substr(0, std::string_view(target).find(':')));
+    CHECK(elf_image_size(image.data()) == image.size());
+    CHECK(info.functions == std::vector<std::string>{kUserGpuEntryName});  // the one kernel, exported
+    const auto section = find_elf_section(image, kUserModuleSection);
+    REQUIRE(section);
+    std::string ir, entry;
+    std::vector<UserValueType> params;
+    REQUIRE(parse_user_module_comment(
+        std::string_view(reinterpret_cast<const char *>(section->data()), section->size()), &ir, &entry, &params));
+    CHECK(ir == kUserIr);
+    CHECK(entry == "squared_diff");
+    CHECK(params == std::vector<UserValueType>(std::begin(kUserParams), std::end(kUserParams)));
+  }
+}
+
+TEST_CASE("a user HSACO for a processor LLVM does not know is not supported; bad IR is a compile error",
+          "[amdgpu][codegen][user_kernel][bad-input]") {
+  auto unknown = generate_user_hsaco(user_ir(), "squared_diff", kUserParams, "gfx9999", "amdgpu:0");
+  REQUIRE_FALSE(unknown);
+  CHECK(unknown.error().result == RhiResult::not_supported);
+  CHECK_THAT(unknown.error().message(), Catch::Contains("gfx9999"));
+  const std::string bad = "define void @k(ptr %ctx) {\n  ret i32 0\n}\n";
+  auto refused = generate_user_hsaco(std::as_bytes(std::span(bad.data(), bad.size())), "k", {}, "gfx90a", "amdgpu:0");
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().result == RhiResult::invalid_usage);
+  CHECK(refused.error().kernel_compile);
+}
+
+TEST_CASE("find_elf_section reads only inside the image", "[amdgpu][codegen][bad-input]") {
+  const std::span<const std::byte> image = std::as_bytes(value_or_throw(amdgcn_code_object("gfx90a")).image);
+  CHECK(find_elf_section(image, ".text"));
+  CHECK_FALSE(find_elf_section(image, kUserModuleSection));  // kiln's own code objects have none
+  CHECK_FALSE(find_elf_section(image.first(image.size() / 2), ".text"));  // section headers cut off
 }

@@ -332,14 +332,17 @@ std::unique_ptr<LlvmRuntimeExecutor> fake_gpu_executor(Backend backend) {
 
 }  // namespace
 
-TEST_CASE("a user kernel runs on the fake CUDA driver from the PTX kiln made, its IR run for the host",
+TEST_CASE("a user kernel runs on the fake CUDA driver and the fake HIP runtime from the PTX or HSACO kiln "
+          "made, its IR run for the host",
           "[user_kernel]") {
-  auto gpu = fake_gpu_executor(Backend::cuda);
+  const Backend backend = GENERATE(Backend::cuda, Backend::amdgpu);
+  INFO(to_string(backend));
+  auto gpu = fake_gpu_executor(backend);
   const uint64_t before = ledger_bytes(*gpu);
   const uint64_t code_before = code_bytes(*gpu);
   {
     auto kernel = compile(*gpu, kSquaredDiff, "squared_diff", squared_diff_params());
-    CHECK(code_bytes(*gpu) > code_before);  // the PTX image, charged while the kernel lives
+    CHECK(code_bytes(*gpu) > code_before);  // the PTX or HSACO image, charged while the kernel lives
     std::vector<float> xs(70000), ys(70000);  // more indices than one grid-stride pass of a block
     for (std::size_t i = 0; i < xs.size(); ++i) {
       xs[i] = static_cast<float>(i % 13);
@@ -356,8 +359,11 @@ TEST_CASE("a user kernel runs on the fake CUDA driver from the PTX kiln made, it
   CHECK(ledger_bytes(*gpu) == before);
 }
 
-TEST_CASE("a user kernel's device heap and assertion work on the fake CUDA driver", "[user_kernel]") {
-  auto gpu = fake_gpu_executor(Backend::cuda);
+TEST_CASE("a user kernel's device heap and assertion work on the fake CUDA driver and the fake HIP runtime",
+          "[user_kernel]") {
+  const Backend backend = GENERATE(Backend::cuda, Backend::amdgpu);
+  INFO(to_string(backend));
+  auto gpu = fake_gpu_executor(backend);
   auto heap_user = compile(*gpu, kHeapUser, "heap_user",
                            {{"out", ParamKind::out, DataType::i64}, {"bytes", ParamKind::scalar, DataType::i64}});
   Ndarray out = upload<int64_t>(*gpu, DataType::i64, std::vector<int64_t>(64, 0));
@@ -376,24 +382,16 @@ TEST_CASE("a user kernel's device heap and assertion work on the fake CUDA drive
   CHECK_THAT(failed.error().message(), Catch::Contains("x must not be negative") && Catch::Contains("check_positive"));
 }
 
-TEST_CASE("a user kernel for an AMDGPU executor is not supported yet, named, and charges nothing",
+TEST_CASE("a user kernel whose module the GPU driver refuses is named and gives its charge back",
           "[user_kernel]") {
-  auto gpu = fake_gpu_executor(Backend::amdgpu);
+  const Backend backend = GENERATE(Backend::cuda, Backend::amdgpu);
+  INFO(to_string(backend));
+  kiln::test::FakeGpu &fake = fake_driver(backend);
+  auto gpu = make_gpu_executor(backend);
   const uint64_t before = ledger_bytes(*gpu);
-  auto kernel = UserKernel::create(*gpu, text(kIota), "iota", {{"out", ParamKind::out, DataType::i64}});
-  REQUIRE_FALSE(kernel);
-  CHECK(kernel.error().result == RhiResult::not_supported);
-  CHECK_THAT(kernel.error().message(), Catch::Contains("user kernels run on cpu, mock and cuda in this build"));
-  CHECK(ledger_bytes(*gpu) == before);
-}
-
-TEST_CASE("a user kernel whose module the CUDA driver refuses is named and gives its charge back",
-          "[user_kernel]") {
-  kiln::test::FakeGpu &fake = fake_driver(Backend::cuda);
-  auto gpu = make_gpu_executor(Backend::cuda);
-  const uint64_t before = ledger_bytes(*gpu);
-  constexpr int kCudaErrorOutOfMemory = 2;
-  REQUIRE(fake.inject_fault("cuModuleLoadData", 1, kCudaErrorOutOfMemory) == 0);  // the next load
+  constexpr int kErrorOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY, hipErrorOutOfMemory
+  const char *load = backend == Backend::cuda ? "cuModuleLoadData" : "hipModuleLoadData";
+  REQUIRE(fake.inject_fault(load, 1, kErrorOutOfMemory) == 0);  // the next load
   auto kernel = UserKernel::create(*gpu, text(kSquaredDiff), "squared_diff", squared_diff_params());
   REQUIRE_FALSE(kernel);
   CHECK(kernel.error().result == RhiResult::out_of_memory);

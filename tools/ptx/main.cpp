@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kiln/runtime/host_memory_guard.h"
 #include "kiln/runtime/ptx_codegen.h"
 
 namespace {
@@ -67,6 +68,9 @@ int main(int argc, char **argv) {
   const std::string ir((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   std::vector<kiln::runtime::UserValueType> types;
   if (!parse_types(argv[5], &types)) return usage();
-  return print(kiln::runtime::generate_user_ptx(std::as_bytes(std::span(ir.data(), ir.size())), argv[4], types,
-                                                argv[1], "cuda"));
+  kiln::runtime::install_llvm_error_handlers();  // an LLVM fatal error is a named failure, not an abort
+  return print(kiln::runtime::guard_host_exceptions("cuda", "kiln-ptx", [&] {
+    return kiln::runtime::generate_user_ptx(std::as_bytes(std::span(ir.data(), ir.size())), argv[4], types, argv[1],
+                                            "cuda");
+  }));
 }

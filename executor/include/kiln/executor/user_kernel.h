@@ -5,7 +5,7 @@
 // exhaustion, an assertion or a lost device reported as a named failure naming the kernel.
 //
 // This build compiles user kernels for the host (cpu, mock) and for CUDA (PTX, loaded as the
-// kernel's own module); on amdgpu UserKernel::create answers not_supported.
+// kernel's own module; on amdgpu an HSACO linked at run time).
 #ifndef KILN_EXECUTOR_USER_KERNEL_H_
 #define KILN_EXECUTOR_USER_KERNEL_H_
 
@@ -73,8 +73,9 @@ class UserKernel {
   /// column), does not verify, lacks `entry`, has a signature other than void(ptr, params...),
   /// calls what kiln does not provide; for an empty or non-identifier entry, an empty or
   /// repeated parameter name, more than KILN_MAX_USER_PARAMS parameters, or an invalid dtype;
-  /// not_supported on amdgpu (this build compiles user kernels for the host and CUDA); those of
-  /// GpuDevice::load_module on CUDA (the driver refused the PTX);
+  /// not_supported on amdgpu when this kiln cannot make HSACO at run time (no AMDGPU target or
+  /// no lld: runtime::can_generate_hsaco) or LLVM does not know the device's processor; those of
+  /// GpuDevice::load_module on a GPU (the driver refused the PTX or HSACO);
   /// out_of_memory when the code does not fit the budget (budget, category code_object) or the
   /// host has no room to compile (oom_source host); error when LLVM fails otherwise.
   [[nodiscard]] static RhiExpected<std::shared_ptr<UserKernel>> create(
@@ -108,8 +109,9 @@ class UserKernel {
  private:
   UserKernel(std::shared_ptr<DeviceContext> context, std::string entry, std::vector<KernelParam> params,
              std::unique_ptr<runtime::CpuJit> jit, KilnKernelFn range_kernel);
-  /// create() on a CUDA device: PTX (runtime::generate_user_ptx), charged, then loaded.
-  [[nodiscard]] static RhiExpected<std::shared_ptr<UserKernel>> create_for_cuda(
+  /// create() on a GPU: the code image (PTX from runtime::generate_user_ptx on CUDA, an HSACO
+  /// from runtime::generate_user_hsaco on AMDGPU), charged, then loaded.
+  [[nodiscard]] static RhiExpected<std::shared_ptr<UserKernel>> create_for_gpu(
       LlvmRuntimeExecutor &executor, std::span<const std::byte> ir, std::string entry,
       std::vector<KernelParam> params, std::span<const runtime::UserValueType> types);
 

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -35,6 +36,13 @@ struct ElfImageInfo {
 /// returns false. Never reads outside `image`.
 [[nodiscard]] bool read_elf_image(std::span<const std::byte> image, ElfImageInfo *info,
                                   std::string *error);
+
+/// The contents of the section named `name` of `image` (an ELF64 little-endian image), found
+/// through the section-name string table (e_shstrndx); nullopt when there is no such section or
+/// the image is malformed (a header, name or section outside the image). Never reads outside
+/// `image`; a section of type SHT_NOBITS has no contents and is not returned.
+[[nodiscard]] std::optional<std::span<const std::byte>> find_elf_section(std::span<const std::byte> image,
+                                                                         std::string_view name);
 
 /// The size in bytes of the ELF64 image that starts at `image` (which must have 64 readable
 /// bytes), from its header: the end of the section or program header table, whichever is later

@@ -23,6 +23,11 @@ namespace kiln::runtime {
 /// bytes (generate_ptx's input). Empty when this LLVM has no NVPTX target.
 [[nodiscard]] std::span<const uint8_t> nvptx_runtime_bitcode();
 
+/// The device runtime module for amdgcn-amd-amdhsa (no processor chosen, code object v5), as LLVM
+/// bitcode bytes (generate_user_hsaco's input). Empty when this kiln makes no HSACO at run time
+/// (its LLVM has no AMDGPU target, or it was built with KILN_LLVM_STATIC).
+[[nodiscard]] std::span<const uint8_t> amdgcn_runtime_bitcode();
+
 /// One embedded HSACO code object: for `target` ("gfx90a"), its bytes. hipModuleLoadData loads
 /// it; nothing is compiled at run time.
 struct AmdgcnCodeObject {
