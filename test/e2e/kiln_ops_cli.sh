@@ -89,7 +89,7 @@ check "--fault kind=lost,nth=1: the first request loses the device, injected" \
   grep -q '^allocate/f32/tiny: REFUSED DeviceLostError: mock: injected device loss' "$tmp/lost.txt"
 check "--fault kind=lost,nth=1: later cases fail fast" \
   grep -q '^matmul/i64/odd: REFUSED DeviceLostError: mock: the device was lost earlier' "$tmp/lost.txt"
-check "--fault kind=lost,nth=1: every case REFUSED" grep -q '^0/66 cases OK, 66 refused, 0 failed' "$tmp/lost.txt"
+check "--fault kind=lost,nth=1: every case REFUSED" grep -q '^0/84 cases OK, 84 refused, 0 failed' "$tmp/lost.txt"
 for spec in nth=0 nth=1,nth=2 p=2 seed=1 when=3 kind=gone kind=launch,category=staging kernel=nosuch category=gpu ""; do
   "$ops" --fault "$spec" --list > /dev/null 2> "$tmp/badspec.txt"; rc=$?
   check "--fault '$spec' exits 2" test "$rc" -eq 2
@@ -448,7 +448,7 @@ for backend in mock cpu; do
   check "--sweep on $backend: every run refused its case with the injected DeviceOutOfMemoryError" \
     test "$(grep -c ' in [a-z_]*/f32/tiny: REFUSED DeviceOutOfMemoryError$' "$tmp/sweep_$backend.txt")" -eq "$requests"
   check "--sweep on $backend: the summary says no run broke the contract" \
-    grep -q "^sweep: $requests allocation request(s) in the counting run of 8 case(s) (8 OK, 0 refused, 0 failed); $requests run(s), one per request, 0 broke the contract$" "$tmp/sweep_$backend.txt"
+    grep -q "^sweep: $requests allocation request(s) in the counting run of 10 case(s) (10 OK, 0 refused, 0 failed); $requests run(s), one per request, 0 broke the contract$" "$tmp/sweep_$backend.txt"
   check "--sweep on $backend: JSON has each request failed once, nothing left held" $py - "$tmp/sweep_$backend.json" "$requests" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1])); n = int(sys.argv[2]); s = d["sweep"]

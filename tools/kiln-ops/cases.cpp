@@ -1,90 +1,14 @@
 // The operation cases and their host references.
 #include <cmath>
-#include <cstring>
 #include <type_traits>
 
 #include <fmt/format.h>
 
+#include "case_support.h"
 #include "suite.h"
 
 namespace kiln::ops {
 namespace {
-
-using CaseOutcome = RhiExpected<std::optional<std::string>>;
-
-// splitmix64: a small deterministic generator (Steele, Lea, Flood 2014).
-struct Rng {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-};
-
-template <class T>
-std::vector<T> random_values(uint64_t n, uint64_t seed) {
-  std::vector<T> v(n);
-  Rng rng{seed};
-  for (T &x : v) {
-    const uint64_t r = rng.next();
-    if constexpr (std::is_floating_point_v<T>)
-      x = static_cast<T>(static_cast<double>(r >> 11) * 0x1.0p-52 - 1.0);  // [-1, 1)
-    else
-      x = static_cast<T>(static_cast<int64_t>(r % 201) - 100);  // [-100, 100]
-  }
-  return v;
-}
-
-template <class T>
-constexpr DataType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DataType::f32;
-  else if constexpr (std::is_same_v<T, double>) return DataType::f64;
-  else if constexpr (std::is_same_v<T, int32_t>) return DataType::i32;
-  else return DataType::i64;
-}
-
-template <class T>
-std::span<const std::byte> bytes_of(const std::vector<T> &v) {
-  return std::as_bytes(std::span<const T>(v));
-}
-
-template <class T>
-RhiExpected<Ndarray> upload(LlvmRuntimeExecutor &ex, const std::vector<T> &values,
-                            std::span<const int64_t> shape) {
-  KILN_ASSIGN_OR_RETURN(Ndarray a, ex.ndarray(dtype_of<T>(), shape));
-  KILN_RETURN_IF_ERROR(ex.write(a, bytes_of(values)));
-  return a;
-}
-
-template <class T>
-RhiExpected<std::vector<T>> download(LlvmRuntimeExecutor &ex, const Ndarray &a) {
-  std::vector<T> v(a.num_elements());
-  KILN_RETURN_IF_ERROR(ex.read(a, std::as_writable_bytes(std::span<T>(v))));
-  return v;
-}
-
-template <class T>
-bool close(T got, double want, double tolerance) {
-  if constexpr (std::is_floating_point_v<T>) return std::fabs(static_cast<double>(got) - want) <= tolerance;
-  else return got == static_cast<T>(static_cast<int64_t>(want));
-}
-
-// The first index where got differs from want beyond `relative` tolerance, described.
-template <class T>
-std::optional<std::string> compare(const std::vector<T> &got, const std::vector<T> &want,
-                                   double relative = 0.0) {
-  if (got.size() != want.size())
-    return fmt::format("got {} elements, want {}", got.size(), want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double w = static_cast<double>(want[i]);
-    const double tol = relative * std::max(1.0, std::fabs(w));
-    if (!(got[i] == want[i] || (relative > 0.0 && close<T>(got[i], w, tol))))
-      return fmt::format("element {}: got {}, want {}", i, got[i], want[i]);
-  }
-  return std::nullopt;
-}
 
 template <class T>
 T wrap_axpy(T alpha, T x, T y) {
@@ -120,7 +44,7 @@ template <class T>
 CaseOutcome case_fill(LlvmRuntimeExecutor &ex, uint64_t n) {
   const T value = static_cast<T>(std::is_floating_point_v<T> ? 2.5 : -7);
   const int64_t shape[1] = {static_cast<int64_t>(n)};
-  KILN_ASSIGN_OR_RETURN(Ndarray a, ex.ndarray(dtype_of<T>(), shape));
+  KILN_ASSIGN_OR_RETURN(Ndarray a, ex.ndarray(dtype_for<T>(), shape));
   KILN_RETURN_IF_ERROR(ex.fill(a, scalar_of(value)));
   KILN_ASSIGN_OR_RETURN(const std::vector<T> got, download<T>(ex, a));
   return compare(got, std::vector<T>(n, value));
@@ -131,7 +55,7 @@ CaseOutcome case_copy(LlvmRuntimeExecutor &ex, uint64_t n) {
   const std::vector<T> values = random_values<T>(n, n + 7);
   const int64_t shape[1] = {static_cast<int64_t>(n)};
   KILN_ASSIGN_OR_RETURN(Ndarray src, upload<T>(ex, values, shape));
-  KILN_ASSIGN_OR_RETURN(Ndarray dst, ex.ndarray(dtype_of<T>(), shape));
+  KILN_ASSIGN_OR_RETURN(Ndarray dst, ex.ndarray(dtype_for<T>(), shape));
   KILN_RETURN_IF_ERROR(ex.copy(dst, src));
   KILN_ASSIGN_OR_RETURN(const std::vector<T> got, download<T>(ex, dst));
   return compare(got, values);
@@ -187,7 +111,7 @@ CaseOutcome case_matmul(LlvmRuntimeExecutor &ex, int64_t m, int64_t n, int64_t k
   const int64_t sa[2] = {m, k}, sb[2] = {k, n}, sc[2] = {m, n};
   KILN_ASSIGN_OR_RETURN(Ndarray da, upload<T>(ex, a, sa));
   KILN_ASSIGN_OR_RETURN(Ndarray db, upload<T>(ex, b, sb));
-  KILN_ASSIGN_OR_RETURN(Ndarray dc, ex.ndarray(dtype_of<T>(), sc));
+  KILN_ASSIGN_OR_RETURN(Ndarray dc, ex.ndarray(dtype_for<T>(), sc));
   KILN_RETURN_IF_ERROR(ex.matmul(dc, da, db));
   KILN_ASSIGN_OR_RETURN(const std::vector<T> got, download<T>(ex, dc));
   std::vector<T> want(static_cast<uint64_t>(m * n), T{});
@@ -216,17 +140,9 @@ CaseOutcome case_compact(LlvmRuntimeExecutor &ex, uint64_t n) {
   return compare(got, want);
 }
 
-struct Size {
-  const char *name;
-  uint64_t bytes;  // 0: use elements
-  uint64_t elements;
-};
-constexpr Size kSizes[] = {{"tiny", 0, 7}, {"small", 0, 4099}, {"medium", 0, 1u << 20},
-                           {"large", 256ull << 20, 0}};
-
 template <class T>
 void add_cases_for(std::vector<Case> &cases, uint64_t max_bytes) {
-  const std::string dt(to_string(dtype_of<T>()));
+  const std::string dt(to_string(dtype_for<T>()));
   const auto add = [&](std::string name, uint64_t array_bytes, auto fn) {
     if (array_bytes <= max_bytes) cases.push_back(Case{std::move(name), array_bytes, std::move(fn)});
   };
@@ -260,6 +176,7 @@ std::vector<Case> make_cases(uint64_t max_array_bytes) {
   add_cases_for<double>(cases, max_array_bytes);
   add_cases_for<int32_t>(cases, max_array_bytes);
   add_cases_for<int64_t>(cases, max_array_bytes);
+  add_user_kernel_cases(cases, max_array_bytes);
   return cases;
 }
 

@@ -121,7 +121,7 @@ void add_options(CLI::App &app, CommandLine &cl, bool &version) {
             [&cl](const std::string &value) {
               auto spec = runtime::FaultSpec::parse(value);
               if (!spec) bad_value(fmt::format("--fault: {}", spec.error().detail));
-              if (auto known = check_fault_kernel(*spec); !known)
+              if (auto known = check_fault_kernel(*spec, user_kernel_case_names()); !known)
                 bad_value(fmt::format("--fault: {}", known.error().detail));
               cl.suite.fault = *spec;
             });

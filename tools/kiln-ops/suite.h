@@ -31,6 +31,15 @@ struct Case {
 /// Every case whose arrays are at most `max_array_bytes`.
 [[nodiscard]] std::vector<Case> make_cases(uint64_t max_array_bytes);
 
+/// Appends the user-kernel cases (user_kernel_cases.cpp) whose arrays are at most
+/// `max_array_bytes`: an ElementwiseKernel, a ReductionKernel and an LLVM IR kernel that allocates
+/// from the device heap, each compiled for the case's executor and checked against the host.
+void add_user_kernel_cases(std::vector<Case> &cases, uint64_t max_array_bytes);
+
+/// The entries of the user-kernel cases' kernels (squared_diff, sum_of_squares, heap_square),
+/// which a --fault kernel= may name.
+[[nodiscard]] std::span<const std::string> user_kernel_case_names();
+
 enum class Verdict : uint8_t { ok, fail, refused };
 
 struct CaseResult {
