@@ -1,14 +1,16 @@
 """A stateful property test of the Python package (Hypothesis RuleBasedStateMachine).
 
 Random sequences of create, free, from_numpy, to_numpy, every op (fill, copy, axpy with an ndarray
-or a numpy x, reduce_sum, matmul with and without out=, compact_positive), zero-copy views, fault
+or a numpy x, reduce_sum, matmul with and without out=, compact_positive), user kernels (an
+ElementwiseKernel into a new array or in place, a ReductionKernel), zero-copy views, fault
 injection (kiln.testing.fail_allocation), budget changes and re-inits (kiln.init), OOM observers and
 empty_cache, on mock, cpu and (when KILN_TEST_FAKE_CUDA / KILN_TEST_FAKE_HIP are set) the fake CUDA
 and HIP drivers. After every step:
 - every error raised is a kiln.Error of the family its cause calls for: the out-of-memory family
   only when memory was really short (the refusal's own figures say so) or a fault was armed,
   InvalidUsageError for bad input;
-- memory_stats()["allocated_bytes"] equals the executor's own bytes (read right after init) plus
+- memory_stats()["allocated_bytes"] equals the executor's own bytes (read right after init, plus
+  the code of the user kernels compiled since) plus
   the nbytes of the live arrays;
 - every array's contents equal a numpy model's, and a failed operation changed nothing.
 
@@ -47,12 +49,13 @@ from property_arrays import ArrayRules  # noqa: E402
 from property_model import (BURST, EXAMPLES, KILN_DTYPES, MiB, OPERATIONS, REPORT,  # noqa: E402
                             SEED, STEPS, Live, backends, count, random_fault, random_shape)
 from property_ops import OpRules  # noqa: E402
+from property_user_kernels import UserKernelRules  # noqa: E402
 
 
-class KilnMachine(ArrayRules, OpRules, RuleBasedStateMachine):
+class KilnMachine(ArrayRules, OpRules, UserKernelRules, RuleBasedStateMachine):
     """The state: the executor's configuration, its own bytes, the live arrays and their models,
     arrays of replaced executors (stale) and freed arrays. The array and operation rules are in
-    property_arrays.py and property_ops.py; set-up, memory management, bursts and the checks
+    property_arrays.py, property_ops.py and property_user_kernels.py; set-up, memory management, bursts and the checks
     after every step are here."""
 
     arch = "cpu"
@@ -174,8 +177,14 @@ class KilnMachine(ArrayRules, OpRules, RuleBasedStateMachine):
             # Only a budget smaller than the executor's own memory (code, device heap) is refused.
             assert budget is not None, str(e)
             assert e.requested_bytes + sum(e.in_use_bytes.values()) > budget, str(e)
-            if before is not None:  # the old executor stays, unchanged
-                assert kiln.memory_stats()["allocated_bytes"] == before["allocated_bytes"]
+            if before is not None:  # the old executor stays, unchanged but for the user kernels
+                # kiln.init drops the compiled user kernels before it makes the new executor (a
+                # lost GPU recovers only once nothing holds its context), so their code goes.
+                after = kiln.memory_stats()
+                dropped = before["current_bytes"]["code_object"] - after["current_bytes"]["code_object"]
+                assert dropped >= 0, dropped
+                assert after["allocated_bytes"] == before["allocated_bytes"] - dropped
+                self.base_bytes -= dropped
             return False
         self.stale.extend(self.live)
         self.live = []
@@ -269,6 +278,9 @@ class KilnMachine(ArrayRules, OpRules, RuleBasedStateMachine):
             ("reduce_sum", have, lambda: self.reduce_sum(i, fault)),
             ("matmul", have, lambda: self.matmul(i, j, k, bool(rng.integers(0, 2)), fault)),
             ("compact_positive", have, lambda: self.compact_positive(i, fault)),
+            ("user_elementwise", have, lambda: self.user_elementwise(i, fault)),
+            ("user_elementwise_in_place", have, lambda: self.user_elementwise_in_place(i, j, fault)),
+            ("user_reduction", have, lambda: self.user_reduction(i, fault)),
             ("empty_cache", True, self.empty_cache),
             ("add_observer", have and self.observer_id is None, lambda: self.add_observer(i)),
             ("remove_observer", self.observer_id is not None, self.remove_observer),
