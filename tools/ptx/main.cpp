@@ -1,14 +1,17 @@
-// kiln-ptx: prints the PTX that kiln's CUDA backend loads, for one SM version: the device
-// runtime's, or a user kernel's.
+// kiln-ptx: prints the code that kiln's GPU backends load: the PTX of the CUDA backend for one SM
+// version (the device runtime's, or a user kernel's), or a user kernel's HSACO code object for
+// one AMDGPU processor (binary, to stdout: redirect it to a file).
 //
 //   kiln-ptx [sm_<digits>]                                  (default sm_80)
 //   kiln-ptx sm_<digits> --user <file.ll|file.bc> <entry> <types>
+//   kiln-ptx gfx<id> --user <file.ll|file.bc> <entry> <types>
 //
 // <types>: the LLVM types of the element function's parameters after its context, comma-separated
 // (ptr, float, double, i32, i64), or "-" for none: what UserKernel::create derives from its
-// declared parameters. Exit status 0 with the PTX on stdout; 1 with the named failure on stderr
-// when generation fails (not_supported: no NVPTX target in this LLVM; invalid_usage: the user IR
-// does not compile); 2 on bad usage. Used by the ptxas test (test/ptx, label "ptxas") and handy
+// declared parameters. Exit status 0 with the code on stdout; 1 with the named failure on stderr
+// when generation fails (not_supported: no NVPTX or AMDGPU target in this LLVM, no lld, or math
+// the target cannot compile; invalid_usage: the user IR does not compile); 2 on bad usage. Used
+// by the ptxas test (test/ptx, label "ptxas"), the user code-object test (test/amdgcn) and handy
 // for reading what the driver gets.
 #include <cstdio>
 #include <fstream>
@@ -18,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kiln/runtime/amdgcn_codegen.h"
 #include "kiln/runtime/host_memory_guard.h"
 #include "kiln/runtime/ptx_codegen.h"
 
@@ -25,7 +29,8 @@ namespace {
 
 int usage() {
   std::fprintf(stderr, "usage: kiln-ptx [sm_<digits>]   (default sm_80)\n"
-                       "       kiln-ptx sm_<digits> --user <file.ll|file.bc> <entry> <ptr,float,...|->\n");
+                       "       kiln-ptx sm_<digits> --user <file.ll|file.bc> <entry> <ptr,float,...|->\n"
+                       "       kiln-ptx gfx<id> --user <file.ll|file.bc> <entry> <ptr,float,...|->   (HSACO)\n");
   return 2;
 }
 
@@ -44,13 +49,15 @@ bool parse_types(std::string_view text, std::vector<kiln::runtime::UserValueType
   return true;
 }
 
-int print(const kiln::RhiExpected<std::string> &ptx) {
-  if (!ptx) {
-    std::fprintf(stderr, "kiln-ptx: %s: %s\n", std::string(kiln::to_string(ptx.error().result)).c_str(),
-                 ptx.error().message().c_str());
-    return ptx.error().result == kiln::RhiResult::invalid_usage ? 2 : 1;
+/// Writes the code (PTX text or HSACO bytes) to stdout, or the named failure to stderr.
+template <class Code>
+int print(const kiln::RhiExpected<Code> &code) {
+  if (!code) {
+    std::fprintf(stderr, "kiln-ptx: %s: %s\n", std::string(kiln::to_string(code.error().result)).c_str(),
+                 code.error().message().c_str());
+    return code.error().result == kiln::RhiResult::invalid_usage ? 2 : 1;
   }
-  std::fwrite(ptx->data(), 1, ptx->size(), stdout);
+  std::fwrite(code->data(), 1, code->size(), stdout);
   return std::fflush(stdout) == 0 ? 0 : 1;
 }
 
@@ -69,8 +76,12 @@ int main(int argc, char **argv) {
   std::vector<kiln::runtime::UserValueType> types;
   if (!parse_types(argv[5], &types)) return usage();
   kiln::runtime::install_llvm_error_handlers();  // an LLVM fatal error is a named failure, not an abort
+  const auto bytes = std::as_bytes(std::span(ir.data(), ir.size()));
+  if (std::string_view(argv[1]).starts_with("gfx"))
+    return print(kiln::runtime::guard_host_exceptions("amdgpu", "kiln-ptx", [&] {
+      return kiln::runtime::generate_user_hsaco(bytes, argv[4], types, argv[1], "amdgpu");
+    }));
   return print(kiln::runtime::guard_host_exceptions("cuda", "kiln-ptx", [&] {
-    return kiln::runtime::generate_user_ptx(std::as_bytes(std::span(ir.data(), ir.size())), argv[4], types, argv[1],
-                                            "cuda");
+    return kiln::runtime::generate_user_ptx(bytes, argv[4], types, argv[1], "cuda");
   }));
 }
