@@ -347,10 +347,14 @@ RhiStatus check_device_math(const llvm::Module &module, DeviceMath target, const
     const bool cuda = target == DeviceMath::nvptx;
     return std::unexpected(make_failure(
         RhiResult::not_supported, device, kSite,
-        fmt::format("{} on {} has no implementation on {} in this build: LLVM's {} back end needs {} for it, which "
-                    "kiln does not link; the kernel runs on cpu and mock",
-                    name, dtype, cuda ? "cuda" : "amdgpu", cuda ? "NVPTX" : "AMDGPU",
-                    cuda ? "CUDA's libdevice" : "ROCm's device library (ocml)")));
+        cuda ? fmt::format("{} on {} needs CUDA's libdevice on cuda (LLVM's NVPTX back end has none of its own) "
+                           "and kiln found none: set KILN_LIBDEVICE to libdevice.10.bc (in the CUDA toolkit's "
+                           "nvvm/libdevice), or run the kernel on cpu or mock",
+                           name, dtype)
+             : fmt::format("{} on {} has no implementation on amdgpu in this build: LLVM's AMDGPU back end needs "
+                           "ROCm's device library (ocml) for it, which kiln does not link; the kernel runs on "
+                           "cpu and mock",
+                           name, dtype)));
   }
   return {};
 }

@@ -40,9 +40,10 @@ namespace kiln::runtime {
 /// A GPU back end whose math prepare_user_module's callers check (check_device_math).
 enum class DeviceMath : uint8_t { nvptx, amdgcn };
 
-/// Refuses a module that calls a math intrinsic `target`'s back end cannot lower by itself:
-/// LLVM 19 turns those into calls of a vendor library kiln does not link (CUDA's libdevice,
-/// ROCm's ocml), which fail in code generation with an LLVM fatal error or a missing libcall.
+/// Refuses a module that still calls a math intrinsic `target`'s back end cannot lower by itself:
+/// LLVM 19 turns those into calls of a vendor library (CUDA's libdevice, ROCm's ocml), which fail
+/// in code generation with an LLVM fatal error or a missing libcall. generate_user_ptx replaces
+/// them with libdevice's functions first when it finds libdevice (libdevice.h).
 /// NVPTX lowers none of exp, exp2, exp10, log, log2, log10, sin, cos, tan, asin, acos, atan,
 /// sinh, cosh, tanh, pow (sqrt, fma, floor, min, powi and friends it does); AMDGPU lowers the
 /// float32 exp, log and sin/cos families and pow, and none of them for float64. Measured for each

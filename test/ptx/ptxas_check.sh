@@ -1,6 +1,8 @@
 #!/bin/sh
 # Assembles kiln's PTX with the CUDA toolkit's ptxas, once per SM version: the device runtime's
-# and a user kernel's (squared_diff.ll beside this script, through kiln-ptx --user).
+# and a user kernel's (squared_diff.ll beside this script, through kiln-ptx --user); where the
+# toolkit's libdevice is beside ptxas (../nvvm/libdevice), a user kernel calling exp, pow and tanh
+# (library_math.ll) linked with it.
 #   ptxas_check.sh <kiln-ptx> <ptxas> <work dir> <sm_arch>...
 # For each arch: kiln-ptx <arch> > <work dir>/kiln_<arch>.ptx, then
 # ptxas -arch=<arch> on it. Exit status 0 only if every arch assembles.
@@ -23,4 +25,12 @@ for arch in "$@"; do
   grep -q '^// kiln-user-module squared_diff pppf ' "$user"
   "$ptxas" -arch="$arch" "$user" -o "$work_dir/user_$arch.cubin"
   echo "ptxas -arch=$arch: user kernel OK"
+  libdevice="$(dirname "$ptxas")/../nvvm/libdevice/libdevice.10.bc"
+  if [ -f "$libdevice" ]; then
+    math="$work_dir/library_math_$arch.ptx"
+    KILN_LIBDEVICE="$libdevice" "$kiln_ptx" "$arch" --user "$(dirname "$0")/library_math.ll" library_math ptr,ptr > "$math"
+    ! grep -q '\.extern' "$math"  # nothing left for the driver to find
+    "$ptxas" -arch="$arch" "$math" -o "$work_dir/library_math_$arch.cubin"
+    echo "ptxas -arch=$arch: user kernel with libdevice's exp, pow, tanh OK"
+  fi
 done

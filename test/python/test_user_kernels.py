@@ -2,6 +2,7 @@
 CuPy's signatures, every mistake a named error before anything is allocated, compiled code
 charged while cached."""
 import gc
+import os
 import pickle
 
 import numpy as np
@@ -132,9 +133,11 @@ def test_several_outputs_locals_casts_and_functions(arch):
     np.testing.assert_array_equal(host(n), np.fmod(np.floor(x).astype(np.int32), 3))
 
 
-def test_library_math_a_gpu_cannot_compile_is_not_supported_and_charges_nothing(arch):
-    # tanh needs a vendor math library (CUDA's libdevice, ROCm's ocml) that kiln does not link;
-    # on cpu and mock it runs. float32 exp runs on amdgpu (its back end expands it) but not cuda.
+def test_library_math_a_gpu_cannot_compile_is_not_supported_and_charges_nothing(arch, monkeypatch):
+    # float64 tanh needs a vendor math library: on cuda CUDA's libdevice (KILN_LIBDEVICE; "none"
+    # here), on amdgpu ROCm's ocml, which kiln does not link. On cpu and mock it runs. float32
+    # exp runs on amdgpu (its back end expands it) but needs libdevice on cuda.
+    monkeypatch.setenv("KILN_LIBDEVICE", "none")
     x = np.array([-1.0, 0.0, 0.5], dtype=np.float64)
     tanh = kiln.ElementwiseKernel("float64 x", "float64 y", "y = tanh(x)", "gpu_tanh")
     exp32 = kiln.ElementwiseKernel("float32 x", "float32 y", "y = exp(x)", "gpu_exp")
@@ -142,14 +145,31 @@ def test_library_math_a_gpu_cannot_compile_is_not_supported_and_charges_nothing(
         np.testing.assert_allclose(host(tanh(array(x, np.float64))), np.tanh(x))
         return
     before = in_use("code_object")
-    with pytest.raises(kiln.NotSupportedError, match=f"tanh on float64 has no implementation on {arch}"):
+    message = "tanh on float64 needs CUDA's libdevice" if arch == "cuda" else \
+        "tanh on float64 has no implementation on amdgpu"
+    with pytest.raises(kiln.NotSupportedError, match=message):
         tanh(array(x, np.float64))
     assert in_use("code_object") == before
     if arch == "amdgpu":
         np.testing.assert_allclose(host(exp32(array(x))), np.exp(x).astype(np.float32), rtol=1e-6)
     else:
-        with pytest.raises(kiln.NotSupportedError, match="CUDA's libdevice"):
+        with pytest.raises(kiln.NotSupportedError, match="set KILN_LIBDEVICE"):
             exp32(array(x))
+
+
+def test_cuda_links_libdevice_for_library_math(arch, monkeypatch):
+    # With a libdevice (a stand-in with __nv_tanh only: the fake CUDA driver runs the user's IR
+    # on the host, so the results are numpy's either way), float64 tanh compiles for cuda.
+    if arch != "cuda":
+        pytest.skip("libdevice is CUDA's")
+    from conftest import SOURCE_DIR
+    monkeypatch.setenv("KILN_LIBDEVICE", os.path.join(SOURCE_DIR, "test", "ptx", "stand_in_libdevice.ll"))
+    x = np.array([-1.0, 0.0, 0.5], dtype=np.float64)
+    tanh = kiln.ElementwiseKernel("float64 x", "float64 y", "y = tanh(x)", "libdevice_tanh")
+    np.testing.assert_allclose(host(tanh(array(x, np.float64))), np.tanh(x))
+    sin = kiln.ElementwiseKernel("float64 x", "float64 y", "y = sin(x)", "libdevice_sin")
+    with pytest.raises(kiln.NotSupportedError, match="has no __nv_sin"):
+        sin(array(x, np.float64))
 
 
 def test_integer_division_by_zero_gives_zero_and_float_to_int_saturates(arch):

@@ -1,7 +1,10 @@
 // Every function of the operation language, in float32 and float64, compiles for each GPU target
 // or is not_supported naming itself (check_device_math): never an LLVM fatal error, a missing
 // libcall or a code image the driver would refuse. The not_supported sets are the measured ones
-// of runtime/jit/user_module.h.
+// of runtime/jit/user_module.h; on cuda, CUDA's libdevice (KILN_LIBDEVICE: a stand-in here, the
+// real one where the toolkit is installed) supplies them.
+#include <cstdlib>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -62,10 +65,37 @@ std::set<std::string> refused_on(bool cuda) {
   return refused;
 }
 
+/// Sets KILN_LIBDEVICE for the scope, then restores it.
+class LibdeviceSetting {
+ public:
+  explicit LibdeviceSetting(const char *value) {
+    if (const char *old = std::getenv("KILN_LIBDEVICE")) old_ = old;
+    if (value) setenv("KILN_LIBDEVICE", value, 1);
+    else unsetenv("KILN_LIBDEVICE");
+  }
+  ~LibdeviceSetting() {
+    if (old_) setenv("KILN_LIBDEVICE", old_->c_str(), 1);
+    else unsetenv("KILN_LIBDEVICE");
+  }
+
+ private:
+  std::optional<std::string> old_;
+};
+
+RhiExpected<std::string> cuda_ptx(const std::string &operation, UserValueType type) {
+  const std::string ir = operation_ir(operation, 1, type);
+  const UserValueType params[] = {UserValueType::ptr, UserValueType::ptr};
+  return guard_host_exceptions("cuda", "test", [&] {
+    return generate_user_ptx(std::as_bytes(std::span(ir.data(), ir.size())), "f", params, "sm_80", "cuda");
+  });
+}
+
 }  // namespace
 
-TEST_CASE("on cuda the library math of every type is not supported, named, and everything else compiles",
+TEST_CASE("without libdevice, cuda's library math of every type is not supported, named, and everything "
+          "else compiles",
           "[user_kernel][codegen][kernel_language]") {
+  const LibdeviceSetting none("none");
   std::set<std::string> expected;
   for (const char *f : {"exp", "exp2", "exp10", "log", "log2", "log10", "sin", "cos", "tan", "asin", "acos", "atan",
                         "sinh", "cosh", "tanh", "pow"})
@@ -80,4 +110,35 @@ TEST_CASE("on amdgpu float32 exp, log, sin, cos and pow compile; float64 library
                         "sinh", "cosh", "tanh", "pow"})
     expected.insert(std::string(f) + "/f64");
   CHECK(refused_on(/*cuda=*/false) == expected);
+}
+
+TEST_CASE("with a libdevice, cuda links the functions a kernel calls from it, and names one it lacks",
+          "[user_kernel][codegen][kernel_language]") {
+  const LibdeviceSetting stand_in(KILN_STAND_IN_LIBDEVICE);
+  const std::string exp = value_or_throw(cuda_ptx("exp", UserValueType::f32));
+  CHECK(exp.find(".extern") == std::string::npos);
+  CHECK(exp.find("0f40400000") != std::string::npos);  // the stand-in's x * 3.0f, inlined
+  const std::string tanh = value_or_throw(cuda_ptx("tanh", UserValueType::f64));
+  CHECK(tanh.find("0d4014000000000000") != std::string::npos);  // x * 5.0
+  auto sin = cuda_ptx("sin", UserValueType::f32);
+  REQUIRE_FALSE(sin);
+  CHECK(sin.error().result == RhiResult::not_supported);
+  CHECK_THAT(sin.error().message(), Catch::Contains("has no __nv_sinf") && Catch::Contains("stand_in_libdevice.ll"));
+  CHECK(value_or_throw(cuda_ptx("sqrt", UserValueType::f32)).find(".extern") == std::string::npos);  // no library
+
+  const LibdeviceSetting missing("/nonexistent/libdevice.10.bc");
+  auto unreadable = cuda_ptx("exp", UserValueType::f32);
+  REQUIRE_FALSE(unreadable);
+  CHECK(unreadable.error().result == RhiResult::not_supported);
+  CHECK_THAT(unreadable.error().message(), Catch::Contains("cannot read CUDA's libdevice at /nonexistent"));
+}
+
+TEST_CASE("with the CUDA toolkit's libdevice, every function of the operation language compiles for cuda",
+          "[user_kernel][codegen][kernel_language]") {
+  const LibdeviceSetting found(nullptr);  // searched for: CUDA_HOME, /usr/local/cuda, Debian's path
+  if (!find_libdevice()) {
+    WARN("no CUDA toolkit libdevice on this machine: only the stand-in's test ran");
+    return;
+  }
+  CHECK(refused_on(/*cuda=*/true).empty());
 }

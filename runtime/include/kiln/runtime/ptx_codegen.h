@@ -43,12 +43,22 @@ namespace kiln::runtime {
 /// calls of the nvptx device runtime, wrapped in the range kernel kiln_user_entry and the GPU entry
 /// point kUserGpuEntryName (a grid-stride loop over args->num_elements, at most 256 threads a
 /// block), O3 as generate_ptx's, and ended by user_module_comment (for the fake CUDA driver).
-/// `device` names the device in failures.
-/// Errors: invalid_usage (kernel_compile) as prepare_user_module's; those of generate_ptx.
+/// Library math (exp, log, sin, tanh, pow, ...) calls CUDA's libdevice, linked in from the file
+/// find_libdevice names. `device` names the device in failures.
+/// Errors: invalid_usage (kernel_compile) as prepare_user_module's; those of generate_ptx;
+/// not_supported for library math when no libdevice is found, or the one found cannot be read or
+/// lacks the function.
 /// Thread-safe (nothing cached: each call compiles).
 [[nodiscard]] RhiExpected<std::string> generate_user_ptx(std::span<const std::byte> ir, std::string_view entry,
                                                          std::span<const UserValueType> params,
                                                          std::string_view sm_arch, const char *device);
+
+/// CUDA's libdevice (libdevice.10.bc, the CUDA toolkit's math library) that generate_user_ptx
+/// links for exp, log, sin, tanh, pow and their kin, which LLVM's NVPTX back end lacks: $KILN_LIBDEVICE when set ("none": link none), else the first of
+/// $CUDA_HOME/nvvm/libdevice/libdevice.10.bc, $CUDA_PATH/nvvm/libdevice/libdevice.10.bc,
+/// /usr/local/cuda/nvvm/libdevice/libdevice.10.bc and Debian's
+/// /usr/lib/nvidia-cuda-toolkit/libdevice/libdevice.10.bc that exists; nullopt when none.
+[[nodiscard]] std::optional<std::string> find_libdevice();
 
 /// The number of an SM version "sm_<digits>" with an optional feature-set suffix "a" or "f"
 /// (sm_80 -> 80, sm_90a -> 90, sm_100f -> 100); nullopt if malformed.
