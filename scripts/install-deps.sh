@@ -15,6 +15,7 @@ packages=(
   libopenblas-pthread-dev  # kiln-matmul-bench's baseline: OpenBLAS sgemm/dgemm (that program only)
   libre2-dev  # kiln-ops --filter: linear-time regex matching (std::regex recursed and crashed)
   libcli11-dev nlohmann-json3-dev  # kiln-ops: its command line (CLI11), its JSON report
+  rocm-device-libs  # ROCm's ocml: the math AMDGPU user kernels link at run time (tanh, float64 exp, ...)
   libamdhip64-dev  # the real HIP runtime (no GPU here): tests show --backend amdgpu is NotSupported
   pybind11-dev python3-dev python3-pytest python3-numpy python3-hypothesis
   libdlpack-dev  # <dlpack/dlpack.h>: ndarray.__dlpack__ and kiln.from_dlpack

@@ -24,6 +24,7 @@
 
 #include "hsaco_linker.h"
 #include "llvm_gpu_pipeline.h"
+#include "math_library.h"
 #include "user_module.h"
 #include "kiln/runtime/embedded_code.h"
 
@@ -141,6 +142,7 @@ RhiExpected<std::vector<std::byte>> generate_user_hsaco(std::span<const std::byt
     if (!collected->errors.empty()) module.error().detail += ": " + collected->errors;
     return std::unexpected(std::move(module).error());
   }
+  KILN_RETURN_IF_ERROR(link_math_library(**module, DeviceMath::amdgcn, gfx, device));  // ocml's tanh, exp, ...
   KILN_RETURN_IF_ERROR(check_device_math(**module, DeviceMath::amdgcn, device));
   gpu::prepare_entry_points(**module, gpu::mark_amdgpu_kernel);  // the GPU entry a kernel, the rest internal
   gpu::optimize(**module, *tm);

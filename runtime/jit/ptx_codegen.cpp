@@ -26,7 +26,7 @@
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/Target/TargetOptions.h>
 
-#include "libdevice.h"
+#include "math_library.h"
 #include "llvm_gpu_pipeline.h"
 #include "user_module.h"
 #include "kiln/runtime/kernel_abi.h"
@@ -232,7 +232,7 @@ RhiExpected<std::string> generate_user_ptx(std::span<const std::byte> ir, std::s
     if (!collected->errors.empty()) module.error().detail += ": " + collected->errors;
     return std::unexpected(std::move(module).error());
   }
-  KILN_RETURN_IF_ERROR(link_libdevice(**module, device));  // exp, tanh, pow, ... when libdevice is found
+  KILN_RETURN_IF_ERROR(link_math_library(**module, DeviceMath::nvptx, {}, device));  // libdevice's exp, tanh, ...
   KILN_RETURN_IF_ERROR(check_device_math(**module, DeviceMath::nvptx, device));
   annotate_kernels(**module);  // the entry point a kernel, everything else internal
   KILN_ASSIGN_OR_RETURN(std::string ptx, optimize_and_emit(**module, *tm, *collected));

@@ -351,9 +351,9 @@ RhiStatus check_device_math(const llvm::Module &module, DeviceMath target, const
                            "and kiln found none: set KILN_LIBDEVICE to libdevice.10.bc (in the CUDA toolkit's "
                            "nvvm/libdevice), or run the kernel on cpu or mock",
                            name, dtype)
-             : fmt::format("{} on {} has no implementation on amdgpu in this build: LLVM's AMDGPU back end needs "
-                           "ROCm's device library (ocml) for it, which kiln does not link; the kernel runs on "
-                           "cpu and mock",
+             : fmt::format("{} on {} needs ROCm's ocml on amdgpu (LLVM's AMDGPU back end cannot expand it) and "
+                           "kiln found none: install rocm-device-libs or set KILN_OCML to ocml.bc, or run the "
+                           "kernel on cpu or mock",
                            name, dtype)));
   }
   return {};

@@ -42,8 +42,9 @@ enum class DeviceMath : uint8_t { nvptx, amdgcn };
 
 /// Refuses a module that still calls a math intrinsic `target`'s back end cannot lower by itself:
 /// LLVM 19 turns those into calls of a vendor library (CUDA's libdevice, ROCm's ocml), which fail
-/// in code generation with an LLVM fatal error or a missing libcall. generate_user_ptx replaces
-/// them with libdevice's functions first when it finds libdevice (libdevice.h).
+/// in code generation with an LLVM fatal error or a missing libcall. generate_user_ptx and
+/// generate_user_hsaco replace them with the library's functions first when they find the
+/// library (math_library.h).
 /// NVPTX lowers none of exp, exp2, exp10, log, log2, log10, sin, cos, tan, asin, acos, atan,
 /// sinh, cosh, tanh, pow (sqrt, fma, floor, min, powi and friends it does); AMDGPU lowers the
 /// float32 exp, log and sin/cos families and pow, and none of them for float64. Measured for each

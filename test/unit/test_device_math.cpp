@@ -65,20 +65,21 @@ std::set<std::string> refused_on(bool cuda) {
   return refused;
 }
 
-/// Sets KILN_LIBDEVICE for the scope, then restores it.
-class LibdeviceSetting {
+/// Sets an environment variable (KILN_LIBDEVICE, KILN_OCML) for the scope, then restores it.
+class EnvSetting {
  public:
-  explicit LibdeviceSetting(const char *value) {
-    if (const char *old = std::getenv("KILN_LIBDEVICE")) old_ = old;
-    if (value) setenv("KILN_LIBDEVICE", value, 1);
-    else unsetenv("KILN_LIBDEVICE");
+  EnvSetting(const char *name, const char *value) : name_(name) {
+    if (const char *old = std::getenv(name)) old_ = old;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
   }
-  ~LibdeviceSetting() {
-    if (old_) setenv("KILN_LIBDEVICE", old_->c_str(), 1);
-    else unsetenv("KILN_LIBDEVICE");
+  ~EnvSetting() {
+    if (old_) setenv(name_, old_->c_str(), 1);
+    else unsetenv(name_);
   }
 
  private:
+  const char *name_;
   std::optional<std::string> old_;
 };
 
@@ -95,7 +96,7 @@ RhiExpected<std::string> cuda_ptx(const std::string &operation, UserValueType ty
 TEST_CASE("without libdevice, cuda's library math of every type is not supported, named, and everything "
           "else compiles",
           "[user_kernel][codegen][kernel_language]") {
-  const LibdeviceSetting none("none");
+  const EnvSetting none("KILN_LIBDEVICE", "none");
   std::set<std::string> expected;
   for (const char *f : {"exp", "exp2", "exp10", "log", "log2", "log10", "sin", "cos", "tan", "asin", "acos", "atan",
                         "sinh", "cosh", "tanh", "pow"})
@@ -103,8 +104,10 @@ TEST_CASE("without libdevice, cuda's library math of every type is not supported
   CHECK(refused_on(/*cuda=*/true) == expected);
 }
 
-TEST_CASE("on amdgpu float32 exp, log, sin, cos and pow compile; float64 library math is not supported",
+TEST_CASE("on amdgpu without ocml, float32 exp, log, sin, cos and pow compile; the rest of the library math "
+          "is not supported",
           "[amdgpu][user_kernel][codegen][kernel_language]") {
+  const EnvSetting none("KILN_OCML", "none");
   std::set<std::string> expected{"tan/f32", "asin/f32", "acos/f32", "atan/f32", "sinh/f32", "cosh/f32", "tanh/f32"};
   for (const char *f : {"exp", "exp2", "exp10", "log", "log2", "log10", "sin", "cos", "tan", "asin", "acos", "atan",
                         "sinh", "cosh", "tanh", "pow"})
@@ -114,7 +117,7 @@ TEST_CASE("on amdgpu float32 exp, log, sin, cos and pow compile; float64 library
 
 TEST_CASE("with a libdevice, cuda links the functions a kernel calls from it, and names one it lacks",
           "[user_kernel][codegen][kernel_language]") {
-  const LibdeviceSetting stand_in(KILN_STAND_IN_LIBDEVICE);
+  const EnvSetting stand_in("KILN_LIBDEVICE", KILN_STAND_IN_LIBDEVICE);
   const std::string exp = value_or_throw(cuda_ptx("exp", UserValueType::f32));
   CHECK(exp.find(".extern") == std::string::npos);
   CHECK(exp.find("0f40400000") != std::string::npos);  // the stand-in's x * 3.0f, inlined
@@ -126,7 +129,7 @@ TEST_CASE("with a libdevice, cuda links the functions a kernel calls from it, an
   CHECK_THAT(sin.error().message(), Catch::Contains("has no __nv_sinf") && Catch::Contains("stand_in_libdevice.ll"));
   CHECK(value_or_throw(cuda_ptx("sqrt", UserValueType::f32)).find(".extern") == std::string::npos);  // no library
 
-  const LibdeviceSetting missing("/nonexistent/libdevice.10.bc");
+  const EnvSetting missing("KILN_LIBDEVICE", "/nonexistent/libdevice.10.bc");
   auto unreadable = cuda_ptx("exp", UserValueType::f32);
   REQUIRE_FALSE(unreadable);
   CHECK(unreadable.error().result == RhiResult::not_supported);
@@ -135,10 +138,25 @@ TEST_CASE("with a libdevice, cuda links the functions a kernel calls from it, an
 
 TEST_CASE("with the CUDA toolkit's libdevice, every function of the operation language compiles for cuda",
           "[user_kernel][codegen][kernel_language]") {
-  const LibdeviceSetting found(nullptr);  // searched for: CUDA_HOME, /usr/local/cuda, Debian's path
+  const EnvSetting found("KILN_LIBDEVICE", nullptr);  // searched for: CUDA_HOME, /usr/local/cuda, Debian's path
   if (!find_libdevice()) {
     WARN("no CUDA toolkit libdevice on this machine: only the stand-in's test ran");
     return;
   }
   CHECK(refused_on(/*cuda=*/true).empty());
+}
+
+TEST_CASE("with ROCm's ocml (Debian's rocm-device-libs), every function of the operation language compiles "
+          "for amdgpu",
+          "[amdgpu][user_kernel][codegen][kernel_language]") {
+  const EnvSetting found("KILN_OCML", nullptr);  // searched for: ROCM_PATH, /opt/rocm, Debian's path
+  REQUIRE(find_ocml());  // scripts/install-deps.sh installs rocm-device-libs
+  CHECK(refused_on(/*cuda=*/false).empty());
+  const EnvSetting missing("KILN_OCML", "/nonexistent/ocml.bc");
+  const std::string ir = operation_ir("tanh", 1, UserValueType::f64);
+  const UserValueType params[] = {UserValueType::ptr, UserValueType::ptr};
+  auto unreadable = generate_user_hsaco(std::as_bytes(std::span(ir.data(), ir.size())), "f", params, "gfx90a", "amdgpu");
+  REQUIRE_FALSE(unreadable);
+  CHECK(unreadable.error().result == RhiResult::not_supported);
+  CHECK_THAT(unreadable.error().message(), Catch::Contains("cannot read ROCm's ocml at /nonexistent/ocml.bc"));
 }

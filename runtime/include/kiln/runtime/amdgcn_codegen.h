@@ -6,6 +6,8 @@
 #define KILN_RUNTIME_AMDGCN_CODEGEN_H_
 
 #include <cstddef>
+#include <optional>
+#include <string>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -22,7 +24,8 @@ namespace kiln::runtime {
 /// `params`, linked with what it calls of the amdgcn device runtime, wrapped in kiln_user_entry
 /// and the kernel kUserGpuEntryName (a grid-stride loop over args->num_elements, at most 256
 /// work-items a workgroup), O3, emitted as an object by LLVM and linked by lld (-shared). The
-/// image carries the user's IR in kUserModuleSection. `device` names the device in failures.
+/// image carries the user's IR in kUserModuleSection. Math the back end cannot expand calls ROCm's
+/// ocml, linked in from the file find_ocml names. `device` names the device in failures.
 /// Errors: invalid_usage (kernel_compile) as prepare_user_module's; not_supported when this kiln
 /// has no AMDGPU code generation (its LLVM has no AMDGPU target, or it was built without
 /// liblld) or LLVM does not know `target`; error when emission or linking fails (with LLVM's or
@@ -35,6 +38,13 @@ namespace kiln::runtime {
                                                                       std::span<const UserValueType> params,
                                                                       std::string_view target,
                                                                       const char *device);
+
+/// ROCm's ocml (ocml.bc, ROCm's math library: Debian's rocm-device-libs) that generate_user_hsaco
+/// links for the math LLVM's AMDGPU back end cannot expand (tanh, float64 exp, ...): $KILN_OCML
+/// when set ("none": link none), else the first of $ROCM_PATH/amdgcn/bitcode/ocml.bc,
+/// /opt/rocm/amdgcn/bitcode/ocml.bc and Debian's /usr/lib/x86_64-linux-gnu/amdgcn/bitcode/ocml.bc
+/// that exists; nullopt when none.
+[[nodiscard]] std::optional<std::string> find_ocml();
 
 /// Whether this kiln can make HSACO at run time (an AMDGPU target in its LLVM, the amdgcn device
 /// runtime embedded, lld linked in).
