@@ -153,7 +153,8 @@ namespace {
 
 /// The code image of a user kernel for `gpu`: PTX text with its NUL on CUDA, an HSACO on AMDGPU.
 RhiExpected<std::vector<std::byte>> gpu_code_image(GpuDevice &gpu, CodegenArch arch, std::span<const std::byte> ir,
-                                                   std::string_view entry, std::span<const runtime::UserValueType> types) {
+                                                   std::string_view entry,
+                                                   std::span<const runtime::UserValueType> types) {
   const std::string device = gpu.name();
   if (arch == CodegenArch::amdgcn)
     return runtime::generate_user_hsaco(ir, entry, types, gpu.code_target(), device.c_str());

@@ -119,7 +119,9 @@ void add_user_module_section(llvm::Module &module, std::span<const std::byte> ir
 
 }  // namespace
 
-bool can_generate_hsaco() { return amdgpu_target() != nullptr && !amdgcn_runtime_bitcode().empty() && have_hsaco_linker(); }
+bool can_generate_hsaco() {
+  return amdgpu_target() != nullptr && !amdgcn_runtime_bitcode().empty() && have_hsaco_linker();
+}
 
 RhiExpected<std::vector<std::byte>> generate_user_hsaco(std::span<const std::byte> ir, std::string_view entry,
                                                         std::span<const UserValueType> params,
@@ -130,6 +132,13 @@ RhiExpected<std::vector<std::byte>> generate_user_hsaco(std::span<const std::byt
                                         "this kiln was built with an LLVM that has no AMDGPU target; rebuild "
                                         "against an LLVM with AMDGPU"));
   if (!have_hsaco_linker()) return std::unexpected(link_hsaco({}, device).error());  // not_supported, with the fix
+  // Only the processors kiln builds its own code objects for (KILN_AMDGPU_TARGETS): the device
+  // runtime is compiled and tested for those, and a device kiln has no code object for cannot run
+  // kiln anyway. (LLVM knows more, some it cannot compile kiln for: gfx600, *-generic.)
+  if (auto built = amdgcn_code_object(target); !built) {
+    built.error().device = device;
+    return std::unexpected(std::move(built).error());
+  }
   const std::string gfx(target.substr(0, target.find(':')));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<llvm::TargetMachine> tm, target_machine(*amdgpu, gfx, device));
   llvm::LLVMContext context;
@@ -150,7 +159,8 @@ RhiExpected<std::vector<std::byte>> generate_user_hsaco(std::span<const std::byt
   llvm::SmallVector<char, 0> object;
   if (llvm::Error e = gpu::verify_and_emit(**module, *tm, llvm::CodeGenFileType::ObjectFile, *collected, object))
     return std::unexpected(make_failure(RhiResult::error, device, kSite,
-                                        fmt::format("code generation for {} failed: {}", gfx, llvm::toString(std::move(e)))));
+                                        fmt::format("code generation for {} failed: {}", gfx,
+                                                    llvm::toString(std::move(e)))));
   return link_hsaco(object, device);
 }
 

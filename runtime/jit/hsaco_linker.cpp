@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <llvm/ADT/SmallString.h>
+#include <llvm/Support/CrashRecoveryContext.h>
 #include <llvm/Support/FileSystem.h>
 #include <llvm/Support/FileUtilities.h>
 #include <llvm/Support/MemoryBuffer.h>
@@ -60,10 +61,23 @@ RhiStatus run_lld(const std::string &input, const std::string &output, const cha
   const std::lock_guard lock(*mutex);
   if (broken)
     return std::unexpected(link_failure(device, "an earlier link left lld unable to run again in this process"));
-  const char *args[] = {"ld.lld", "-shared", "--threads=1", input.c_str(), "-o", output.c_str()};
+  // --no-undefined: a call left unresolved is refused here, not by hipModuleLoadData on the GPU.
+  const char *args[] = {"ld.lld", "-shared", "--no-undefined", "--threads=1", input.c_str(), "-o", output.c_str()};
   std::string messages;
   llvm::raw_string_ostream out(messages), err(messages);
-  const lld::Result result = lld::lldMain(args, out, err, {{lld::Gnu, &lld::elf::link}});
+  // lld's fatal errors end in exitLld, which calls _exit unless crash recovery is on: with it,
+  // lldMain's own CrashRecoveryContext returns them as a failed link. On only while linking (its
+  // signal handlers then hand any signal of another thread back to the handlers before them).
+  llvm::CrashRecoveryContext::Enable();
+  lld::Result result{1, false};
+  try {
+    result = lld::lldMain(args, out, err, {{lld::Gnu, &lld::elf::link}});
+  } catch (...) {  // an LLVM fatal error (install_llvm_error_handlers) thrown through lld's frames
+    llvm::CrashRecoveryContext::Disable();
+    broken = true;
+    throw;
+  }
+  llvm::CrashRecoveryContext::Disable();
   broken = !result.canRunAgain;
   if (result.retCode != 0)
     return std::unexpected(link_failure(device, "lld could not link the code object: " + messages));

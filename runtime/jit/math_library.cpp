@@ -20,6 +20,7 @@
 #include <llvm/Support/FileSystem.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/SourceMgr.h>
+#include <llvm/TargetParser/TargetParser.h>
 
 #include "kiln/runtime/amdgcn_codegen.h"
 #include "kiln/runtime/ptx_codegen.h"
@@ -46,7 +47,8 @@ constexpr Mapping kMappings[] = {
 /// "__ocml_exp_f64" (ocml); empty for anything else.
 std::string library_name(const llvm::Function &intrinsic, DeviceMath target) {
   const llvm::Type *type = intrinsic.getReturnType();
-  if (!type->isFloatTy() && !type->isDoubleTy()) return {};
+  if (!type->isFloatTy() && !type->isDoubleTy()) return {};  // vectors: check_device_math refuses them
+  if (lowered_natively(intrinsic.getIntrinsicID(), *type, target)) return {};  // the back end's own
   const bool f32 = type->isFloatTy();
   for (const Mapping &m : kMappings) {
     if (m.id != intrinsic.getIntrinsicID()) continue;
@@ -79,15 +81,17 @@ RhiExpected<std::shared_ptr<const std::string>> file_bytes(const std::string &pa
   return bytes;
 }
 
-/// $variable when set ("none": nullopt), else the first of `candidates` that exists.
-std::optional<std::string> find_file(const char *variable, std::vector<std::string> candidates) {
-  if (const char *chosen = std::getenv(variable)) {
-    if (std::string_view(chosen) == "none") return std::nullopt;
-    return std::string(chosen);
+/// The files to try: $variable alone when set and not empty ("none": none), else those of
+/// `candidates` that exist, in order.
+std::vector<std::string> existing_files(const char *variable, const std::vector<std::string> &candidates) {
+  if (const char *chosen = std::getenv(variable); chosen != nullptr && *chosen != '\0') {
+    if (std::string_view(chosen) == "none") return {};
+    return {chosen};
   }
+  std::vector<std::string> found;
   for (const std::string &path : candidates)
-    if (llvm::sys::fs::exists(path)) return path;
-  return std::nullopt;
+    if (llvm::sys::fs::exists(path)) found.push_back(path);
+  return found;
 }
 
 /// The candidates under the roots named by `variables`, then the fixed paths.
@@ -101,47 +105,81 @@ std::vector<std::string> under_roots(std::initializer_list<const char *> variabl
   return candidates;
 }
 
-/// __oclc_ISA_version for a gfx processor: major * 1000 + minor * 100 + stepping, the last two
-/// characters being minor and stepping in hex ("gfx90a" -> 9010, "gfx1100" -> 11000); 0 if not
-/// of that form.
+/// __oclc_ISA_version for a gfx processor LLVM knows: major * 1000 + minor * 100 + stepping
+/// (LLVM's AMDGPU::getIsaVersion, as clang writes the oclc_isa_version_*.bc it links).
 uint32_t isa_version(std::string_view gfx) {
-  if (!gfx.starts_with("gfx") || gfx.size() < 6) return 0;
-  const std::string_view digits = gfx.substr(3);
-  const auto hex = [](char c) { return c >= 'a' ? c - 'a' + 10 : c - '0'; };
-  const uint32_t major = static_cast<uint32_t>(std::stoul(std::string(digits.substr(0, digits.size() - 2))));
-  return major * 1000 + hex(digits[digits.size() - 2]) * 100 + hex(digits.back());
+  const llvm::AMDGPU::IsaVersion isa = llvm::AMDGPU::getIsaVersion(gfx);
+  return isa.Major * 1000 + isa.Minor * 100 + isa.Stepping;
 }
 
 /// Gives ocml's oclc control constants their values (they are declarations in ocml.bc, defined
-/// by the oclc_*.bc files a ROCm compiler links), internal to the module.
-void define_oclc_controls(llvm::Module &ocml, std::string_view gfx) {
+/// by the oclc_*.bc files a ROCm compiler links), internal to the module. Errors: not_supported
+/// for a control this code does not know (a newer ocml): its value is never guessed.
+RhiStatus define_oclc_controls(llvm::Module &ocml, std::string_view gfx, const std::string &path, const char *device) {
+  const llvm::AMDGPU::GPUKind kind = llvm::AMDGPU::parseArchAMDGCN(gfx);
+  const bool wave32 = (llvm::AMDGPU::getArchAttrAMDGCN(kind) & llvm::AMDGPU::FEATURE_WAVE32) != 0;  // gfx10+
   for (llvm::GlobalVariable &g : ocml.globals()) {
     if (!g.isDeclaration() || !g.getName().starts_with("__oclc_")) continue;
     const std::string_view name(g.getName().data(), g.getName().size());
     uint64_t value = 0;  // daz_opt, finite_only_opt, unsafe_math_opt: off
     if (name == "__oclc_correctly_rounded_sqrt32") value = 1;
-    if (name == "__oclc_ISA_version") value = isa_version(gfx);
-    if (name == "__oclc_wavefrontsize64") value = gfx.starts_with("gfx9") ? 1 : 0;
-    if (name == "__oclc_ABI_version") value = 500;
+    else if (name == "__oclc_ISA_version") value = isa_version(gfx);
+    else if (name == "__oclc_wavefrontsize64") value = wave32 ? 0 : 1;  // kiln compiles for the default
+    else if (name == "__oclc_ABI_version") value = 500;  // code object v5
+    else if (name != "__oclc_daz_opt" && name != "__oclc_finite_only_opt" && name != "__oclc_unsafe_math_opt")
+      return std::unexpected(make_failure(RhiResult::not_supported, device, kSite,
+                                          fmt::format("ROCm's ocml at {} reads {}, whose value kiln does not know",
+                                                      path, name)));
     g.setInitializer(llvm::ConstantInt::get(g.getValueType(), value));
     g.setConstant(true);
     g.setLinkage(llvm::GlobalValue::InternalLinkage);
   }
+  return {};
+}
+
+std::vector<std::string> libdevice_files() {
+  return existing_files("KILN_LIBDEVICE", under_roots({"CUDA_HOME", "CUDA_PATH"}, "/nvvm/libdevice/libdevice.10.bc",
+                                                      {"/usr/local/cuda/nvvm/libdevice/libdevice.10.bc",
+                                                       "/usr/lib/nvidia-cuda-toolkit/libdevice/libdevice.10.bc"}));
+}
+
+std::vector<std::string> ocml_files() {
+  return existing_files("KILN_OCML", under_roots({"ROCM_PATH"}, "/amdgcn/bitcode/ocml.bc",
+                                                 {"/opt/rocm/amdgcn/bitcode/ocml.bc",
+                                                  "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode/ocml.bc"}));
+}
+
+/// The first of `files` that reads and parses, or not_supported naming each file and why.
+RhiExpected<std::pair<std::unique_ptr<llvm::Module>, std::string>> parse_first(const std::vector<std::string> &files,
+                                                                              DeviceMath target,
+                                                                              llvm::LLVMContext &context,
+                                                                              const char *device) {
+  std::string why;
+  for (const std::string &path : files) {
+    auto bytes = file_bytes(path, target, device);
+    if (!bytes) {
+      why += (why.empty() ? "" : "; ") + bytes.error().detail;
+      continue;
+    }
+    llvm::SMDiagnostic diagnostic;
+    std::unique_ptr<llvm::Module> library = llvm::parseIR(llvm::MemoryBufferRef(**bytes, path), diagnostic, context);
+    if (library) return std::pair{std::move(library), path};
+    why += fmt::format("{}{} at {} does not parse: {}", why.empty() ? "" : "; ", library_title(target), path,
+                       diagnostic.getMessage().str());
+  }
+  return std::unexpected(make_failure(RhiResult::not_supported, device, kSite, why));
 }
 
 }  // namespace
 
 std::optional<std::string> find_libdevice() {
-  return find_file("KILN_LIBDEVICE",
-                   under_roots({"CUDA_HOME", "CUDA_PATH"}, "/nvvm/libdevice/libdevice.10.bc",
-                               {"/usr/local/cuda/nvvm/libdevice/libdevice.10.bc",
-                                "/usr/lib/nvidia-cuda-toolkit/libdevice/libdevice.10.bc"}));
+  std::vector<std::string> files = libdevice_files();
+  return files.empty() ? std::nullopt : std::optional(std::move(files.front()));
 }
 
 std::optional<std::string> find_ocml() {
-  return find_file("KILN_OCML", under_roots({"ROCM_PATH"}, "/amdgcn/bitcode/ocml.bc",
-                                            {"/opt/rocm/amdgcn/bitcode/ocml.bc",
-                                             "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode/ocml.bc"}));
+  std::vector<std::string> files = ocml_files();
+  return files.empty() ? std::nullopt : std::optional(std::move(files.front()));
 }
 
 RhiStatus link_math_library(llvm::Module &module, DeviceMath target, std::string_view gfx, const char *device) {
@@ -150,16 +188,11 @@ RhiStatus link_math_library(llvm::Module &module, DeviceMath target, std::string
     if (f.isIntrinsic() && !f.use_empty())
       if (std::string name = library_name(f, target); !name.empty()) replaced.emplace_back(&f, std::move(name));
   if (replaced.empty()) return {};
-  const std::optional<std::string> path = target == DeviceMath::nvptx ? find_libdevice() : find_ocml();
-  if (!path) return {};  // check_device_math refuses the module, saying how to name a library
-  KILN_ASSIGN_OR_RETURN(const std::shared_ptr<const std::string> bytes, file_bytes(*path, target, device));
-  llvm::SMDiagnostic diagnostic;
-  std::unique_ptr<llvm::Module> library = llvm::parseIR(llvm::MemoryBufferRef(*bytes, *path), diagnostic,
-                                                        module.getContext());
-  if (!library)
-    return std::unexpected(make_failure(RhiResult::not_supported, device, kSite,
-                                        fmt::format("{} at {} does not parse: {}", library_title(target), *path,
-                                                    diagnostic.getMessage().str())));
+  const std::vector<std::string> files = target == DeviceMath::nvptx ? libdevice_files() : ocml_files();
+  if (files.empty()) return {};  // check_device_math refuses the module, saying how to name a library
+  KILN_ASSIGN_OR_RETURN(auto parsed, parse_first(files, target, module.getContext(), device));
+  std::unique_ptr<llvm::Module> library = std::move(parsed.first);
+  const std::string *path = &parsed.second;
   for (const auto &[intrinsic, name] : replaced) {
     const llvm::Function *definition = library->getFunction(name);
     if (definition == nullptr || definition->isDeclaration())
@@ -175,7 +208,7 @@ RhiStatus link_math_library(llvm::Module &module, DeviceMath target, std::string
       call->eraseFromParent();
     }
   }
-  if (target == DeviceMath::amdgcn) define_oclc_controls(*library, gfx);
+  if (target == DeviceMath::amdgcn) KILN_RETURN_IF_ERROR(define_oclc_controls(*library, gfx, *path, device));
   library->setTargetTriple(module.getTargetTriple());
   library->setDataLayout(module.getDataLayout());
   if (llvm::Linker::linkModules(module, std::move(library), llvm::Linker::Flags::LinkOnlyNeeded))

@@ -329,13 +329,15 @@ constexpr llvm::Intrinsic::ID kAmdgpuFloatMath[] = {
     llvm::Intrinsic::log2, llvm::Intrinsic::log10, llvm::Intrinsic::sin,  llvm::Intrinsic::cos,
     llvm::Intrinsic::pow};
 
+}  // namespace
+
 bool lowered_natively(llvm::Intrinsic::ID id, const llvm::Type &type, DeviceMath target) {
-  const auto listed = [id](std::span<const llvm::Intrinsic::ID> ids) { return std::ranges::find(ids, id) != ids.end(); };
+  const auto listed = [id](std::span<const llvm::Intrinsic::ID> ids) {
+    return std::ranges::find(ids, id) != ids.end();
+  };
   if (!listed(kLibraryMath)) return true;
   return target == DeviceMath::amdgcn && type.isFloatTy() && listed(kAmdgpuFloatMath);
 }
-
-}  // namespace
 
 RhiStatus check_device_math(const llvm::Module &module, DeviceMath target, const char *device) {
   for (const llvm::Function &f : module) {
@@ -345,6 +347,12 @@ RhiStatus check_device_math(const llvm::Module &module, DeviceMath target, const
     const std::string name = llvm::Intrinsic::getBaseName(f.getIntrinsicID()).drop_front(5).str();  // "llvm."
     const char *dtype = type.isFloatTy() ? "float32" : type.isDoubleTy() ? "float64" : "this type";
     const bool cuda = target == DeviceMath::nvptx;
+    if (f.getReturnType()->isVectorTy())  // the libraries have scalar functions only
+      return std::unexpected(make_failure(
+          RhiResult::not_supported, device, kSite,
+          fmt::format("{} on a vector of {} is not supported on {}: kiln links the math library's scalar "
+                      "functions only; call {} once per element",
+                      name, dtype, cuda ? "cuda" : "amdgpu", name)));
     return std::unexpected(make_failure(
         RhiResult::not_supported, device, kSite,
         cuda ? fmt::format("{} on {} needs CUDA's libdevice on cuda (LLVM's NVPTX back end has none of its own) "

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Intrinsics.h>
 #include <llvm/IR/Module.h>
 
 #include "kiln/rhi/result.h"
@@ -51,7 +52,13 @@ enum class DeviceMath : uint8_t { nvptx, amdgcn };
 /// intrinsic and type with LLVM 19.1.7 (sm_80, gfx90a). Checked before optimization, so whether
 /// a kernel compiles never depends on what O3 folds away.
 /// Errors: not_supported naming the first such function, its type, the target and where it runs.
+/// A call of a vector of one (<2 x double> llvm.exp) is refused too: the libraries have scalar
+/// functions only.
 [[nodiscard]] RhiStatus check_device_math(const llvm::Module &module, DeviceMath target, const char *device);
+
+/// Whether `target`'s back end lowers intrinsic `id` on element type `type` by itself (true for
+/// every intrinsic outside check_device_math's list).
+[[nodiscard]] bool lowered_natively(llvm::Intrinsic::ID id, const llvm::Type &type, DeviceMath target);
 
 }  // namespace kiln::runtime
 

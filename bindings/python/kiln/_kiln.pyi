@@ -540,7 +540,9 @@ def _compile_ir(ir: str | bytes, entry: str, params: list[tuple[str, str, dtype,
     """Compiles element function ``entry`` of LLVM IR ``ir`` with parameters (name, kind: in, out,
     inout or scalar, dtype, raw) for the current executor's device. Errors: KernelCompileError
     (the IR does not parse, verify or match params; line and column), InvalidUsageError (a
-    declaration), NotSupportedError (a GPU device), an OutOfMemoryError (the code does not fit)."""
+    declaration), NotSupportedError (library math a GPU cannot compile without its vendor library:
+    CUDA's libdevice, ROCm's ocml; an AMDGPU processor kiln has no code object for), an
+    OutOfMemoryError (the code does not fit)."""
 
 
 def _compile_elementwise(name: str, operation: str, params: list[tuple[str, dtype, bool, bool, list[int]]],

@@ -74,10 +74,13 @@ class UserKernel {
   /// calls what kiln does not provide; for an empty or non-identifier entry, an empty or
   /// repeated parameter name, more than KILN_MAX_USER_PARAMS parameters, or an invalid dtype;
   /// not_supported on amdgpu when this kiln cannot make HSACO at run time (no AMDGPU target or
-  /// no lld: runtime::can_generate_hsaco) or LLVM does not know the device's processor; those of
+  /// no lld: runtime::can_generate_hsaco) or has no code object for the device's processor, and
+  /// on a GPU for library math (exp, tanh, ...) when its vendor library is not found (CUDA's
+  /// libdevice: runtime::find_libdevice; ROCm's ocml: runtime::find_ocml); those of
   /// GpuDevice::load_module on a GPU (the driver refused the PTX or HSACO);
   /// out_of_memory when the code does not fit the budget (budget, category code_object) or the
-  /// host has no room to compile (oom_source host); error when LLVM fails otherwise.
+  /// host has no room to compile (oom_source host); error when LLVM or lld fails otherwise, or a
+  /// temporary file for lld cannot be written.
   [[nodiscard]] static RhiExpected<std::shared_ptr<UserKernel>> create(
       LlvmRuntimeExecutor &executor, std::span<const std::byte> ir, std::string entry,
       std::vector<KernelParam> params);

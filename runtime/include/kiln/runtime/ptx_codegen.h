@@ -54,10 +54,12 @@ namespace kiln::runtime {
                                                          std::string_view sm_arch, const char *device);
 
 /// CUDA's libdevice (libdevice.10.bc, the CUDA toolkit's math library) that generate_user_ptx
-/// links for exp, log, sin, tanh, pow and their kin, which LLVM's NVPTX back end lacks: $KILN_LIBDEVICE when set ("none": link none), else the first of
+/// links for exp, log, sin, tanh, pow and their kin, which LLVM's NVPTX back end lacks:
+/// $KILN_LIBDEVICE when set and not empty ("none": link none), else the first of
 /// $CUDA_HOME/nvvm/libdevice/libdevice.10.bc, $CUDA_PATH/nvvm/libdevice/libdevice.10.bc,
 /// /usr/local/cuda/nvvm/libdevice/libdevice.10.bc and Debian's
 /// /usr/lib/nvidia-cuda-toolkit/libdevice/libdevice.10.bc that exists; nullopt when none.
+/// generate_user_ptx links the first of those that parses. Thread-safe (reads the environment).
 [[nodiscard]] std::optional<std::string> find_libdevice();
 
 /// The number of an SM version "sm_<digits>" with an optional feature-set suffix "a" or "f"

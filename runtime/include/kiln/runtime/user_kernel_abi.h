@@ -35,18 +35,19 @@ enum class UserValueType : uint8_t { ptr, f32, f64, i32, i64 };
 /// grid's threads), the same shape as the built-in elementwise kernels.
 inline constexpr const char *kUserGpuEntryName = "kiln_user_entry_gpu";
 
-/// The comment line that ends a user kernel's PTX, "// kiln-user-module <entry> <types> <hex IR>":
-/// the user's IR as given, for the fake CUDA driver, which runs that IR JIT-compiled for the host
-/// (test/fake_gpu); a driver ignores comments. A user kernel's HSACO carries the same text in its
-/// section kUserModuleSection, for the fake HIP runtime.
 /// The ELF section of a user kernel's HSACO that holds user_module_comment's text. It has no
 /// flags, so it is in no segment: a loader never copies it to the device.
 inline constexpr const char *kUserModuleSection = ".kiln.user_module";
 
+/// The comment line that ends a user kernel's PTX, "// kiln-user-module <entry> <types> <hex IR>":
+/// the user's IR as given, for the fake CUDA driver, which runs that IR JIT-compiled for the host
+/// (test/fake_gpu); a driver ignores comments. A user kernel's HSACO carries the same text in its
+/// section kUserModuleSection, for the fake HIP runtime.
 [[nodiscard]] std::string user_module_comment(std::span<const std::byte> ir, std::string_view entry,
                                               std::span<const UserValueType> params);
-/// The parts of a user_module_comment found in `text` (a whole PTX image); false when it has none
-/// or it is malformed.
+/// The parts of a user_module_comment found in `text` (a whole PTX image, or the contents of an
+/// HSACO's kUserModuleSection; the last such line counts); false when it has none or it is
+/// malformed.
 [[nodiscard]] bool parse_user_module_comment(std::string_view text, std::string *ir, std::string *entry,
                                              std::vector<UserValueType> *params);
 
