@@ -435,7 +435,7 @@ check "--budget-mb 0 says the range" grep -q -- '--budget-mb 0 is out of range (
 
 # --sweep (issue 14): one counting run, then one run per allocation request with that one
 # failing; every request of the run fails once, no case FAILs, memory is back at the baseline
-# after each run. The tiny f32 cases only: a sweep of the whole cpu suite is 213 runs.
+# after each run. The tiny f32 cases only: a sweep of the whole cpu suite is 313 runs.
 tiny='/f32/tiny$'
 for backend in mock cpu; do
   "$ops" --backend "$backend" --filter "$tiny" > "$tmp/plain_$backend.txt" 2>&1

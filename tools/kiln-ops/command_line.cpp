@@ -140,7 +140,7 @@ void add_options(CLI::App &app, CommandLine &cl, bool &version) {
                "run the cases once to count their allocation requests, then once per request "
                "with that one failing; one line per run (exit 1 if a run broke the contract: a "
                "case FAILed or memory was left held). --fault with category=/min_bytes=/kernel= sweeps "
-               "only the requests it selects (none selected: exit 3). Runs: 1 + requests (213 on "
+               "only the requests it selects (none selected: exit 3). Runs: 1 + requests (313 on "
                "cpu for all cases; use --filter)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_flag("--min-budget", cl.min_budget,
