@@ -33,7 +33,7 @@ void register_cuda_array_interface(py::module_ &m);
 /// kiln.fill, copy, axpy, reduce_sum, matmul, compact_positive (ops.cpp).
 void register_ops(py::module_ &m);
 /// kiln._UserKernel and the native part of kiln.Kernel, ElementwiseKernel and ReductionKernel:
-/// _compile_ir, _compile_elementwise, _compile_reduction, _check_kernel_syntax, _launch_kernel
+/// _compile_ir, _compile_elementwise, _compile_reduction, _reduction_plan, _check_kernel_syntax, _launch_kernel
 /// (user_kernels.cpp); after register_ndarray.
 void register_user_kernels(py::module_ &m);
 /// kiln.memory_stats, memory_summary, empty_cache, reset_peak_memory_stats, add_oom_observer,

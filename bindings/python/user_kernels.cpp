@@ -132,7 +132,17 @@ py::tuple compile_reduction_kernels(py::handle name, py::tuple texts, py::list i
   check_not_in_observer("compile");
   auto ex = executor();
   ReductionKernels kernels = check(without_gil([&] { return compile_reduction(*ex, source); }));
-  return py::make_tuple(PyUserKernel{kernels.partial}, PyUserKernel{kernels.combine});
+  py::object fold = kernels.fold ? py::cast(PyUserKernel{kernels.fold}) : py::none();
+  return py::make_tuple(PyUserKernel{kernels.partial}, fold, PyUserKernel{kernels.combine});
+}
+
+/// (parts, lanes, fold_lanes, combine_parts) of plan_reduction for a reduction whose fold
+/// kernel is `fold` (None on cpu and mock).
+py::tuple reduction_plan(py::object fold, int64_t k, int64_t outputs, int64_t inner) {
+  if (k < 0 || outputs < 0 || inner < 1)
+    raise_invalid_usage("kiln", "reduction plan", fmt::format("k {}, outputs {}, inner {}", k, outputs, inner));
+  const ReductionPlan plan = plan_reduction(!fold.is_none(), k, outputs, inner);
+  return py::make_tuple(plan.parts, plan.lanes, plan.fold_lanes, plan.combine_parts());
 }
 
 void check_kernel_syntax(py::handle text, bool statements, py::handle what) {
@@ -219,6 +229,8 @@ void register_user_kernels(py::module_ &m) {
   m.def("_compile_reduction", &compile_reduction_kernels, doc("_compile_reduction"), py::arg("name"),
         py::arg("texts"), py::arg("inputs"), py::arg("outputs"), py::arg("reduce_dtype"), py::arg("type_names"),
         guarded());
+  m.def("_reduction_plan", &reduction_plan, doc("_reduction_plan"), py::arg("fold"), py::arg("k"),
+        py::arg("outputs"), py::arg("inner"), guarded());
   m.def("_check_kernel_syntax", &check_kernel_syntax, doc("_check_kernel_syntax"), py::arg("text"),
         py::arg("statements"), py::arg("what"), guarded());
   m.def("_argument_signature", &argument_signature, doc("_argument_signature"), guarded());

@@ -2,6 +2,7 @@
 // modules, compiled as user kernels.
 #include "kiln/executor/operation_kernels.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -56,7 +57,7 @@ RhiExpected<ReductionKernels> compile_reduction(LlvmRuntimeExecutor &executor, c
     partial.push_back(k);
   }
   partial.push_back({"_partial", ParamKind::out, reduce_dtype});
-  for (const char *name : {"_k", "_inner", "_parts"}) partial.push_back(index_param(name));
+  for (const char *name : {"_k", "_inner", "_parts", "_lanes"}) partial.push_back(index_param(name));
   std::vector<KernelParam> combine{{"_partial", ParamKind::in, reduce_dtype, /*raw=*/true}};
   for (const runtime::OperationParam &p : source.outputs) combine.push_back({p.name, ParamKind::out, dtype_of(p.type)});
   for (const runtime::OperationParam &p : source.inputs)
@@ -69,7 +70,34 @@ RhiExpected<ReductionKernels> compile_reduction(LlvmRuntimeExecutor &executor, c
                                                             std::move(combine)));
   kernels.partial->set_min_indices_per_task(1);  // each index folds a run of the input
   kernels.combine->set_min_indices_per_task(256);
+  if (codegen_arch(executor.device()) != CodegenArch::host) {
+    std::vector<KernelParam> fold{{"_in", ParamKind::in, reduce_dtype, /*raw=*/true},
+                                  {"_out", ParamKind::out, reduce_dtype},
+                                  index_param("_m"),
+                                  index_param("_lanes")};
+    KILN_ASSIGN_OR_RETURN(kernels.fold, UserKernel::create(executor, bytes(ir.fold), source.name, std::move(fold)));
+  }
   return kernels;
+}
+
+ReductionPlan plan_reduction(bool gpu, int64_t k, int64_t outputs, int64_t inner) {
+  ReductionPlan plan;
+  if (outputs <= 0 || k <= 0) return plan;
+  if (!gpu) {  // cpu, mock: a part per pool task, whole runs
+    if (k >= 8192 && outputs < 64) plan.parts = std::max<int64_t>(1, std::min(k / 4096, (256 + outputs - 1) / outputs));
+    return plan;
+  }
+  constexpr int64_t kGridThreads = int64_t{1} << 18, kMinElements = 64, kFanIn = 256;
+  const int64_t threads = std::min(k / kMinElements, (kGridThreads + outputs - 1) / outputs);
+  if (threads < 2) return plan;
+  if (inner > 1) {  // neighbouring outputs are neighbouring elements already
+    plan.parts = std::min(threads, kFanIn);
+    return plan;
+  }
+  plan.lanes = std::min(threads, kFanIn);
+  plan.parts = threads / plan.lanes;
+  if (plan.parts * plan.lanes > kFanIn) plan.fold_lanes = kFanIn;
+  return plan;
 }
 
 }  // namespace kiln

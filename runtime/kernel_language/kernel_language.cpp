@@ -116,9 +116,10 @@ struct ModuleBuilder {
       default: return b.getInt64Ty();
     }
   }
-  /// Runs `body(counter)` for counter in [begin, end); the builder ends after the loop.
+  /// Runs `body(counter)` for counter = begin, begin + step, ... while below end (step 1 when
+  /// null); the builder ends after the loop.
   template <class Body>
-  RhiStatus loop(llvm::Value *begin, llvm::Value *end, const char *name, Body &&body) {
+  RhiStatus loop(llvm::Value *begin, llvm::Value *end, const char *name, Body &&body, llvm::Value *step = nullptr) {
     llvm::BasicBlock *before = b.GetInsertBlock();
     auto *test = llvm::BasicBlock::Create(context, std::string(name) + ".test", function);
     auto *body_block = llvm::BasicBlock::Create(context, std::string(name) + ".body", function);
@@ -130,7 +131,7 @@ struct ModuleBuilder {
     b.CreateCondBr(b.CreateICmpSLT(counter, end), body_block, done);
     b.SetInsertPoint(body_block);
     KILN_RETURN_IF_ERROR(body(static_cast<llvm::Value *>(counter)));
-    counter->addIncoming(b.CreateAdd(counter, b.getInt64(1)), b.GetInsertBlock());
+    counter->addIncoming(b.CreateAdd(counter, step != nullptr ? step : b.getInt64(1)), b.GetInsertBlock());
     b.CreateBr(test);
     b.SetInsertPoint(done);
     return {};
@@ -240,18 +241,20 @@ RhiExpected<std::string> build_partial(const ReductionSource &source, const char
   std::vector<llvm::Type *> types;
   for (const OperationParam &p : source.inputs) types.push_back(p.array ? m.b.getPtrTy() : m.element_type(p.type));
   llvm::Type *i64 = m.b.getInt64Ty();
-  types.insert(types.end(), {m.b.getPtrTy(), i64, i64, i64});
+  types.insert(types.end(), {m.b.getPtrTy(), i64, i64, i64, i64});
   m.begin(source.name, types);
   const auto n = static_cast<unsigned>(source.inputs.size());
   llvm::Value *partial = m.function->getArg(n + 1), *k = m.function->getArg(n + 2);
   llvm::Value *inner = m.function->getArg(n + 3), *parts = m.function->getArg(n + 4);
+  llvm::Value *lanes = m.function->getArg(n + 5);
   llvm::Value *j = m.index();
-  llvm::Value *q = m.b.CreateUDiv(j, parts), *p = m.b.CreateURem(j, parts);
+  llvm::Value *lane = m.b.CreateURem(j, lanes), *run = m.b.CreateUDiv(j, lanes);
+  llvm::Value *q = m.b.CreateUDiv(run, parts), *p = m.b.CreateURem(run, parts);
   llvm::Value *base = m.b.CreateAdd(m.b.CreateMul(m.b.CreateMul(m.b.CreateUDiv(q, inner), k), inner), m.b.CreateURem(q, inner));
   llvm::Value *begin = m.b.CreateUDiv(m.b.CreateMul(k, p), parts);
   llvm::Value *end = m.b.CreateUDiv(m.b.CreateMul(k, m.b.CreateAdd(p, m.b.getInt64(1))), parts);
   KILN_ASSIGN_OR_RETURN(llvm::Value *acc, start(compiler, source, m));
-  KILN_RETURN_IF_ERROR(m.loop(begin, end, "r", [&](llvm::Value *r) -> RhiStatus {
+  const auto element = [&](llvm::Value *r) -> RhiStatus {
     llvm::Value *at = m.b.CreateAdd(base, m.b.CreateMul(r, inner));
     Emitter e(m.b, m.entry, type_names(source.type_names));
     for (unsigned a = 0; a < n; ++a) {
@@ -265,9 +268,46 @@ RhiExpected<std::string> build_partial(const ReductionSource &source, const char
     }
     KILN_ASSIGN_OR_RETURN(const lang::Typed mapped, compiler.value("map_expr", source.map_expr, e, *map));
     return fold(compiler, source, m, *reduce, acc, mapped);
-  }));
+  };
+  // One lane walks its part in order (the CPU's plan: a loop the vectorizer widens); several
+  // lanes interleave (the GPUs' plan: neighbouring threads read neighbouring elements).
+  auto *contiguous = llvm::BasicBlock::Create(m.context, "contiguous", m.function);
+  auto *interleaved = llvm::BasicBlock::Create(m.context, "interleaved", m.function);
+  auto *store = llvm::BasicBlock::Create(m.context, "store", m.function);
+  m.b.CreateCondBr(m.b.CreateICmpEQ(lanes, m.b.getInt64(1)), contiguous, interleaved);
+  m.b.SetInsertPoint(contiguous);
+  KILN_RETURN_IF_ERROR(m.loop(begin, end, "r", element));
+  m.b.CreateBr(store);
+  m.b.SetInsertPoint(interleaved);
+  KILN_RETURN_IF_ERROR(m.loop(m.b.CreateAdd(begin, lane), end, "s", element, lanes));
+  m.b.CreateBr(store);
+  m.b.SetInsertPoint(store);
   llvm::Type *rt = m.element_type(source.reduce_type);
   m.b.CreateStore(m.b.CreateLoad(rt, acc), m.b.CreateInBoundsGEP(rt, partial, j));
+  return m.finish(device);
+}
+
+/// fold(ptr in, ptr out, i64 m, i64 lanes): index q*lanes + l folds in[q*m + l], in[q*m + l +
+/// lanes], ... below in[q*m + m] into out[index] (a GPU's middle level between partial and combine).
+RhiExpected<std::string> build_fold(const ReductionSource &source, const char *device) {
+  const Compiler compiler{device, source.name};
+  KILN_ASSIGN_OR_RETURN(auto reduce, compiler.expression("reduce_expr", source.reduce_expr));
+  ModuleBuilder m(source.name + "_fold");
+  llvm::Type *i64 = m.b.getInt64Ty();
+  m.begin(source.name, {m.b.getPtrTy(), m.b.getPtrTy(), i64, i64});
+  llvm::Value *in = m.function->getArg(1), *out = m.function->getArg(2);
+  llvm::Value *count = m.function->getArg(3), *lanes = m.function->getArg(4);
+  llvm::Value *j = m.index();
+  llvm::Value *q = m.b.CreateUDiv(j, lanes), *lane = m.b.CreateURem(j, lanes);
+  llvm::Value *base = m.b.CreateMul(q, count);
+  llvm::Type *rt = m.element_type(source.reduce_type);
+  KILN_ASSIGN_OR_RETURN(llvm::Value *acc, start(compiler, source, m));
+  KILN_RETURN_IF_ERROR(m.loop(lane, count, "t", [&](llvm::Value *t) -> RhiStatus {
+    llvm::Value *at = m.b.CreateAdd(base, t);
+    const lang::Typed value{m.b.CreateLoad(rt, m.b.CreateInBoundsGEP(rt, in, at)), lang::ty_of(source.reduce_type)};
+    return fold(compiler, source, m, *reduce, acc, value);
+  }, lanes));
+  m.b.CreateStore(m.b.CreateLoad(rt, acc), m.b.CreateInBoundsGEP(rt, out, j));
   return m.finish(device);
 }
 
@@ -324,8 +364,9 @@ RhiExpected<ReductionIr> build_reduction_ir(const ReductionSource &source, const
                                                                       "values reduce_expr folds; rename it",
                                                                       p->name, source.name)));
   KILN_ASSIGN_OR_RETURN(std::string partial, build_partial(source, device));
+  KILN_ASSIGN_OR_RETURN(std::string fold, build_fold(source, device));
   KILN_ASSIGN_OR_RETURN(std::string combine, build_combine(source, device));
-  return ReductionIr{std::move(partial), std::move(combine)};
+  return ReductionIr{std::move(partial), std::move(fold), std::move(combine)};
 }
 
 RhiStatus check_operation_syntax(std::string_view operation, bool statements, const char *what, const char *device) {

@@ -305,6 +305,16 @@ def test_reduction_over_one_axis(arch, axis, keepdims):
     np.testing.assert_allclose(host(got), want, rtol=1e-6)
 
 
+def test_long_axes_split_into_parts_on_every_backend(arch):
+    # GPUs interleave 256 lanes per part along a contiguous axis and fold them in a second launch;
+    # along a strided axis (axis 0 here) each part is a run. cpu and mock split into runs.
+    x = np.random.default_rng(3).integers(-1000, 1000, size=(20_000, 3))
+    k = kiln.ReductionKernel("int64 x", "int64 y", "x * x", "a + b", "y = a", "0", "sum_squares")
+    assert host(k(array(x, np.int64), axis=0)).tolist() == (x * x).sum(axis=0).tolist()
+    assert host(k(array(x.T.copy(), np.int64), axis=1)).tolist() == (x * x).sum(axis=0).tolist()
+    assert int(host(k(array(x, np.int64)))) == int((x * x).sum())
+
+
 def test_a_max_reduction_with_a_scalar_and_an_out(arch):
     k = kiln.ReductionKernel("int64 x, int64 shift", "int64 y", "x + shift", "max(a, b)", "y = a",
                              "-9223372036854775807", "shifted_max")

@@ -46,8 +46,9 @@ TEST_CASE("an elementwise operation compiles and runs as numpy computes it", "[k
   CHECK(download<float>(*ex, z) == std::vector<float>{1, 4, 0, 64});
 }
 
-TEST_CASE("a reduction's two kernels fold an axis in parts", "[kernel_language]") {
-  auto ex = make_executor();
+namespace {
+
+runtime::ReductionSource sum_of_squares() {
   runtime::ReductionSource source;
   source.name = "sum_squares";
   source.map_expr = "x * x";
@@ -57,20 +58,57 @@ TEST_CASE("a reduction's two kernels fold an axis in parts", "[kernel_language]"
   source.inputs = {{"x", UserValueType::i64, true, false, {}}};
   source.outputs = {{"y", UserValueType::i64, true, true, {}}};
   source.reduce_type = UserValueType::i64;
-  const ReductionKernels kernels = value_or_throw(compile_reduction(*ex, source));
+  return source;
+}
+
+}  // namespace
+
+TEST_CASE("a reduction's kernels fold an axis in parts, each part in order or in interleaved lanes",
+          "[kernel_language]") {
+  auto ex = make_executor();
+  const ReductionKernels kernels = value_or_throw(compile_reduction(*ex, sum_of_squares()));
+  CHECK(kernels.fold == nullptr);  // the GPUs' middle level only
+  const int64_t lanes = GENERATE(1, 4);
+  INFO("lanes " << lanes);
   std::vector<int64_t> values(2 * 1000);  // shape (2, 1000), reduced over axis 1 in 3 parts
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<int64_t>(i % 7);
   Ndarray x = upload<int64_t>(*ex, DataType::i64, values);
-  Ndarray partial = upload<int64_t>(*ex, DataType::i64, std::vector<int64_t>(6, -1));
+  Ndarray partial = upload<int64_t>(*ex, DataType::i64, std::vector<int64_t>(static_cast<std::size_t>(6 * lanes), -1));
   Ndarray y = upload<int64_t>(*ex, DataType::i64, {0, 0});
   const KernelArg first[] = {KernelArg::of(x), KernelArg::of(partial), KernelArg::of(Scalar::of_int(1000)),
-                             KernelArg::of(Scalar::of_int(1)), KernelArg::of(Scalar::of_int(3))};
+                             KernelArg::of(Scalar::of_int(1)), KernelArg::of(Scalar::of_int(3)),
+                             KernelArg::of(Scalar::of_int(lanes))};
   REQUIRE(ex->launch(*kernels.partial, first));
-  const KernelArg second[] = {KernelArg::of(partial), KernelArg::of(y), KernelArg::of(Scalar::of_int(3))};
+  const KernelArg second[] = {KernelArg::of(partial), KernelArg::of(y), KernelArg::of(Scalar::of_int(3 * lanes))};
   REQUIRE(ex->launch(*kernels.combine, second));
   int64_t want[2] = {0, 0};
   for (std::size_t i = 0; i < values.size(); ++i) want[i / 1000] += values[i] * values[i];
   CHECK(download<int64_t>(*ex, y) == std::vector<int64_t>{want[0], want[1]});
+  // Lane l of part p folds elements begin + l, begin + l + lanes, ...: part 0 of output 0 is
+  // [0, 333), so lane 1 (of 4) holds 1 + 5 + 9 + ... of the squares of i % 7.
+  if (lanes == 4) {
+    int64_t lane1 = 0;
+    for (int64_t i = 1; i < 333; i += 4) lane1 += (i % 7) * (i % 7);
+    CHECK(download<int64_t>(*ex, partial)[1] == lane1);
+  }
+}
+
+TEST_CASE("a reduction's plan: whole runs on the host, interleaved lanes and a fold level on GPUs",
+          "[kernel_language]") {
+  CHECK(plan_reduction(false, 1000, 1, 1).parts == 1);  // cpu, mock: too short to split
+  const ReductionPlan host = plan_reduction(false, int64_t{1} << 24, 1, 1);
+  CHECK((host.parts == 256 && host.lanes == 1 && host.fold_lanes == 0 && host.combine_parts() == 256));
+  CHECK(plan_reduction(false, int64_t{1} << 24, 64, 1).parts == 1);  // enough outputs to share out
+  // GPUs: 2^18 threads of >= 64 elements, 256 interleaved lanes per part, then a fold to 256.
+  const ReductionPlan gpu = plan_reduction(true, int64_t{1} << 24, 1, 1);
+  CHECK((gpu.lanes == 256 && gpu.parts == 1024 && gpu.fold_lanes == 256 && gpu.combine_parts() == 256));
+  CHECK(gpu.partial_values(1) == int64_t{1} << 18);
+  const ReductionPlan short_gpu = plan_reduction(true, 6400, 1, 1);  // 100 threads, no fold
+  CHECK((short_gpu.lanes == 100 && short_gpu.parts == 1 && short_gpu.fold_lanes == 0));
+  const ReductionPlan column = plan_reduction(true, int64_t{1} << 20, 8, 8);  // over axis 0 of (K, 8)
+  CHECK((column.lanes == 1 && column.parts == 256 && column.fold_lanes == 0));
+  CHECK(plan_reduction(true, 100, 1000, 1).parts * plan_reduction(true, 100, 1000, 1).lanes == 1);
+  CHECK(plan_reduction(true, 0, 1, 1).partial_values(1) == 1);
 }
 
 TEST_CASE("a compile failure is invalid_usage with its line and column", "[kernel_language]") {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fake_gpu_handle.h"
+#include "kiln/executor/operation_kernels.h"
 #include "kiln/executor/user_kernel.h"
 #include "test_support.h"
 
@@ -358,6 +359,53 @@ TEST_CASE("a user kernel runs on the fake CUDA driver and the fake HIP runtime f
   }
   CHECK(code_bytes(*gpu) == code_before);  // unloaded and uncharged with the kernel
   CHECK(ledger_bytes(*gpu) == before);
+}
+
+TEST_CASE("a reduction on the fake CUDA driver and the fake HIP runtime runs its interleaved lanes, fold and "
+          "combine as the GPU plan says",
+          "[user_kernel]") {
+  const Backend backend = GENERATE(Backend::cuda, Backend::amdgpu);
+  INFO(to_string(backend));
+  if (backend == Backend::amdgpu && !KILN_EXPECT_HSACO) return;  // built without AMDGPU user kernels
+  auto gpu = fake_gpu_executor(backend);
+  runtime::ReductionSource source;
+  source.name = "sum_squares";
+  source.map_expr = "x * x";
+  source.reduce_expr = "a + b";
+  source.post_map_expr = "y = a";
+  source.identity = "0";
+  source.inputs = {{"x", runtime::UserValueType::i64, true, false, {}}};
+  source.outputs = {{"y", runtime::UserValueType::i64, true, true, {}}};
+  source.reduce_type = runtime::UserValueType::i64;
+  const ReductionKernels kernels = value_or_throw(compile_reduction(*gpu, source));
+  REQUIRE(kernels.fold != nullptr);
+  constexpr int64_t n = 200000;
+  const ReductionPlan plan = plan_reduction(true, n, 1, 1);
+  REQUIRE((plan.lanes == 256 && plan.parts == 12 && plan.fold_lanes == 256));  // all three levels
+  std::vector<int64_t> values(n);
+  int64_t want = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    values[static_cast<std::size_t>(i)] = i % 1001 - 500;
+    want += (i % 1001 - 500) * (i % 1001 - 500);
+  }
+  Ndarray x = upload<int64_t>(*gpu, DataType::i64, values);
+  Ndarray partial = upload<int64_t>(*gpu, DataType::i64, std::vector<int64_t>(plan.partial_values(1), -1));
+  Ndarray folded = upload<int64_t>(*gpu, DataType::i64, std::vector<int64_t>(256, -1));
+  Ndarray y = upload<int64_t>(*gpu, DataType::i64, {-1});
+  const auto i64 = [](int64_t v) { return KernelArg::of(Scalar::of_int(v)); };
+  const KernelArg first[] = {KernelArg::of(x), KernelArg::of(partial), i64(n), i64(1), i64(plan.parts),
+                             i64(plan.lanes)};
+  REQUIRE(gpu->launch(*kernels.partial, first));
+  const KernelArg second[] = {KernelArg::of(partial), KernelArg::of(folded), i64(plan.parts * plan.lanes),
+                              i64(plan.fold_lanes)};
+  REQUIRE(gpu->launch(*kernels.fold, second));
+  const KernelArg third[] = {KernelArg::of(folded), KernelArg::of(y), i64(plan.combine_parts())};
+  REQUIRE(gpu->launch(*kernels.combine, third));
+  CHECK(download<int64_t>(*gpu, y)[0] == want);
+  // Thread 1 of part 0 folded elements 1, 257, 513, ... of part 0 ([0, 16666)).
+  int64_t lane1 = 0;
+  for (int64_t i = 1; i < n / 12; i += 256) lane1 += (i % 1001 - 500) * (i % 1001 - 500);
+  CHECK(download<int64_t>(*gpu, partial)[1] == lane1);
 }
 
 TEST_CASE("a user kernel's device heap and assertion work on the fake CUDA driver and the fake HIP runtime",

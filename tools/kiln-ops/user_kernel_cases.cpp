@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -77,17 +78,26 @@ CaseOutcome case_reduction(LlvmRuntimeExecutor &ex, uint64_t n) {
   KILN_ASSIGN_OR_RETURN(const ReductionKernels kernels, compile_reduction(ex, source));
   const std::vector<T> x = random_values<T>(n, n + 37);
   const int64_t shape[1] = {static_cast<int64_t>(n)}, one[1] = {1};
-  const int64_t parts = std::clamp<int64_t>(static_cast<int64_t>(n / 4096), 1, 256);
-  const int64_t partial_shape[1] = {parts};
+  const ReductionPlan plan = plan_reduction(kernels.fold != nullptr, static_cast<int64_t>(n), 1, 1);
+  const int64_t partial_shape[1] = {plan.partial_values(1)}, folded_shape[1] = {plan.fold_lanes};
   KILN_ASSIGN_OR_RETURN(Ndarray dx, upload<T>(ex, x, shape));
   KILN_ASSIGN_OR_RETURN(Ndarray partial, ex.ndarray(dtype_of(wide), partial_shape));
   KILN_ASSIGN_OR_RETURN(Ndarray dy, ex.ndarray(dtype_of(wide), one));
-  // partial(x, partial, K = n, inner = 1, parts) over the parts; combine(partial, y, parts).
-  const KernelArg partial_args[] = {KernelArg::of(dx), KernelArg::of(partial),
-                                    KernelArg::of(Scalar::of_int(static_cast<int64_t>(n))),
-                                    KernelArg::of(Scalar::of_int(1)), KernelArg::of(Scalar::of_int(parts))};
+  const auto i64 = [](int64_t v) { return KernelArg::of(Scalar::of_int(v)); };
+  // partial(x, partial, K = n, inner = 1, parts, lanes); on GPUs fold(partial, folded, m,
+  // fold_lanes); combine(partial or folded, y, parts), as plan_reduction says.
+  const KernelArg partial_args[] = {KernelArg::of(dx), KernelArg::of(partial), i64(static_cast<int64_t>(n)), i64(1),
+                                    i64(plan.parts), i64(plan.lanes)};
   KILN_RETURN_IF_ERROR(ex.launch(*kernels.partial, partial_args));
-  const KernelArg combine_args[] = {KernelArg::of(partial), KernelArg::of(dy), KernelArg::of(Scalar::of_int(parts))};
+  std::optional<Ndarray> folded;
+  if (plan.fold_lanes > 0) {
+    KILN_ASSIGN_OR_RETURN(folded, ex.ndarray(dtype_of(wide), folded_shape));
+    const KernelArg fold_args[] = {KernelArg::of(partial), KernelArg::of(*folded), i64(plan.parts * plan.lanes),
+                                   i64(plan.fold_lanes)};
+    KILN_RETURN_IF_ERROR(ex.launch(*kernels.fold, fold_args));
+  }
+  const KernelArg combine_args[] = {KernelArg::of(folded ? *folded : partial), KernelArg::of(dy),
+                                    i64(plan.combine_parts())};
   KILN_RETURN_IF_ERROR(ex.launch(*kernels.combine, combine_args));
   KILN_ASSIGN_OR_RETURN(const std::vector<Wide<T>> got, download<Wide<T>>(ex, dy));
   long double want = 0;

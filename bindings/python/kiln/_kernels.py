@@ -468,8 +468,9 @@ class ReductionKernel:
     ``k(x, axis=None, keepdims=False, out=None)``: over the whole array (a 0-d output), or over one
     ``axis`` (the output has the other dimensions). The inputs' arrays have one shape; numbers
     are scalars. ``reduce_type`` (default: the first output's type) is the type of ``a`` and
-    ``b``. The fold runs in parallel over parts of the reduced axis, then over the parts' results,
-    and may be reassociated (vectorized): the order of a floating-point sum differs from numpy's
+    ``b``. The fold runs in parallel over parts of the reduced axis (on GPUs, interleaved threads
+    and a tree of launches of fan-in 256), then over the parts' results, and may be reassociated
+    (vectorized): the order of a floating-point sum differs from numpy's
     pairwise sum, and results agree to rounding. Errors: as ElementwiseKernel's; identity None is InvalidUsageError (kiln needs an
     identity). Thread-safe.
     """
@@ -562,10 +563,10 @@ class ReductionKernel:
         key = (_kiln._executor_generation(), "reduction", self.name, tuple(self.texts),
                tuple((n, d, a) for n, d, a, _, _ in ins), tuple((n, d) for n, d, *_ in outs_decl),
                reduce_dtype, tuple(type_names))
-        partial, combine = _cached(key, lambda: _kiln._compile_reduction(
+        partial, fold, combine = _cached(key, lambda: _kiln._compile_reduction(
             self.name, self.texts, ins, outs_decl, reduce_dtype, type_names))
         n_outputs = outer * inner
-        parts = 1 if k < 8192 or n_outputs == 0 or n_outputs >= 64 else max(1, min(k // 4096, -(-256 // n_outputs)))
+        parts, lanes, fold_lanes, combine_parts = _kiln._reduction_plan(fold, k, n_outputs, inner)
         scalars = [a for a in inputs if not _is_array(a)]
         made: list[Any] = []
         try:
@@ -573,15 +574,24 @@ class ReductionKernel:
                 o = _kiln.ndarray(d, out_shape)
                 made.append(o)
                 outputs.append(o)
-            staging = _kiln.ndarray(reduce_dtype, (max(1, n_outputs * parts),))
-            made.append(staging)
+            staging = [_kiln.ndarray(reduce_dtype, (max(1, n_outputs * parts * lanes),))]
+            made.append(staging[0])
+            if fold_lanes > 0:  # the GPUs' middle level: parts * lanes values to fold_lanes
+                staging.append(_kiln.ndarray(reduce_dtype, (n_outputs * fold_lanes,)))
+                made.append(staging[1])
             if n_outputs > 0:
-                _kiln._launch_kernel(partial, inputs + [staging, k, inner, parts], n_outputs * parts)
-                _kiln._launch_kernel(combine, [staging] + outputs + scalars + [parts], n_outputs)
+                _kiln._launch_kernel(partial, inputs + [staging[0], k, inner, parts, lanes],
+                                     n_outputs * parts * lanes)
+                if fold_lanes > 0:
+                    _kiln._launch_kernel(fold, [staging[0], staging[1], parts * lanes, fold_lanes],
+                                         n_outputs * fold_lanes)
+                _kiln._launch_kernel(combine, [staging[-1]] + outputs + scalars + [combine_parts],
+                                     n_outputs)
         except BaseException:
             for o in made:
                 o.free()
             raise
-        staging.free()
+        for o in staging:
+            o.free()
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 

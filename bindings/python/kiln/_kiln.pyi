@@ -555,9 +555,19 @@ def _compile_elementwise(name: str, operation: str, params: list[tuple[str, dtyp
 def _compile_reduction(name: str, texts: tuple[str, str, str, str],
                        inputs: list[tuple[str, dtype, bool, bool, list[int]]],
                        outputs: list[tuple[str, dtype, bool, bool, list[int]]], reduce_dtype: dtype,
-                       type_names: list[tuple[str, dtype]]) -> tuple[_UserKernel, _UserKernel]:
-    """Compiles a reduction's two kernels (partial, combine) from (map_expr, reduce_expr,
-    post_map_expr, identity). Errors: those of _compile_elementwise."""
+                       type_names: list[tuple[str, dtype]]
+                       ) -> tuple[_UserKernel, _UserKernel | None, _UserKernel]:
+    """Compiles a reduction's kernels (partial, fold, combine) from (map_expr, reduce_expr,
+    post_map_expr, identity); fold is None on cpu and mock (it is the GPUs' middle level).
+    Errors: those of _compile_elementwise."""
+
+
+def _reduction_plan(fold: _UserKernel | None, k: int, outputs: int, inner: int
+                    ) -> tuple[int, int, int, int]:
+    """How a reduction of ``outputs`` values over ``k`` elements each (``inner`` the product of
+    the dimensions after the reduced axis) is launched: (parts, lanes, fold_lanes,
+    combine_parts), kiln::plan_reduction's plan for the device ``fold`` was compiled for (None:
+    cpu and mock). Errors: InvalidUsageError for k or outputs < 0 or inner < 1."""
 
 
 def _check_kernel_syntax(text: str, statements: bool, what: str) -> None:

@@ -79,16 +79,20 @@ struct ReductionSource {
   std::vector<std::pair<std::string, UserValueType>> type_names;
 };
 
-/// The two element functions of a reduction over an input seen as (outer, K, inner), K the
-/// reduced length, each input's elements at o*K*inner + r*inner + j; both are named `name` (each
-/// in its own module), so a fault spec kernel=NAME selects both launches:
-///   partial(ctx, <inputs>, ptr partial, i64 K, i64 inner, i64 parts): index q*parts + p
-///     folds map_expr over part p of the K elements of output q = o*inner + j into partial[index];
+/// The three element functions of a reduction over an input seen as (outer, K, inner), K the
+/// reduced length, each input's elements at o*K*inner + r*inner + j; all are named `name` (each
+/// in its own module), so a fault spec kernel=NAME selects every launch:
+///   partial(ctx, <inputs>, ptr partial, i64 K, i64 inner, i64 parts, i64 lanes): index
+///     (q*parts + p)*lanes + l folds map_expr over the elements r = begin + l, begin + l + lanes,
+///     ... below end of part p = [K*p/parts, K*(p+1)/parts) of output q = o*inner + j into
+///     partial[index] (lanes 1: the part in order);
+///   fold(ctx, ptr in, ptr out, i64 m, i64 lanes): index q*lanes + l folds in[q*m + l],
+///     in[q*m + l + lanes], ... below in[q*m + m] into out[index] (reduce_expr only);
 ///   combine(ctx, ptr partial, <outputs>, <scalar inputs>, i64 parts): index q folds
 ///     partial[q*parts .. q*parts + parts) and runs post_map_expr with `a` the result.
 /// Errors: as build_elementwise_ir, the message naming which expression is wrong.
 struct ReductionIr {
-  std::string partial, combine;  ///< LLVM bitcode
+  std::string partial, fold, combine;  ///< LLVM bitcode
 };
 [[nodiscard]] RhiExpected<ReductionIr> build_reduction_ir(const ReductionSource &source, const char *device);
 
