@@ -17,6 +17,8 @@ std::string budget_advice(const Failure &failure, const InterfaceKnobs &knobs) {
     return fmt::format("free arrays or the device memory other processes hold, or lower the "
                        "reserve ({})", knobs.reserve);
   }
+  if (failure.category == MemoryCategory::runtime_heap && !knobs.heap.empty())  // the executor's own heap
+    return fmt::format("raise the budget ({}) or make the device heap smaller ({})", budget_knobs(knobs), knobs.heap);
   return fmt::format("free arrays or raise the budget ({})", budget_knobs(knobs));
 }
 

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -353,16 +355,21 @@ RhiStatus check_device_math(const llvm::Module &module, DeviceMath target, const
           fmt::format("{} on a vector of {} is not supported on {}: kiln links the math library's scalar "
                       "functions only; call {} once per element",
                       name, dtype, cuda ? "cuda" : "amdgpu", name)));
+    const char *variable = cuda ? "KILN_LIBDEVICE" : "KILN_OCML";
+    const char *chosen = std::getenv(variable);
+    const std::string found = chosen != nullptr && std::string_view(chosen) == "none"
+                                  ? fmt::format("{}=none turned it off", variable)
+                                  : std::string("kiln found none");
     return std::unexpected(make_failure(
         RhiResult::not_supported, device, kSite,
         cuda ? fmt::format("{} on {} needs CUDA's libdevice on cuda (LLVM's NVPTX back end has none of its own) "
-                           "and kiln found none: set KILN_LIBDEVICE to libdevice.10.bc (in the CUDA toolkit's "
+                           "and {}: set KILN_LIBDEVICE to libdevice.10.bc (in the CUDA toolkit's "
                            "nvvm/libdevice), or run the kernel on cpu or mock",
-                           name, dtype)
+                           name, dtype, found)
              : fmt::format("{} on {} needs ROCm's ocml on amdgpu (LLVM's AMDGPU back end cannot expand it) and "
-                           "kiln found none: install rocm-device-libs or set KILN_OCML to ocml.bc, or run the "
+                           "{}: install rocm-device-libs or set KILN_OCML to ocml.bc, or run the "
                            "kernel on cpu or mock",
-                           name, dtype)));
+                           name, dtype, found)));
   }
   return {};
 }

@@ -271,6 +271,9 @@ def test_wrong_arguments_name_the_parameter_before_anything_is_allocated(arch):
         k(x, array([1.0, 2.0]))
     with pytest.raises(kiln.InvalidUsageError, match="output z has shape"):
         k(x, y, wrong_shape)
+    with pytest.raises(kiln.InvalidUsageError,
+                       match=r"output z has shape \(2,\), the inputs broadcast to \(3,\)"):
+        k(x, y, kiln.zeros((2,)))  # does not broadcast with the inputs either
     with pytest.raises(kiln.InvalidUsageError, match="overlaps"):
         k(x, y, x)
     assert in_use("ndarray") == before  # nothing was allocated
@@ -323,6 +326,12 @@ def test_a_max_reduction_with_a_scalar_and_an_out(arch):
     got = k(array(x, np.int64), 5, axis=1, out=out)
     assert got is out
     assert host(got).tolist() == (x.max(axis=1) + 5).tolist()
+
+
+def test_a_reduction_output_passed_as_an_input_points_to_out():
+    k = kiln.ReductionKernel("T x", "T y", "x", "a + b", "y = a", "0", "plain_sum")
+    with pytest.raises(kiln.InvalidUsageError, match=r"takes 1 inputs, got 2 \(outputs go in out="):
+        k(array([1.0, 2.0]), kiln.zeros(()))
 
 
 def test_reduction_mistakes_are_named():

@@ -105,6 +105,9 @@ TEST_CASE("without libdevice, cuda's library math of every type is not supported
                         "sinh", "cosh", "tanh", "pow"})
     for (const char *t : {"/f32", "/f64"}) expected.insert(std::string(f) + t);
   CHECK(refused_on(/*cuda=*/true) == expected);
+  const auto exp = cuda_ptx("exp", UserValueType::f32);
+  REQUIRE_FALSE(exp);
+  CHECK_THAT(exp.error().message(), Catch::Contains("KILN_LIBDEVICE=none turned it off"));
 }
 
 TEST_CASE("on amdgpu without ocml, float32 exp, log, sin, cos and pow compile; the rest of the library math "

@@ -142,6 +142,12 @@ TEST_CASE("the advice names the caller's own knobs, and the memory layer none",
              Catch::Contains("BudgetConfig::limit_bytes"));
   CHECK_THAT(describe(limit, kOpsLike), Catch::Contains("--budget-mb"));
 
+  Failure heap_refused = limit;  // the executor's own device heap, refused by the budget
+  heap_refused.category = MemoryCategory::runtime_heap;
+  CHECK_THAT(advice_for(heap_refused, kPythonLike),
+             Catch::Contains("kiln.init(budget_bytes=...)") && Catch::Contains("kiln.init(device_heap_bytes=...)"));
+  CHECK_THAT(advice_for(limit, kPythonLike), !Catch::Contains("device_heap_bytes"));
+
   Failure live = oom(OomSource::budget);
   live.budget_check = BudgetCheck::live_free;
   CHECK_THAT(advice_for(live, kPythonLike), Catch::Contains("kiln.init(reserve_bytes=...)") &&

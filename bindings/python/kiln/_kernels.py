@@ -301,6 +301,13 @@ def _broadcast_shape(shapes: list[tuple[int, ...]], names: list[str], site: str)
     return tuple(result)
 
 
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether an array of ``shape`` broadcasts to exactly ``target`` (numpy's rule)."""
+    if len(shape) > len(target):
+        return False
+    return all(e in (1, t) for e, t in zip(shape, target[len(target) - len(shape):]))
+
+
 def _broadcast_strides(shape: tuple[int, ...], full: tuple[int, ...]) -> list[int]:
     """Element strides of a C-contiguous array of `shape` over the dimensions of `full`
     (0 where it is broadcast)."""
@@ -422,6 +429,12 @@ class ElementwiseKernel:
             if not 0 <= size < 1 << 63:
                 raise _usage(site, f"size {size} is not in [0, 2**63)")
         if arrays:
+            in_arrays = [(p.name, tuple(a.shape)) for p, a in zip(self.in_params, inputs) if _is_array(a)]
+            in_shape = _broadcast_shape([s for _, s in in_arrays], [n for n, _ in in_arrays], site)
+            for p, a in zip(self.out_params, outputs):  # an output must hold the inputs' shape
+                if not _broadcasts_to(in_shape, tuple(a.shape)):
+                    raise _usage(site, f"output {p.name} has shape {tuple(a.shape)}, the inputs "
+                                       f"broadcast to {in_shape}")
             shape = _broadcast_shape([s for _, s in arrays], [n for n, _ in arrays], site)
             if size is not None and size != math.prod(shape):
                 raise _usage(site, f"size={size}, but the arguments broadcast to {shape} "
@@ -520,7 +533,9 @@ class ReductionKernel:
         if not isinstance(keepdims, (bool, np.bool_)):
             raise _type_error(site, f"keepdims must be True or False, got {type(keepdims).__name__}")
         if len(args) != len(self.in_params):
-            raise _usage(site, f"takes {len(self.in_params)} inputs, got {len(args)}")
+            hint = (" (outputs go in out=, as CuPy's)"
+                    if len(args) == len(self.in_params) + len(self.out_params) else "")
+            raise _usage(site, f"takes {len(self.in_params)} inputs, got {len(args)}{hint}")
         inputs = list(args)
         types = _Types(site)
         types.bind_arrays(self.in_params, inputs)
