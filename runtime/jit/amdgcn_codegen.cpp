@@ -46,18 +46,14 @@ constexpr const char *kTriple = "amdgcn-amd-amdhsa";
 /// carries the user's IR is module-level assembly); nullptr if this LLVM has none.
 const llvm::Target *amdgpu_target() {
 #if KILN_HAVE_AMDGPU
-  static std::once_flag once;
-  static const llvm::Target *target = nullptr;
-  std::call_once(once, [] {
+  static gpu::TargetSlot slot;
+  return gpu::initialize_target_once(slot, kTriple, [] {
     LLVMInitializeAMDGPUTargetInfo();
     LLVMInitializeAMDGPUTarget();
     LLVMInitializeAMDGPUTargetMC();
     LLVMInitializeAMDGPUAsmPrinter();
     LLVMInitializeAMDGPUAsmParser();
-    std::string ignored;
-    target = llvm::TargetRegistry::lookupTarget(kTriple, ignored);
   });
-  return target;
 #else
   return nullptr;
 #endif

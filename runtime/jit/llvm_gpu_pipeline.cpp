@@ -85,4 +85,13 @@ llvm::Error verify_and_emit(llvm::Module &module, llvm::TargetMachine &tm,
   return llvm::Error::success();
 }
 
+const llvm::Target *initialize_target_once(TargetSlot &slot, const char *triple, void (*initialize)()) {
+  std::call_once(slot.once, [&] {
+    initialize();
+    std::string ignored;
+    slot.target = llvm::TargetRegistry::lookupTarget(triple, ignored);
+  });
+  return slot.target;
+}
+
 }  // namespace kiln::runtime::gpu

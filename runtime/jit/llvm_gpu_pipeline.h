@@ -6,6 +6,7 @@
 #ifndef KILN_RUNTIME_JIT_LLVM_GPU_PIPELINE_H_
 #define KILN_RUNTIME_JIT_LLVM_GPU_PIPELINE_H_
 
+#include <mutex>
 #include <string>
 
 #include <llvm/ADT/STLFunctionalExtras.h>
@@ -15,6 +16,7 @@
 #include <llvm/IR/Module.h>
 #include <llvm/Support/CodeGen.h>
 #include <llvm/Support/Error.h>
+#include <llvm/MC/TargetRegistry.h>
 #include <llvm/Target/TargetMachine.h>
 
 namespace kiln::runtime::gpu {
@@ -48,6 +50,14 @@ void optimize(llvm::Module &module, llvm::TargetMachine &tm);
                                           llvm::CodeGenFileType type,
                                           const DiagnosticCollector &diagnostics,
                                           llvm::SmallVectorImpl<char> &out);
+
+/// A target's one-time registration: `initialize` (its LLVMInitialize*() calls) runs once per
+/// slot, then `triple` is looked up. Returns the target, or nullptr if it is not registered.
+struct TargetSlot {
+  std::once_flag once;
+  const llvm::Target *target = nullptr;
+};
+const llvm::Target *initialize_target_once(TargetSlot &slot, const char *triple, void (*initialize)());
 
 }  // namespace kiln::runtime::gpu
 

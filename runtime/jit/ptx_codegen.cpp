@@ -88,17 +88,13 @@ int min_ptx_version(int sm_version) {
 /// Initializes LLVM's NVPTX target once per process; nullptr if this LLVM has none.
 const llvm::Target *nvptx_target() {
 #if KILN_HAVE_NVPTX
-  static std::once_flag once;
-  static const llvm::Target *target = nullptr;
-  std::call_once(once, [] {
+  static gpu::TargetSlot slot;
+  return gpu::initialize_target_once(slot, kTriple, [] {
     LLVMInitializeNVPTXTargetInfo();
     LLVMInitializeNVPTXTarget();
     LLVMInitializeNVPTXTargetMC();
     LLVMInitializeNVPTXAsmPrinter();
-    std::string ignored;
-    target = llvm::TargetRegistry::lookupTarget(kTriple, ignored);
   });
-  return target;
 #else
   return nullptr;
 #endif
