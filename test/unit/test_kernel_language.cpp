@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kiln/executor/operation_kernels.h"
+#include "kernel_sources.h"
 #include "test_support.h"
 
 using namespace kiln;
@@ -46,27 +47,10 @@ TEST_CASE("an elementwise operation compiles and runs as numpy computes it", "[k
   CHECK(download<float>(*ex, z) == std::vector<float>{1, 4, 0, 64});
 }
 
-namespace {
-
-runtime::ReductionSource sum_of_squares() {
-  runtime::ReductionSource source;
-  source.name = "sum_squares";
-  source.map_expr = "x * x";
-  source.reduce_expr = "a + b";
-  source.post_map_expr = "y = a";
-  source.identity = "0";
-  source.inputs = {{"x", UserValueType::i64, true, false, {}}};
-  source.outputs = {{"y", UserValueType::i64, true, true, {}}};
-  source.reduce_type = UserValueType::i64;
-  return source;
-}
-
-}  // namespace
-
 TEST_CASE("a reduction's kernels fold an axis in parts, each part in order or in interleaved lanes",
           "[kernel_language]") {
   auto ex = make_executor();
-  const ReductionKernels kernels = value_or_throw(compile_reduction(*ex, sum_of_squares()));
+  const ReductionKernels kernels = value_or_throw(compile_reduction(*ex, sum_of_squares_i64()));
   CHECK(kernels.fold == nullptr);  // the GPUs' middle level only
   const int64_t lanes = GENERATE(1, 4);
   INFO("lanes " << lanes);

@@ -10,6 +10,7 @@
 #include "fake_gpu_handle.h"
 #include "kiln/executor/operation_kernels.h"
 #include "kiln/executor/user_kernel.h"
+#include "kernel_sources.h"
 #include "test_support.h"
 
 using namespace kiln;
@@ -368,16 +369,7 @@ TEST_CASE("a reduction on the fake CUDA driver and the fake HIP runtime runs its
   INFO(to_string(backend));
   if (backend == Backend::amdgpu && !KILN_EXPECT_HSACO) return;  // built without AMDGPU user kernels
   auto gpu = fake_gpu_executor(backend);
-  runtime::ReductionSource source;
-  source.name = "sum_squares";
-  source.map_expr = "x * x";
-  source.reduce_expr = "a + b";
-  source.post_map_expr = "y = a";
-  source.identity = "0";
-  source.inputs = {{"x", runtime::UserValueType::i64, true, false, {}}};
-  source.outputs = {{"y", runtime::UserValueType::i64, true, true, {}}};
-  source.reduce_type = runtime::UserValueType::i64;
-  const ReductionKernels kernels = value_or_throw(compile_reduction(*gpu, source));
+  const ReductionKernels kernels = value_or_throw(compile_reduction(*gpu, sum_of_squares_i64()));
   REQUIRE(kernels.fold != nullptr);
   constexpr int64_t n = 200000;
   const ReductionPlan plan = plan_reduction(true, n, 1, 1);
