@@ -173,6 +173,18 @@ TEST_CASE("with ROCm's ocml (Debian's rocm-device-libs), every function of the o
   CHECK_THAT(unreadable.error().message(), Catch::Contains("cannot read ROCm's ocml at /nonexistent/ocml.bc"));
 }
 
+TEST_CASE("an ocml that reads an oclc control kiln does not know is refused by name, not guessed",
+          "[amdgpu][user_kernel][codegen]") {
+  if (!KILN_EXPECT_HSACO) return;
+  const EnvSetting future("KILN_OCML", KILN_OCML_UNKNOWN_CONTROL);
+  const std::string ir = operation_ir("tanh", 1, UserValueType::f64);
+  const UserValueType params[] = {UserValueType::ptr, UserValueType::ptr};
+  auto refused = generate_user_hsaco(std::as_bytes(std::span(ir.data(), ir.size())), "f", params, "gfx90a", "amdgpu");
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().result == RhiResult::not_supported);
+  CHECK_THAT(refused.error().message(), Catch::Contains("reads __oclc_future_knob, whose value kiln does not know"));
+}
+
 TEST_CASE("with ocml found, what amdgpu expands itself is not taken from ocml", "[amdgpu][user_kernel][codegen]") {
   if (!KILN_EXPECT_HSACO || !find_ocml()) return;  // nothing to compare
   const std::string ir = operation_ir("sin", 1, UserValueType::f32);
