@@ -14,7 +14,9 @@
 #include <fmt/format.h>
 
 #include "conversions.h"
+#include "armed_exception.h"
 #include "error_mapping.h"
+#include "fast_entry.h"
 #include "ndarray.h"
 
 namespace kiln::python {
@@ -73,6 +75,7 @@ void fill_view(Py_buffer *view, PyArray &a, const Ndarray &array, void *data, in
 int ndarray_getbuffer(PyObject *self, Py_buffer *view, int flags) {
   view->obj = nullptr;
   try {
+    throw_if_armed(ArmedSite::buffer);
     PyArray &a = as_array(self, "buffer", "self");
     const Ndarray &array = a.get("buffer");
     a.view_layout();
@@ -87,8 +90,10 @@ int ndarray_getbuffer(PyObject *self, Py_buffer *view, int flags) {
     return 0;
   } catch (py::error_already_set &e) {
     e.restore();
-  } catch (const std::exception &e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (abi::__forced_unwind &) {
+    throw;  // the thread is ending: no Python error to set
+  } catch (...) {
+    translate_active_exception();  // the one mapping: bad_alloc is HostOutOfMemoryError
   }
   return -1;
 }

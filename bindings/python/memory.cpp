@@ -15,7 +15,9 @@
 #include <string>
 
 #include "conversions.h"
+#include "armed_exception.h"
 #include "error_mapping.h"
+#include "fast_entry.h"
 #include "executor_state.h"
 #include "registration.h"
 #include "signatures.h"
@@ -81,6 +83,7 @@ struct PyCallback {
 void call_observer(const PyCallback &callback, const Failure &failure) {
   PyObject *exception = nullptr;
   try {
+    throw_if_armed(ArmedSite::observer);
     exception = make_exception(failure).release().ptr();
   } catch (py::error_already_set &e) {
     if (!e.matches(PyExc_Exception)) {  // KeyboardInterrupt, SystemExit: the caller gets it
@@ -89,8 +92,10 @@ void call_observer(const PyCallback &callback, const Failure &failure) {
     }
     e.discard_as_unraisable(py::reinterpret_borrow<py::object>(callback.fn));
     return;
-  } catch (const std::exception &e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (abi::__forced_unwind &) {
+    throw;  // the thread is ending: no Python error to set
+  } catch (...) {
+    translate_active_exception();  // the one mapping: bad_alloc is HostOutOfMemoryError
     PyErr_WriteUnraisable(callback.fn);
     return;
   }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "conversions.h"
+#include "armed_exception.h"
 #include "error_mapping.h"
 #include "fast_entry.h"
 #include "ndarray.h"
@@ -63,10 +64,11 @@ class InitScope {
       return;
     }
     try {
+      throw_if_armed(ArmedSite::ndarray_init);
       g_initializing.push_back(self);
       entered_ = true;
     } catch (const std::bad_alloc &) {
-      PyErr_NoMemory();
+      translate_active_exception();  // HostOutOfMemoryError, as every bad_alloc
     }
   }
   ~InitScope() {

@@ -16,6 +16,7 @@
 #include <string>
 #include <system_error>
 
+#include "armed_exception.h"
 #include "conversions.h"
 #include "kiln/runtime/memory/fault_spec.h"
 #include "error_mapping.h"
@@ -168,14 +169,29 @@ py::object make_error(py::handle result_obj, py::handle oom_source_obj, py::hand
   return make_exception(f);
 }
 
+ArmedKind armed_kind(py::handle kind_obj, const char *site) {
+  const std::string kind = to_text(kind_obj, "kind", site);
+  if (kind == "bad_alloc") return ArmedKind::bad_alloc;
+  if (kind == "future_error") return ArmedKind::future_error;
+  if (kind == "system_error") return ArmedKind::system_error;
+  raise_invalid_usage("kiln", site, fmt::format("kind {:?} is not bad_alloc, future_error or system_error", kind));
+}
+
 /// Throws a C++ exception of `kind` (bad_alloc, future_error, system_error) through the module:
 /// tests the translation of error_mapping.cpp's register_exception_translator.
-void throw_cpp_exception(py::handle kind_obj) {
-  const std::string kind = to_text(kind_obj, "kind", "_throw_cpp_exception");
-  if (kind == "bad_alloc") throw std::bad_alloc();
-  if (kind == "future_error") throw std::future_error(std::future_errc::no_state);
-  if (kind == "system_error")
-    throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+void throw_cpp_exception(py::handle kind_obj) { throw_cpp_exception_of(armed_kind(kind_obj, "_throw_cpp_exception")); }
+
+/// Arms a C++ exception of `kind` at `site` (armed_exception.h): "buffer", "observer",
+/// "ndarray_init", or "none" to disarm.
+void arm_exception(py::handle site_obj, py::handle kind_obj) {
+  const char *name = "_arm_cpp_exception";
+  const std::string site = to_text(site_obj, "site", name);
+  const ArmedKind kind = armed_kind(kind_obj, name);
+  if (site == "none") arm_cpp_exception(ArmedSite::none, kind);
+  else if (site == "buffer") arm_cpp_exception(ArmedSite::buffer, kind);
+  else if (site == "observer") arm_cpp_exception(ArmedSite::observer, kind);
+  else if (site == "ndarray_init" && kind == ArmedKind::bad_alloc) arm_cpp_exception(ArmedSite::ndarray_init, kind);
+  else raise_invalid_usage("kiln", name, fmt::format("site {:?} is not buffer, observer, ndarray_init (bad_alloc only) or none", site));
 }
 
 }  // namespace
@@ -188,6 +204,7 @@ void register_testing(py::module_ &m) {
   def_typed(m, "_innermost_fault_block", "()", &innermost_fault_block, guarded());
   def_typed(m, "_live_array_bytes", "()", &LiveArrayBytes::total);
   def_typed(m, "_throw_cpp_exception", "(kind)", &throw_cpp_exception, py::arg("kind"), guarded());
+  def_typed(m, "_arm_cpp_exception", "(site, kind)", &arm_exception, py::arg("site"), py::arg("kind"), guarded());
   // Called positionally it takes the fast entries' way (fast_entry.h): the test of how they
   // translate a C++ exception; by keyword, pybind11's.
   FastFunction<&throw_cpp_exception, 1>::install(m, "_throw_cpp_exception");

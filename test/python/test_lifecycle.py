@@ -8,9 +8,11 @@ import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 import kiln
+from conftest import collect_unraisable
 
 FAKE_CUDA = os.environ.get("KILN_TEST_FAKE_CUDA")
 FAKE_HIP = os.environ.get("KILN_TEST_FAKE_HIP")
@@ -520,3 +522,38 @@ def test_a_teardown_warning_made_an_error_comes_after_the_new_executor_is_in_pla
             with pytest.raises(RuntimeWarning, match="cuDevicePrimaryCtxRelease_v2 failed"):
                 kiln.init(arch="cpu")
         assert kiln.device() == "cpu"  # the new executor is in place
+
+
+# --- C++ exceptions the bindings catch themselves go through the one mapping -----------------
+
+@pytest.mark.parametrize("kind, error", [
+    ("bad_alloc", kiln.HostOutOfMemoryError),
+    ("system_error", kiln.RuntimeFaultError),
+])
+def test_a_cpp_exception_in_a_buffer_export_is_a_named_kiln_error(kind, error):
+    a = kiln.zeros((4,))
+    kiln._kiln._arm_cpp_exception("buffer", kind)
+    with pytest.raises(error):
+        memoryview(a)
+    assert np.asarray(memoryview(a)).tolist() == [0.0] * 4  # disarmed after once; a still works
+
+
+def test_a_cpp_exception_making_an_observers_error_is_reported_as_a_named_kiln_error():
+    kiln.init(arch="cpu", budget_bytes=32 << 20)
+    seen = []
+    kiln.add_oom_observer(seen.append)
+    kiln._kiln._arm_cpp_exception("observer", "bad_alloc")
+    with collect_unraisable() as unraisable, pytest.raises(kiln.BudgetExceededError):
+        kiln.ndarray(kiln.f32, (16 << 20,))
+    assert [type(u) for u in unraisable] == [kiln.HostOutOfMemoryError] and seen == []
+
+
+def test_a_bad_alloc_in_ndarray_init_is_host_out_of_memory():
+    a = kiln.ndarray.__new__(kiln.ndarray)  # a fresh instance: __init__ records itself first
+    kiln._kiln._arm_cpp_exception("ndarray_init", "bad_alloc")
+    with pytest.raises(kiln.HostOutOfMemoryError):
+        a.__init__(kiln.f32, (4,))
+    a.__init__(kiln.f32, (4,))  # disarmed: the same instance is made now
+    assert a.shape == (4,)
+    with pytest.raises(kiln.InvalidUsageError, match="bad_alloc only"):
+        kiln._kiln._arm_cpp_exception("ndarray_init", "system_error")

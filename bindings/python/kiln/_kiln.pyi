@@ -483,6 +483,14 @@ def _throw_cpp_exception(kind: str) -> None:
     raises HostOutOfMemoryError or RuntimeFaultError (the translation under test)."""
 
 
+def _arm_cpp_exception(site: str, kind: str) -> None:
+    """Testing: the next pass through ``site`` ("buffer": an ndarray's buffer export,
+    "observer": making an OOM observer's exception, "ndarray_init": kiln.ndarray.__init__ called itself, with
+    "bad_alloc" only) throws a C++ exception of ``kind`` once, which must reach Python as
+    HostOutOfMemoryError or RuntimeFaultError; "none" disarms. Errors: InvalidUsageError for an
+    unknown site or kind."""
+
+
 def _live_array_bytes() -> int:
     """The bytes of every kiln.ndarray alive and not freed, over every executor (an array
     outlives the executor kiln.init replaced): the pytest plugin's leak check when the test
