@@ -97,6 +97,22 @@ RhiStatus KernelLauncher::read_results(int64_t num_tasks, std::vector<KilnTaskRe
                                                 out.size() * sizeof(KilnTaskResult));
 }
 
+namespace {
+
+/// A device-side message as text any caller can show: printable ASCII kept, every other byte
+/// (a user kernel's kiln_assert may pass any bytes) written \xNN.
+std::string printable(const char *message) {
+  std::string text;
+  for (const char *c = message; *c != '\0'; ++c) {
+    const auto byte = static_cast<unsigned char>(*c);
+    if (byte >= 0x20 && byte < 0x7f) text += *c;
+    else text += fmt::format("\\x{:02x}", byte);
+  }
+  return text;
+}
+
+}  // namespace
+
 RhiStatus KernelLauncher::check_device_error(const std::string &kernel) {
   KilnRuntime state{};
   if (runtime_host_ != nullptr) {
@@ -121,10 +137,10 @@ RhiStatus KernelLauncher::check_device_error(const std::string &kernel) {
   if (state.error_code == KILN_DEVICE_ASSERTION)
     return std::unexpected(make_failure(RhiResult::error, memory_.device().name(), kSite,
                                         fmt::format("kernel {}: a device-side assertion failed: {}", kernel,
-                                                    state.error_message)));
+                                                    printable(state.error_message))));
   return std::unexpected(make_failure(RhiResult::error, memory_.device().name(), kSite,
                                       fmt::format("kernel {} recorded device error {}: {}", kernel,
-                                                  state.error_code, state.error_message)));
+                                                  state.error_code, printable(state.error_message))));
 }
 
 RhiStatus KernelLauncher::check_injected_launch_fault(const std::string &kernel) {

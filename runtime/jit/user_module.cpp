@@ -143,14 +143,28 @@ bool calls_inline_asm(const llvm::Function &f) {
   return false;
 }
 
-/// What the module may call: the ABI's functions (declared with the runtime's types) and LLVM
-/// intrinsics other than the traps; and what it may not define: a name of the runtime's,
-/// kiln_user_entry, an ifunc, or a function with inline assembly.
+/// What the module may call: the ABI's functions (declared with the runtime's types) and LLVM's
+/// target-independent intrinsics other than the traps; what it may not declare: an external
+/// global (the CPU JIT would bind it to any symbol of the process); and what it may not define: a
+/// name of the runtime's, kiln_user_entry, an ifunc, module-level or inline assembly.
 RhiStatus check_symbols(const llvm::Module &module, const llvm::Module &runtime, const char *device) {
+  if (!module.getModuleInlineAsm().empty())
+    return std::unexpected(usage(device, "the module holds module-level assembly, which kiln cannot check; a user "
+                                         "kernel is LLVM IR only"));
   if (!module.ifunc_empty())
     return std::unexpected(usage(device, fmt::format("the module defines the ifunc @{}; a user kernel defines "
                                                      "plain functions only",
                                                      module.ifuncs().begin()->getName().str())));
+  for (const llvm::GlobalVariable &g : module.globals()) {
+    if (g.isDeclaration())  // resolved by the JIT from the process: any host symbol, even a function
+      return std::unexpected(usage(device, fmt::format("the module declares the external global @{}; a user "
+                                                       "kernel defines its globals (kiln provides none)",
+                                                       g.getName().str())));
+    if (!g.hasLocalLinkage() && runtime.getNamedValue(g.getName()) != nullptr)
+      return std::unexpected(usage(device, fmt::format("the module defines @{}, a name of kiln's device runtime; "
+                                                       "rename it",
+                                                       g.getName().str())));
+  }
   for (const llvm::Function &f : module) {
     if (f.getIntrinsicID() == llvm::Intrinsic::trap || f.getIntrinsicID() == llvm::Intrinsic::debugtrap ||
         f.getIntrinsicID() == llvm::Intrinsic::ubsantrap)
@@ -170,7 +184,17 @@ RhiStatus check_symbols(const llvm::Module &module, const llvm::Module &runtime,
                                                          name)));
       continue;
     }
-    if (f.isIntrinsic()) continue;
+    if (f.isIntrinsic()) {
+      if (f.getIntrinsicID() == llvm::Intrinsic::not_intrinsic)
+        return std::unexpected(usage(device, fmt::format("the module calls @{}, which is no LLVM 19 intrinsic",
+                                                         name)));
+      if (f.isTargetIntrinsic())  // nvvm, amdgcn, x86...: one back end's only, and the fakes run the host's
+        return std::unexpected(usage(device, fmt::format("the module calls @{}, an intrinsic of one target; a user "
+                                                         "kernel runs on every device, so it uses kiln_index, "
+                                                         "kiln_count and target-independent intrinsics only",
+                                                         name)));
+      continue;
+    }
     if (std::find(std::begin(kAbiFunctions), std::end(kAbiFunctions), name) == std::end(kAbiFunctions))
       return std::unexpected(usage(device, fmt::format("the module calls @{}, which kiln does not provide: a "
                                                        "user kernel may call kiln_index, kiln_count, "
@@ -183,6 +207,36 @@ RhiStatus check_symbols(const llvm::Module &module, const llvm::Module &runtime,
                                                        theirs ? type_text(theirs->getFunctionType()) : "?")));
   }
   return {};
+}
+
+/// Gives every integer division and remainder of the user's functions a defined result where
+/// LLVM leaves it undefined and a CPU traps (SIGFPE): by 0 the result is 0, and a signed
+/// INT_MIN / -1 wraps (-x; remainder 0), as the operation language defines them.
+void guard_integer_division(llvm::Module &module) {
+  std::vector<llvm::BinaryOperator *> divisions;
+  for (llvm::Function &f : module)
+    for (llvm::BasicBlock &block : f)
+      for (llvm::Instruction &instruction : block)
+        if (auto *op = llvm::dyn_cast<llvm::BinaryOperator>(&instruction))
+          if (op->getOpcode() == llvm::Instruction::SDiv || op->getOpcode() == llvm::Instruction::UDiv ||
+              op->getOpcode() == llvm::Instruction::SRem || op->getOpcode() == llvm::Instruction::URem)
+            divisions.push_back(op);
+  for (llvm::BinaryOperator *op : divisions) {
+    const bool is_signed = op->getOpcode() == llvm::Instruction::SDiv || op->getOpcode() == llvm::Instruction::SRem;
+    const bool is_division = op->getOpcode() == llvm::Instruction::SDiv || op->getOpcode() == llvm::Instruction::UDiv;
+    llvm::Value *x = op->getOperand(0), *d = op->getOperand(1);
+    llvm::Type *type = op->getType();
+    llvm::IRBuilder<> b(op);
+    llvm::Value *zero = b.CreateICmpEQ(d, llvm::Constant::getNullValue(type));
+    llvm::Value *minus_one = is_signed ? b.CreateICmpEQ(d, llvm::Constant::getAllOnesValue(type)) : nullptr;
+    llvm::Value *unsafe = minus_one != nullptr ? b.CreateOr(zero, minus_one) : zero;
+    llvm::Value *divisor = b.CreateSelect(unsafe, llvm::ConstantInt::get(type, 1), d);
+    llvm::Value *result = b.CreateBinOp(op->getOpcode(), x, divisor);  // by 1: x, remainder 0
+    if (minus_one != nullptr && is_division) result = b.CreateSelect(minus_one, b.CreateNeg(x), result);
+    result = b.CreateSelect(zero, llvm::Constant::getNullValue(type), result);
+    op->replaceAllUsesWith(result);
+    op->eraseFromParent();
+  }
 }
 
 /// One user argument, read from args->user_args[slot] and converted to `type`.
@@ -304,6 +358,7 @@ RhiExpected<std::unique_ptr<llvm::Module>> prepare_user_module(
   KILN_RETURN_IF_ERROR(verify(*module, device));
   KILN_ASSIGN_OR_RETURN(llvm::Function * element, check_entry(*module, entry, params, device));
   KILN_RETURN_IF_ERROR(check_symbols(*module, *runtime, device));
+  guard_integer_division(*module);  // the user's functions only: the runtime is linked below
   module->setTargetTriple(runtime->getTargetTriple());
   module->setDataLayout(runtime->getDataLayout());  // before the wrapper: its alloca's address space
   make_entry_wrapper(*module, *element, params);

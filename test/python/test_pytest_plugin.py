@@ -43,6 +43,10 @@ USER_TESTS = textwrap.dedent('''
         kept.append(kiln.ndarray(kiln.f32, 1024))  # held by the executor replaced below
         kiln.init(arch=kiln_backend)
 
+    def test_user_kernel_compiled_here(kiln_backend):
+        k = kiln.ElementwiseKernel("T x", "T z", "z = x * 2", "double_it")
+        k(kiln.zeros((4,))).free()  # its code stays in kiln's compile cache: not a leak
+
     @pytest.mark.kiln_sweep
     def test_sweep_wrong_catch(kiln_backend):
         try:
@@ -90,6 +94,7 @@ def test_the_plugin_runs_each_backend_checks_leaks_and_sweeps(tmp_path):
         assert (f"kiln leak: the test replaced the {backend} executor (kiln.init) and left 4096 "
                 f"bytes of kiln arrays alive and not freed" in out), out
         assert outcomes(out, f"test_reinit_clean[{backend}]") == {"PASSED"}, out
+        assert outcomes(out, f"test_user_kernel_compiled_here[{backend}]") == {"PASSED"}, out
     assert "kiln leak: the test left held on mock: ndarray 4096 bytes" in out
     assert "kiln.testing.SweepError" in out and "raised RuntimeError: hidden out-of-memory" in out
 

@@ -449,6 +449,15 @@ def test_sweep_over_a_user_kernel_workload_passes(arch):
     assert not report.broken and report.allocations >= 4  # x, y, z, the reduction's output and parts
 
 
+def test_sweep_over_a_workload_that_compiles_its_own_kernel_passes(arch):
+    def workload():  # the first run compiles: the cached code is kiln's, not the workload's
+        k = kiln.ElementwiseKernel("T x", "T z", "z = x * 2", "double_it")
+        return host(k(kiln.from_numpy(np.arange(4.0)))).tolist()
+
+    report = kiln.testing.sweep(workload)
+    assert not report.broken, report
+
+
 def test_min_budget_of_a_user_kernel_workload(arch):
     sq = kiln.ElementwiseKernel(*SQUARED_DIFF)
 

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -197,6 +198,18 @@ TEST_CASE("a failed device-side assertion names the kernel, the element and the 
   CHECK(ex->launch(*kernel, fine));  // the next launch starts clean
 }
 
+TEST_CASE("an assertion message of any bytes reads as printable text, the others escaped", "[user_kernel]") {
+  auto ex = make_executor();
+  std::string ir = kCheckPositive;
+  ir.replace(ir.find("negative"), 8, R"(\FF\FEgative)");  // two bytes that are not text: the length stays 23
+  auto kernel = compile(*ex, ir, "check_positive", {{"x", ParamKind::in, DataType::f32}});
+  Ndarray bad = upload<float>(*ex, DataType::f32, {-1});
+  const KernelArg args[] = {KernelArg::of(bad)};
+  auto failed = ex->launch(*kernel, args);
+  REQUIRE_FALSE(failed);
+  CHECK_THAT(failed.error().message(), Catch::Contains(R"(element 0: x must not be \xff\xfegative)"));
+}
+
 TEST_CASE("IR that does not parse is invalid usage with its line, column and a caret", "[user_kernel][bad-input]") {
   auto ex = make_executor();
   const std::string typo = "define void @k(ptr %ctx) {\n  %x = fadd flaot 1.0, 2.0\n  ret void\n}\n";
@@ -244,6 +257,69 @@ TEST_CASE("a module calling what kiln does not provide, or redefining kiln's nam
   CHECK_THAT(create_failure(*ex, wrong_type, "k", {}).message(), Catch::Contains("@kiln_index is declared i32 (ptr); kiln's is i64 (ptr)"));
   const std::string redefines = "define i64 @kiln_count(ptr %c) {\n  ret i64 0\n}\ndefine void @k(ptr %ctx) {\n  ret void\n}\n";
   CHECK_THAT(create_failure(*ex, redefines, "k", {}).message(), Catch::Contains("defines @kiln_count, a name of kiln's"));
+}
+
+TEST_CASE("a module reaching outside kiln through a global, one target's intrinsic or assembly is refused",
+          "[user_kernel][bad-input]") {
+  auto ex = make_executor();
+  // The CPU JIT would bind an external global to the process's own symbol: abort() would run.
+  const std::string via_global = "@abort = external global i8\ndefine void @k(ptr %ctx) {\n  call void @abort()\n"
+                                 "  ret void\n}\n";
+  CHECK_THAT(create_failure(*ex, via_global, "k", {}).message(), Catch::Contains("declares the external global @abort"));
+  const std::string nvvm = "declare i32 @llvm.nvvm.read.ptx.sreg.tid.x()\ndefine void @k(ptr %ctx) {\n"
+                           "  %t = call i32 @llvm.nvvm.read.ptx.sreg.tid.x()\n  ret void\n}\n";
+  CHECK_THAT(create_failure(*ex, nvvm, "k", {}).message(), Catch::Contains("an intrinsic of one target"));
+  const std::string unknown = "declare float @llvm.foo.bar(float)\ndefine void @k(ptr %ctx) {\n"
+                              "  %t = call float @llvm.foo.bar(float 1.0)\n  ret void\n}\n";
+  CHECK_THAT(create_failure(*ex, unknown, "k", {}).message(), Catch::Contains("@llvm.foo.bar, which is no LLVM 19 intrinsic"));
+  const std::string assembly = "module asm \"ud2\"\ndefine void @k(ptr %ctx) {\n  ret void\n}\n";
+  CHECK_THAT(create_failure(*ex, assembly, "k", {}).message(), Catch::Contains("module-level assembly"));
+  for (const std::string *ir : {&via_global, &nvvm, &unknown, &assembly})
+    CHECK(create_failure(*ex, *ir, "k", {}).kernel_compile);
+}
+
+TEST_CASE("integer division by zero in IR gives 0 and INT_MIN / -1 wraps, never a trap", "[user_kernel][bad-input]") {
+  auto ex = make_executor();
+  // q[i] = n[i] / d[i] and r[i] = n[i] % d[i], signed and unsigned: a CPU would raise SIGFPE.
+  const std::string divide = R"(
+declare i64 @kiln_index(ptr)
+define void @k(ptr %ctx, ptr %n, ptr %d, ptr %q, ptr %r, ptr %uq, ptr %ur) {
+  %i = call i64 @kiln_index(ptr %ctx)
+  %pn = getelementptr i64, ptr %n, i64 %i
+  %pd = getelementptr i64, ptr %d, i64 %i
+  %a = load i64, ptr %pn
+  %b = load i64, ptr %pd
+  %v1 = sdiv i64 %a, %b
+  %p1 = getelementptr i64, ptr %q, i64 %i
+  store i64 %v1, ptr %p1
+  %v2 = srem i64 %a, %b
+  %p2 = getelementptr i64, ptr %r, i64 %i
+  store i64 %v2, ptr %p2
+  %v3 = udiv i64 %a, %b
+  %p3 = getelementptr i64, ptr %uq, i64 %i
+  store i64 %v3, ptr %p3
+  %v4 = urem i64 %a, %b
+  %p4 = getelementptr i64, ptr %ur, i64 %i
+  store i64 %v4, ptr %p4
+  ret void
+}
+)";
+  auto k = compile(*ex, divide, "k",
+                   {{"n", ParamKind::in, DataType::i64}, {"d", ParamKind::in, DataType::i64},
+                    {"q", ParamKind::out, DataType::i64}, {"r", ParamKind::out, DataType::i64},
+                    {"uq", ParamKind::out, DataType::i64}, {"ur", ParamKind::out, DataType::i64}});
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  Ndarray n = upload<int64_t>(*ex, DataType::i64, {7, 7, kMin, -7});
+  Ndarray d = upload<int64_t>(*ex, DataType::i64, {0, 2, -1, -1});
+  std::vector<Ndarray> outs;
+  for (int o = 0; o < 4; ++o) outs.push_back(upload<int64_t>(*ex, DataType::i64, {9, 9, 9, 9}));
+  const KernelArg args[] = {KernelArg::of(n),       KernelArg::of(d),       KernelArg::of(outs[0]),
+                            KernelArg::of(outs[1]), KernelArg::of(outs[2]), KernelArg::of(outs[3])};
+  REQUIRE(ex->launch(*k, args));
+  CHECK(download<int64_t>(*ex, outs[0]) == std::vector<int64_t>{0, 3, kMin, 7});  // kMin / -1 wraps
+  CHECK(download<int64_t>(*ex, outs[1]) == std::vector<int64_t>{0, 1, 0, 0});
+  CHECK(download<int64_t>(*ex, outs[2]) == std::vector<int64_t>{0, 3, 0, 0});  // unsigned: 2^63 / (2^64 - 1) = 0
+  CHECK(download<int64_t>(*ex, outs[3]) == std::vector<int64_t>{0, 1, kMin, -7});
 }
 
 TEST_CASE("a bad declaration is refused before LLVM runs", "[user_kernel][bad-input]") {

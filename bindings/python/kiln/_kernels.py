@@ -160,6 +160,25 @@ def _clear_cache() -> None:
             kernel._fast_generation = -1
 
 
+def _cached_code_bytes() -> int:
+    """Bytes of code_object the kernel cache holds for the current executor (each cached kernel
+    once): kiln's own cache, which the leak checks (kiln.testing.sweep, the pytest plugin) do not
+    count as held by the workload."""
+    generation = _kiln._executor_generation()
+    kernels: dict[int, Any] = {}
+    with _cache_lock:
+        for key, value in _cache.items():
+            if key[0] == generation:
+                for k in value if isinstance(value, tuple) else (value,):
+                    if k is not None:
+                        kernels[id(k)] = k
+        for instance in list(_instances):
+            if instance._fast_generation == generation:
+                for entry in instance._fast.values():
+                    kernels[id(entry[0])] = entry[0]
+    return sum(int(k.code_size_bytes) for k in kernels.values())
+
+
 def _check_name(name: Any, site: str) -> str:
     if not isinstance(name, str):
         raise _type_error(site, f"name must be a str, got {type(name).__name__}")
