@@ -3,6 +3,7 @@
 #include "kiln/runtime/thread_pool.h"
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -29,6 +30,26 @@ void run_inline(int64_t num_tasks, const std::function<void(int64_t)> &fn) {
   if (first) std::rethrow_exception(first);
 }
 
+/// How long a worker spins for the next job, and parallel_for for its workers to finish, before
+/// sleeping on a condition variable: a loop of launches brings the next job (and a job's last
+/// task ends) within microseconds, where waking a sleeping thread can take far longer on a VM
+/// (kiln-bench's paired reduce_sum ran near one core's bandwidth). OpenMP runtimes spin the same
+/// way before blocking (libgomp's GOMP_SPINCOUNT, LLVM's KMP_BLOCKTIME), for longer.
+constexpr std::chrono::microseconds kSpinTime{200};
+
+/// Spins until `ready()` or kSpinTime passed, with the CPU's spin-wait hint.
+template <class Ready>
+void spin_briefly(Ready ready) {
+  const auto until = std::chrono::steady_clock::now() + kSpinTime;
+  for (unsigned i = 1;; ++i) {
+    if (ready()) return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+    if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return;
+  }
+}
+
 }  // namespace
 
 // The workers and everything they share with parallel_for. In a forked child a crew is
@@ -37,9 +58,10 @@ struct ThreadPool::Crew {
   std::mutex mutex;  // guards everything below
   std::condition_variable work_cv;
   std::condition_variable done_cv;
-  uint64_t generation = 0;  // bumped once per job; workers wake on a change
-  bool stop = false;
-  unsigned workers_finished = 0;  // workers that are done with the current job
+  // Written under the mutex; atomic so that a spinning thread may read them without it.
+  std::atomic<uint64_t> generation{0};  // bumped once per job; workers wake on a change
+  std::atomic<bool> stop{false};
+  std::atomic<unsigned> workers_finished{0};  // workers that are done with the current job
   const std::function<void(int64_t)> *fn = nullptr;
   int64_t num_tasks = 0;
   int64_t next_task = 0;  // next unclaimed task index
@@ -93,6 +115,12 @@ struct ThreadPool::Crew {
     uint64_t seen_generation = 0;
     std::unique_lock lock(mutex);
     for (;;) {
+      if (!stop && generation == seen_generation) {
+        lock.unlock();
+        spin_briefly([&] { return stop.load(std::memory_order_relaxed) ||
+                                  generation.load(std::memory_order_relaxed) != seen_generation; });
+        lock.lock();
+      }
       work_cv.wait(lock, [&] { return stop || generation != seen_generation; });
       if (stop) return;
       seen_generation = generation;
@@ -116,6 +144,7 @@ struct ThreadPool::Crew {
     work_cv.notify_all();
     run_tasks(pool);
     std::exception_ptr failure;
+    spin_briefly([&] { return workers_finished.load(std::memory_order_relaxed) == workers.size(); });
     {
       std::unique_lock lock(mutex);
       done_cv.wait(lock, [&] { return workers_finished == workers.size(); });
