@@ -321,13 +321,14 @@ Parsed<void> Emitter::statement(const Statement &s) {
   if (!s.type_name.empty()) {
     auto type = resolve_type(s.type_name, s.offset);
     if (!type) return std::unexpected(type.error());
-    if (names_.contains(s.name))
+    if (names_.contains(s.name)) {
+      const std::string_view what = names_.at(s.name).what;
       return fail(s.offset, fmt::format("{} is already {}; choose another name", s.name,
-                                        names_.at(s.name).what == std::string_view("a local") ? "declared"
-                                                                                               : names_.at(s.name).what));
+                                        what == "a local" || what == "a const local" ? "declared" : what));
+    }
     llvm::Value *slot = local(*type, s.name);
     b_.CreateStore(convert(*value, *type).value, slot);
-    names_[s.name] = Binding{*type, nullptr, slot, true, "a local"};
+    names_[s.name] = Binding{*type, nullptr, slot, !s.constant, s.constant ? "a const local" : "a local"};
     return {};
   }
   const auto found = names_.find(s.name);

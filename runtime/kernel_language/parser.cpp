@@ -39,7 +39,8 @@ class Lexer {
   Parsed<std::vector<Token>> run() {
     std::vector<Token> tokens;
     for (;;) {
-      skip_space_and_comments();
+      if (!skip_space_and_comments())
+        return std::unexpected(SourceError{static_cast<uint32_t>(pos_), "this /* comment is not closed by */"});
       const auto at = static_cast<uint32_t>(pos_);
       if (pos_ >= text_.size()) {
         tokens.push_back({Token::Kind::end, "", at});
@@ -73,16 +74,18 @@ class Lexer {
   }
 
  private:
-  void skip_space_and_comments() {
+  /// False, at the comment's start, for a /* comment that is not closed.
+  bool skip_space_and_comments() {
     for (;;) {
       while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
       if (text_.substr(pos_, 2) == "//") {
         while (pos_ < text_.size() && text_[pos_] != '\n') ++pos_;
       } else if (text_.substr(pos_, 2) == "/*") {
         const std::size_t end = text_.find("*/", pos_ + 2);
-        pos_ = end == std::string_view::npos ? text_.size() : end + 2;
+        if (end == std::string_view::npos) return false;
+        pos_ = end + 2;
       } else {
-        return;
+        return true;
       }
     }
   }
@@ -200,18 +203,25 @@ class Parser {
   }
 
   Parsed<Statement> statement() {
-    if (peek().kind == Token::Kind::identifier && peek().text == "const") ++pos_;
+    Statement s;
+    if (peek().kind == Token::Kind::identifier && peek().text == "const") {
+      s.constant = true;
+      ++pos_;
+    }
     const Token &first = peek();
     if (first.kind != Token::Kind::identifier)
       return fail(first, fmt::format("expected a statement (name = expression), got {}", shown(first)));
-    Statement s;
     if (peek(1).kind == Token::Kind::identifier) {  // T name = value
       s.type_name = first.text;
       ++pos_;
+    } else if (s.constant) {
+      return fail(first, fmt::format("const declares a local with its type: const float {} = ...", first.text));
     }
     const Token &name = peek();
     if (name.kind != Token::Kind::identifier)
       return fail(name, fmt::format("expected a name after the type {}, got {}", s.type_name, shown(name)));
+    if (name.text == "true" || name.text == "false" || name.text == "const")
+      return fail(name, fmt::format("{} is a word of the language, not a name", name.text));
     s.name = name.text;
     s.offset = name.offset;
     ++pos_;

@@ -43,6 +43,7 @@ struct Statement {
   std::string type_name;  ///< empty for an assignment
   std::string name;
   std::string op = "=";
+  bool constant = false;  ///< declared const: later assignments are refused
   uint32_t offset = 0;  ///< of the name
   std::unique_ptr<Expr> value;
 };

@@ -95,6 +95,23 @@ TEST_CASE("a reduction's plan: whole runs on the host, interleaved lanes and a f
   CHECK(plan_reduction(true, 0, 1, 1).partial_values(1) == 1);
 }
 
+TEST_CASE("an open comment, a const assigned and a word of the language as a name are compile failures",
+          "[kernel_language][bad-input]") {
+  CHECK_THAT(compile_failure(squared_diff("z = x /* the rest")).message(), Catch::Contains("is not closed"));
+  CHECK_THAT(compile_failure(squared_diff("const float c = x; c = y; z = c")).message(),
+             Catch::Contains("c is a const local and cannot be assigned"));
+  CHECK_THAT(compile_failure(squared_diff("const c = x; z = c")).message(), Catch::Contains("const declares a local"));
+  CHECK_THAT(compile_failure(squared_diff("float true = 2; z = true")).message(),
+             Catch::Contains("true is a word of the language"));
+  auto ex = make_executor();  // a const that is only read is fine
+  auto kernel = value_or_throw(compile_elementwise(*ex, squared_diff("const float t = x - y; z = t * t /* done */")));
+  Ndarray x = upload<float>(*ex, DataType::f32, {3}), y = upload<float>(*ex, DataType::f32, {1});
+  Ndarray z = upload<float>(*ex, DataType::f32, {0});
+  const KernelArg args[] = {KernelArg::of(x), KernelArg::of(y), KernelArg::of(z)};
+  REQUIRE(ex->launch(*kernel, args));
+  CHECK(download<float>(*ex, z) == std::vector<float>{4});
+}
+
 TEST_CASE("a compile failure is invalid_usage with its line and column", "[kernel_language]") {
   const Failure syntax = compile_failure(squared_diff("float t = x;\n  z = t +* y"));
   CHECK(syntax.result == RhiResult::invalid_usage);
