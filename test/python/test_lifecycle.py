@@ -557,3 +557,7 @@ def test_a_bad_alloc_in_ndarray_init_is_host_out_of_memory():
     assert a.shape == (4,)
     with pytest.raises(kiln.InvalidUsageError, match="bad_alloc only"):
         kiln._kiln._arm_cpp_exception("ndarray_init", "system_error")
+    with pytest.raises(kiln.InvalidUsageError, match="is not buffer"):
+        kiln._kiln._arm_cpp_exception("nowhere", "bad_alloc")
+    with pytest.raises(kiln.InvalidUsageError, match="is not bad_alloc"):
+        kiln._kiln._arm_cpp_exception("buffer", "segfault")

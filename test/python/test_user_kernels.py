@@ -318,6 +318,13 @@ def test_long_axes_split_into_parts_on_every_backend(arch):
     assert int(host(k(array(x, np.int64)))) == int((x * x).sum())
 
 
+def test_the_reduction_plan_refuses_impossible_sizes():
+    assert kiln._kiln._reduction_plan(None, 1 << 20, 1, 1) == (256, 1, 0, 256)  # cpu: whole runs
+    for k, outputs, inner in ((-1, 1, 1), (1, -1, 1), (1, 1, 0)):
+        with pytest.raises(kiln.InvalidUsageError, match="reduction plan"):
+            kiln._kiln._reduction_plan(None, k, outputs, inner)
+
+
 def test_a_max_reduction_with_a_scalar_and_an_out(arch):
     k = kiln.ReductionKernel("int64 x, int64 shift", "int64 y", "x + shift", "max(a, b)", "y = a",
                              "-9223372036854775807", "shifted_max")

@@ -272,9 +272,11 @@ TEST_CASE("a module reaching outside kiln through a global, one target's intrins
   const std::string unknown = "declare float @llvm.foo.bar(float)\ndefine void @k(ptr %ctx) {\n"
                               "  %t = call float @llvm.foo.bar(float 1.0)\n  ret void\n}\n";
   CHECK_THAT(create_failure(*ex, unknown, "k", {}).message(), Catch::Contains("@llvm.foo.bar, which is no LLVM 19 intrinsic"));
+  const std::string takes_name = "@kiln_count = global i64 0\ndefine void @k(ptr %ctx) {\n  ret void\n}\n";
+  CHECK_THAT(create_failure(*ex, takes_name, "k", {}).message(), Catch::Contains("defines @kiln_count, a name of kiln's"));
   const std::string assembly = "module asm \"ud2\"\ndefine void @k(ptr %ctx) {\n  ret void\n}\n";
   CHECK_THAT(create_failure(*ex, assembly, "k", {}).message(), Catch::Contains("module-level assembly"));
-  for (const std::string *ir : {&via_global, &nvvm, &unknown, &assembly})
+  for (const std::string *ir : {&via_global, &takes_name, &nvvm, &unknown, &assembly})
     CHECK(create_failure(*ex, *ir, "k", {}).kernel_compile);
 }
 
