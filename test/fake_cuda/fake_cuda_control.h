@@ -18,7 +18,7 @@ extern "C" {
 #endif
 
 /// Back to the state of a freshly loaded library: frees every allocation, module and context,
-/// forgets faults, counters and a sticky error, un-initializes (cuInit is needed again) and
+/// forgets faults, counters and every device's sticky error, un-initializes (cuInit is needed again) and
 /// re-reads the KILN_FAKE_CUDA_* environment. Call it with no kiln CUDA device open: handles and
 /// device pointers handed out before are invalid afterwards.
 void kiln_fake_cuda_reset(void);
@@ -34,8 +34,13 @@ void kiln_fake_cuda_set_other_process_bytes(size_t other_bytes);
 /// Makes the `nth_call`-th call of entry point `entry` counted from now (1 = the next call)
 /// return `result` instead of doing its work; nth_call 0 makes every call from now on fail.
 /// Several faults may be pending, for one or several entry points. A sticky result (700,
-/// 714-719, 214) returned by any call makes every later call return it (cuGetErrorName and
-/// cuDevicePrimaryCtxRelease_v2 excepted; the last release clears it), until a reset.
+/// 714-719, 214) returned by a call that acts on device k (through the calling thread's current
+/// context, or naming k: cuDeviceGet, cuDeviceGetName, cuDeviceGetAttribute,
+/// cuDevicePrimaryCtxRetain, cuCtxSetCurrent) makes every later call on device k return it, as a
+/// real driver's context does; calls on other devices, and calls on none (cuInit,
+/// cuDriverGetVersion, cuDeviceGetCount, cuGetErrorName), go on as before. The error stays until
+/// device k's last cuDevicePrimaryCtxRelease_v2 (which still answers) or a reset. Returned by a
+/// call that acts on no device, a sticky result poisons nothing.
 /// Returns 0, or -1 if `entry` is not an entry point of rhi/cuda/cuda_driver.inc.
 int kiln_fake_cuda_inject_fault(const char *entry, unsigned long long nth_call, int result);
 
@@ -65,7 +70,9 @@ size_t kiln_fake_cuda_module_bytes(void);
 /// (injected faults not included).
 unsigned long long kiln_fake_cuda_oom_count(void);
 
-/// The sticky error every call now returns, or 0 (CUDA_SUCCESS) if none.
+/// The sticky error of the lowest-numbered device that has one (on a one-device fake: the error
+/// every call on the device now returns), or 0 (CUDA_SUCCESS) if no device has one. One
+/// device's: kiln_fake_cuda_device_sticky_error.
 int kiln_fake_cuda_sticky_error(void);
 
 /// Number of kernel launches that ran (injected or refused launches not included).
@@ -92,6 +99,12 @@ size_t kiln_fake_cuda_device_high_water_bytes(int device);
 size_t kiln_fake_cuda_device_capacity_bytes(int device);
 unsigned long long kiln_fake_cuda_device_oom_count(int device);
 unsigned long long kiln_fake_cuda_device_launch_count(int device);
+/// Primary contexts made on device `device` since the last reset: a cuDevicePrimaryCtxRetain
+/// that found none retained counts one (the last release destroys it; a later retain makes and
+/// counts another). 0: nothing ever made a context on the device.
+unsigned long long kiln_fake_cuda_device_contexts(int device);
+/// Device `device`'s sticky error (the CUresult its calls now return), or 0 (CUDA_SUCCESS).
+int kiln_fake_cuda_device_sticky_error(int device);
 
 typedef void (*kiln_fake_cuda_reset_fn)(void);
 typedef void (*kiln_fake_cuda_set_capacity_bytes_fn)(size_t);
@@ -102,6 +115,8 @@ typedef unsigned long long (*kiln_fake_cuda_call_count_fn)(const char *);
 typedef size_t (*kiln_fake_cuda_bytes_fn)(void);
 typedef unsigned long long (*kiln_fake_cuda_count_fn)(void);
 typedef int (*kiln_fake_cuda_sticky_error_fn)(void);
+typedef int (*kiln_fake_cuda_device_sticky_error_fn)(int);
+typedef unsigned long long (*kiln_fake_cuda_device_contexts_fn)(int);
 
 /// A test hook: the next call of `entry` (e.g. "cuLaunchKernel") sets kiln_fake_cuda_paused()
 /// and then waits hold_ms milliseconds inside the driver, holding its lock, before it goes on.

@@ -1,8 +1,11 @@
 // The CUDA driver entry points of rhi/cuda/cuda_driver.inc over the shared fake core
 // (test/fake_gpu/fake_gpu.h): this file is the CUDA dialect — names, codes, the primary context —
 // and thin entry points. Each call counts itself, then answers in this order: stub mode
-// (CUDA_ERROR_STUB_LIBRARY), a sticky error (not for cuGetErrorName and
-// cuDevicePrimaryCtxRelease_v2), an injected fault, cuInit not called
+// (CUDA_ERROR_STUB_LIBRARY), the sticky error of the device it acts on — the one it names
+// (cuDeviceGet, cuDeviceGetName, cuDeviceGetAttribute, cuDevicePrimaryCtxRetain, cuCtxSetCurrent's
+// context) or its current context's (memory, module, launch and synchronize calls); not for
+// cuDevicePrimaryCtxRelease_v2, nor for cuInit, cuDriverGetVersion, cuDeviceGetCount and
+// cuGetErrorName, which act on no device — then an injected fault, cuInit not called
 // (CUDA_ERROR_NOT_INITIALIZED), no current context (CUDA_ERROR_INVALID_CONTEXT), bad arguments;
 // only then does it do its work.
 #include <algorithm>
@@ -90,12 +93,19 @@ CUcontext &current_context() {
 
 bool is_sticky(int result) { return result == 214 || result == 700 || (result >= 714 && result <= 719); }
 
-/// The ordinal of `context` (a primary context of one of the state's devices), or -1.
-int ordinal_of(const State &state, CUcontext context) {
-  for (int i = 0; i < state.device_count(); ++i) {
+/// The ordinal of `context` if it is one of the primary-context handles (the state may have
+/// fewer devices), else kOnNoDevice. Takes no lock: the handles never move.
+int context_ordinal(CUcontext context) {
+  for (int i = 0; i < kMaxDevices; ++i) {
     if (context == &primary_contexts[i]) return i;
   }
-  return -1;
+  return kOnNoDevice;
+}
+
+/// The ordinal of `context` (a primary context of one of the state's devices), or -1.
+int ordinal_of(const State &state, CUcontext context) {
+  const int ordinal = context_ordinal(context);
+  return ordinal < state.device_count() ? ordinal : -1;
 }
 
 int current_device(const State &state) { return ordinal_of(state, current_context()); }
@@ -252,7 +262,7 @@ KILN_FAKE_GPU_EXPORT CUresult cuDeviceGetCount(int *count) {
 }
 
 KILN_FAKE_GPU_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
-  KILN_FAKE_BEGIN("cuDeviceGet", Needs::init);
+  KILN_FAKE_BEGIN_ON("cuDeviceGet", Needs::init, ordinal);
   if (device == nullptr) return kInvalidValue;
   if (call.state->mode == Mode::nodevice) return kNoDevice;
   if (call.state->device(ordinal) == nullptr) return kInvalidDevice;
@@ -261,7 +271,7 @@ KILN_FAKE_GPU_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
 }
 
 KILN_FAKE_GPU_EXPORT CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
-  KILN_FAKE_BEGIN("cuDeviceGetName", Needs::init);
+  KILN_FAKE_BEGIN_ON("cuDeviceGetName", Needs::init, device);
   if (name == nullptr || length <= 0) return kInvalidValue;
   const Device *found = find_device(*call.state.state, device);
   if (found == nullptr) return kInvalidDevice;
@@ -273,7 +283,7 @@ KILN_FAKE_GPU_EXPORT CUresult cuDeviceGetName(char *name, int length, CUdevice d
 }
 
 KILN_FAKE_GPU_EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device) {
-  KILN_FAKE_BEGIN("cuDeviceGetAttribute", Needs::init);
+  KILN_FAKE_BEGIN_ON("cuDeviceGetAttribute", Needs::init, device);
   if (value == nullptr) return kInvalidValue;
   if (find_device(*call.state.state, device) == nullptr) return kInvalidDevice;
   const int sm = sm_number(call.state->arch);  // KILN_FAKE_CUDA_ARCH, checked when read
@@ -287,31 +297,29 @@ KILN_FAKE_GPU_EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, CU
 // --- contexts ------------------------------------------------------------------------------------
 
 KILN_FAKE_GPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
-  KILN_FAKE_BEGIN("cuDevicePrimaryCtxRetain", Needs::init);
+  KILN_FAKE_BEGIN_ON("cuDevicePrimaryCtxRetain", Needs::init, device);
   if (context == nullptr) return kInvalidValue;
   Device *found = find_device(*call.state.state, device);
   if (found == nullptr) return kInvalidDevice;
   ++found->context_retain_count;
+  found->create_context();  // the first retain makes the primary context
   *context = &primary_contexts[device];
   return kSuccess;
 }
 
 KILN_FAKE_GPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
-  KILN_FAKE_BEGIN("cuDevicePrimaryCtxRelease_v2", Needs::teardown);
+  KILN_FAKE_BEGIN_ON("cuDevicePrimaryCtxRelease_v2", Needs::teardown, device);
   Device *found = find_device(*call.state.state, device);
   if (found == nullptr) return kInvalidDevice;
   if (found->context_retain_count == 0) return kInvalidContext;
   // The last release destroys the primary context and everything allocated in it; a sticky
   // error belonged to that context, so the next retained context starts clean.
-  if (--found->context_retain_count == 0) {
-    found->release_device_memory();
-    call.state->sticky_error = kSuccess;
-  }
+  if (--found->context_retain_count == 0) found->destroy_context();
   return kSuccess;
 }
 
 KILN_FAKE_GPU_EXPORT CUresult cuCtxSetCurrent(CUcontext context) {
-  KILN_FAKE_BEGIN("cuCtxSetCurrent", Needs::init);
+  KILN_FAKE_BEGIN_ON("cuCtxSetCurrent", Needs::init, context_ordinal(context));
   if (context != nullptr) {
     const int ordinal = ordinal_of(*call.state.state, context);
     if (ordinal < 0 || call.state->devices[static_cast<std::size_t>(ordinal)].context_retain_count == 0) {
@@ -324,7 +332,7 @@ KILN_FAKE_GPU_EXPORT CUresult cuCtxSetCurrent(CUcontext context) {
 
 KILN_FAKE_GPU_EXPORT CUresult cuCtxSynchronize() {
   // Launches run to completion inside cuLaunchKernel, so there is nothing left to wait for;
-  // a sticky error from a launch is returned here too (by KILN_FAKE_BEGIN).
+  // a sticky error from a launch on this context's device is returned here too (by KILN_FAKE_BEGIN).
   KILN_FAKE_BEGIN("cuCtxSynchronize", Needs::context);
   return kSuccess;
 }

@@ -1,5 +1,5 @@
 // The fake CUDA driver on its own, loaded with dlopen() the way kiln loads a driver: memory,
-// capacity and other processes, the fault plan, sticky faults, the stub and no-device modes,
+// capacity and other processes, the fault plan, sticky faults (per device), the stub and no-device modes,
 // module and handle checks, and kernels from generate_ptx() run end to end.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
@@ -47,6 +47,8 @@ struct Fake {
   size_t (*device_held_bytes)(int) = nullptr;
   size_t (*device_capacity_bytes)(int) = nullptr;
   unsigned long long (*device_oom_count)(int) = nullptr;
+  kiln_fake_cuda_device_sticky_error_fn device_sticky_error = nullptr;
+  kiln_fake_cuda_device_contexts_fn device_contexts = nullptr;
 };
 
 template <class Fn>
@@ -81,6 +83,8 @@ Fake &fake() {
     resolve(handle, "kiln_fake_cuda_device_held_bytes", &f.device_held_bytes);
     resolve(handle, "kiln_fake_cuda_device_capacity_bytes", &f.device_capacity_bytes);
     resolve(handle, "kiln_fake_cuda_device_oom_count", &f.device_oom_count);
+    resolve(handle, "kiln_fake_cuda_device_sticky_error", &f.device_sticky_error);
+    resolve(handle, "kiln_fake_cuda_device_contexts", &f.device_contexts);
     // The kernels compiled into the fake must not leak into the process's symbol space.
     if (dlsym(handle, "kiln_axpy_f32") != nullptr) FAIL("the fake exports its host kernels");
     return f;
@@ -305,7 +309,8 @@ TEST_CASE("fake cuda: the fault plan fails the N-th call of an entry point", "[f
   }
 }
 
-TEST_CASE("fake cuda: a sticky fault from a launch fails every later call until reset",
+TEST_CASE("fake cuda: a sticky fault from a launch fails every later call on its device until "
+          "the context goes",
           "[fake_cuda]") {
   Fake &f = opened({{"KILN_FAKE_CUDA_FAULTS", "cuLaunchKernel@1=700"}});
   Launch launch(f);
@@ -322,8 +327,14 @@ TEST_CASE("fake cuda: a sticky fault from a launch fails every later call until 
   CUdeviceptr ptr = 0;
   CHECK(f.cuMemAlloc_v2(&ptr, 64) == kErrorIllegalAddress);
   CHECK(f.cuMemFree_v2(out) == kErrorIllegalAddress);
-  int count = 0;
-  CHECK(f.cuDeviceGetCount(&count) == kErrorIllegalAddress);
+  CUdevice device = -1;  // a call naming the device answers its error too
+  CHECK(f.cuDeviceGet(&device, 0) == kErrorIllegalAddress);
+  int count = 0;  // calls that act on no device do not: the error is the context's
+  CHECK(f.cuDeviceGetCount(&count) == kSuccess);
+  CHECK(count == 1);
+  CHECK(f.cuInit(0) == kSuccess);
+  int version = 0;
+  CHECK(f.cuDriverGetVersion(&version) == kSuccess);
   const char *name = nullptr;  // a pure lookup still answers
   CHECK(f.cuGetErrorName(kErrorIllegalAddress, &name) == kSuccess);
   CHECK(std::string(name) == "CUDA_ERROR_ILLEGAL_ADDRESS");
@@ -644,6 +655,61 @@ TEST_CASE("fake cuda: KILN_FAKE_CUDA_DEVICES offers several devices, each with i
   CHECK(f.device_held_bytes(0) == kMiB);
   CHECK(f.cuCtxSetCurrent(second) == kErrorInvalidContext);  // destroyed with its last release
   CHECK(f.cuMemFree_v2(on_first) == kSuccess);
+}
+
+TEST_CASE("fake cuda: a sticky fault poisons the device whose context raised it, no other",
+          "[fake_cuda]") {
+  Fake &f = fresh({{"KILN_FAKE_CUDA_DEVICES", "2"}});
+  REQUIRE(f.cuInit(0) == kSuccess);
+  CHECK(f.device_contexts(0) == 0);
+  CHECK(f.device_contexts(1) == 0);
+  const CUcontext first = use_device(f, 0);
+  const CUdeviceptr on_first = alloc(f, kMiB);
+  const CUcontext second = use_device(f, 1);
+  CHECK(f.device_contexts(0) == 1);
+  CHECK(f.device_contexts(1) == 1);
+
+  REQUIRE(f.inject_fault("cuCtxSynchronize", 1, kErrorIllegalAddress) == 0);
+  CHECK(f.cuCtxSynchronize() == kErrorIllegalAddress);  // device 1's context is current
+  CHECK(f.device_sticky_error(1) == kErrorIllegalAddress);
+  CHECK(f.device_sticky_error(0) == kSuccess);
+  CHECK(f.sticky_error() == kErrorIllegalAddress);  // the lowest ordinal with one
+  CUdeviceptr ptr = 0;
+  CHECK(f.cuMemAlloc_v2(&ptr, 64) == kErrorIllegalAddress);
+  CUdevice device = -1;
+  CHECK(f.cuDeviceGet(&device, 1) == kErrorIllegalAddress);
+  CUcontext retained = nullptr;
+  CHECK(f.cuDevicePrimaryCtxRetain(&retained, 1) == kErrorIllegalAddress);
+  int count = 0;
+  CHECK(f.cuDeviceGetCount(&count) == kSuccess);  // acts on no device
+
+  // Device 0 goes on: its context, its memory, its queries.
+  REQUIRE(f.cuCtxSetCurrent(first) == kSuccess);
+  CHECK(f.cuMemAlloc_v2(&ptr, 64) == kSuccess);
+  int value = 7;
+  CHECK(f.cuMemcpyHtoD_v2(on_first, &value, sizeof value) == kSuccess);
+  int back = 0;
+  CHECK(f.cuMemcpyDtoH_v2(&back, on_first, sizeof back) == kSuccess);
+  CHECK(back == 7);
+  CHECK(f.cuCtxSynchronize() == kSuccess);
+  CHECK(f.cuMemFree_v2(ptr) == kSuccess);
+  CHECK(f.cuDeviceGet(&device, 0) == kSuccess);
+  CHECK(f.device_sticky_error(0) == kSuccess);
+
+  // Device 1's context still answers its error; its last release clears it and frees device 1's
+  // memory only; the next retain makes (and counts) a new context.
+  CHECK(f.cuCtxSetCurrent(second) == kErrorIllegalAddress);
+  REQUIRE(f.cuDevicePrimaryCtxRelease_v2(1) == kSuccess);
+  CHECK(f.device_sticky_error(1) == kSuccess);
+  CHECK(f.sticky_error() == kSuccess);
+  CHECK(f.device_held_bytes(0) == kMiB);
+  use_device(f, 1);
+  CHECK(f.device_contexts(1) == 2);
+  CHECK(f.cuMemAlloc_v2(&ptr, 64) == kSuccess);
+  use_device(f, 0);  // retaining a retained context makes none
+  CHECK(f.device_contexts(0) == 1);
+  CHECK(f.device_contexts(2) == 0);  // an ordinal the fake lacks
+  fresh();  // later tests see one device again
 }
 
 TEST_CASE("fake cuda: a malformed KILN_FAKE_CUDA_DEVICES or capacity list fails cuInit",

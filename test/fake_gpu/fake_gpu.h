@@ -1,7 +1,7 @@
 // The core the fake GPU drivers share (libkiln_fake_cuda.so, libkiln_fake_hip.so): configuration
 // from KILN_FAKE_<API>_* (or the control API), the fault plan per entry point, call counters,
-// sticky errors, device memory over host memory, modules and functions, and kernel launches
-// that run host-compiled builds of runtime/device/kiln_runtime.cpp. An API layer
+// a sticky error per device, device memory over host memory, modules and functions, and kernel
+// launches that run host-compiled builds of runtime/device/kiln_runtime.cpp. An API layer
 // (test/fake_cuda/fake_driver.cpp, test/fake_hip/fake_runtime.cpp) defines dialect() — its
 // entry points, its result codes and names — and the exported C entry points, each a few lines
 // over the operations below. One State per library, guarded by one mutex; an entry point holds
@@ -122,13 +122,22 @@ struct Module {
 /// The most devices a fake offers (KILN_FAKE_<API>_DEVICES).
 constexpr int kMaxDevices = 8;
 
-/// One device of a fake: its memory, the code loaded on it, its primary context and counters.
+/// One device of a fake: its memory, the code loaded on it, its primary context, its sticky error
+/// and counters.
 struct Device {
   std::size_t capacity_bytes = std::size_t{1024} << 20;
   std::vector<std::size_t> other_script{0};  ///< other processes' usage, one per memory-info call
   std::size_t other_index = 0;               ///< next script entry memory-info consumes
   std::size_t other_bytes = 0;               ///< the value last reported (what allocation sees)
   int context_retain_count = 0;  ///< CUDA's primary context (the HIP layer has none)
+  /// Whether the device has a context now: CUDA's primary context while retained; HIP's implicit
+  /// one from the first call that uses the device until hipDeviceReset.
+  bool context_live = false;
+  uint64_t contexts_created = 0;  ///< contexts made on the device since the last reset
+  /// The sticky error of the device's context (a dialect code; 0, success, when none): every call
+  /// that acts on the device answers it, until the context is destroyed or the fake reset. Calls
+  /// on other devices, and calls that act on none, never see it (as a real driver's per context).
+  int sticky_error = 0;
   std::map<uint64_t, Allocation> allocations;
   std::size_t held_bytes = 0;
   std::size_t high_water_bytes = 0;
@@ -139,6 +148,12 @@ struct Device {
 
   /// Frees every allocation and module (the context went away, or a reset).
   void release_device_memory();
+  /// Makes the device's context if it has none, counting it in contexts_created.
+  void create_context();
+  /// Destroys the device's context: frees every allocation and module and forgets the sticky
+  /// error, so that the next context starts clean (CUDA's last primary-context release,
+  /// hipDeviceReset).
+  void destroy_context();
   /// Free device memory now: capacity - held - modules - other processes, never below 0.
   [[nodiscard]] std::size_t free_bytes() const;
   /// True if [address, address + size_bytes) lies inside one live allocation.
@@ -154,7 +169,6 @@ struct State {
 
   // driver state
   bool initialized = false;
-  int sticky_error = 0;      ///< one for the whole fake, whichever device raised it
   std::vector<Device> devices = std::vector<Device>(1);  ///< KILN_FAKE_<API>_DEVICES of them
   std::map<std::string, uint64_t, std::less<>> call_counts;
   std::map<std::string, std::vector<Fault>, std::less<>> faults;
@@ -163,6 +177,8 @@ struct State {
   std::string pause_entry;  ///< the next call of this entry waits, holding the lock (a test hook)
   unsigned pause_ms = 0;    ///< for how long
 
+  /// The sticky error of the lowest ordinal that has one, or 0 (success) when no device has one.
+  [[nodiscard]] int first_sticky_error() const;
   /// The number of devices (cuDeviceGetCount's answer in normal mode).
   [[nodiscard]] int device_count() const { return static_cast<int>(devices.size()); }
   /// Device `ordinal`, or nullptr when there is none such.
@@ -224,23 +240,39 @@ bool parse_mode(std::string_view text, Mode *mode);
 enum class Needs {
   nothing,   ///< works before initialization
   init,      ///< needs initialization
-  context,   ///< needs initialization and dialect().has_current
+  context,   ///< needs initialization and dialect().has_current; acts on the current device
   teardown,  ///< needs initialization; answers even after a sticky error (it destroys the bad context)
+  select,    ///< needs initialization; only selects the calling thread's device, so it answers
+             ///< even after that device's sticky error (HIP's hipSetDevice)
 };
 
-/// Counts the call, then sets `answer` when the call must return at once: stub mode, a sticky
-/// error (not for teardown), an injected fault, not initialized, no current context.
+/// The device a call acts on (Call's `on_device`), besides an ordinal it names.
+constexpr int kOnNoDevice = -1;      ///< none: cuInit, cuDeviceGetCount; no sticky error reaches it
+constexpr int kOnCurrentDevice = -2;  ///< the calling thread's device (dialect().current_device)
+
+/// Counts the call, then sets `answer` when the call must return at once: stub mode, the sticky
+/// error of the device it acts on (not for teardown or select), an injected fault, not
+/// initialized, no current context.
 struct Call {
   LockedState state;
   int answer;
   bool done;
-  Call(const char *entry, Needs needs);
-  /// Returns `code`, making it the sticky error if it is one.
+  int device;  ///< the ordinal the call acts on, or kOnNoDevice (also for an ordinal the fake lacks)
+  /// `on_device`: the ordinal the call names (cuDeviceGet, cuDevicePrimaryCtxRetain,
+  /// hipSetDevice...), kOnCurrentDevice, or kOnNoDevice; a Needs::context call acts on the current
+  /// device whatever it says. A Needs::context call that goes on makes the current device's
+  /// context if it has none (HIP's implicit context; CUDA's was made by the retain).
+  Call(const char *entry, Needs needs, int on_device = kOnNoDevice);
+  /// Returns `code`, making it the sticky error of the device the call acts on if it is one
+  /// (a call that acts on no device poisons nothing).
   int result(int code);
 };
 
-#define KILN_FAKE_BEGIN(entry, needs)          \
-  ::kiln::fake_gpu::Call call(entry, needs);   \
+/// The first lines of every entry point: KILN_FAKE_BEGIN for a call that acts on no device or on
+/// the current one (Needs::context), KILN_FAKE_BEGIN_ON for one that names device `on_device`.
+#define KILN_FAKE_BEGIN(entry, needs) KILN_FAKE_BEGIN_ON(entry, needs, ::kiln::fake_gpu::kOnNoDevice)
+#define KILN_FAKE_BEGIN_ON(entry, needs, on_device)       \
+  ::kiln::fake_gpu::Call call(entry, needs, on_device);   \
   if (call.done) return call.result(call.answer)
 
 // --- the shared work of the entry points, answering dialect codes --------------------------------

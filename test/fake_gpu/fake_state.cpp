@@ -199,6 +199,18 @@ void Device::release_device_memory() {
   module_bytes = 0;
 }
 
+void Device::create_context() {
+  if (context_live) return;
+  context_live = true;
+  ++contexts_created;
+}
+
+void Device::destroy_context() {
+  release_device_memory();
+  sticky_error = dialect().success;
+  context_live = false;
+}
+
 std::size_t Device::free_bytes() const {
   const std::size_t used = held_bytes + module_bytes + other_bytes;
   return used >= capacity_bytes ? 0 : capacity_bytes - used;
@@ -210,6 +222,13 @@ bool Device::device_range_ok(uint64_t address, uint64_t size_bytes) const {
   --it;
   const uint64_t offset = address - it->first;
   return offset <= it->second.size_bytes && size_bytes <= it->second.size_bytes - offset;
+}
+
+int State::first_sticky_error() const {
+  for (const Device &d : devices) {
+    if (d.sticky_error != dialect().success) return d.sticky_error;
+  }
+  return dialect().success;
 }
 
 Device *State::device(int ordinal) {
@@ -283,7 +302,8 @@ bool paused() { return g_paused.load(); }
 
 // --- Call ----------------------------------------------------------------------------------------
 
-Call::Call(const char *entry, Needs needs) : state(lock_state()), answer(dialect().success) {
+Call::Call(const char *entry, Needs needs, int on_device)
+    : state(lock_state()), answer(dialect().success), device(kOnNoDevice) {
   ++state->call_counts[entry];
   if (!state->pause_entry.empty() && state->pause_entry == entry) {
     state->pause_entry.clear();
@@ -291,16 +311,25 @@ Call::Call(const char *entry, Needs needs) : state(lock_state()), answer(dialect
     std::this_thread::sleep_for(std::chrono::milliseconds(state->pause_ms));
   }
   const Dialect &d = dialect();
+  if (needs == Needs::context || on_device == kOnCurrentDevice) on_device = d.current_device(*state.state);
+  const Device *acted_on = state->device(on_device);
+  if (acted_on != nullptr) device = on_device;
+  // Only the sticky error of the device this call acts on reaches it: a fault on device k
+  // poisons device k's calls, never another device's or a device-less call (cuInit...).
+  const bool poisoned = acted_on != nullptr && acted_on->sticky_error != d.success &&
+                        needs != Needs::teardown && needs != Needs::select;
   if (state->mode == Mode::stub) answer = d.stub;
-  else if (state->sticky_error != d.success && needs != Needs::teardown) answer = state->sticky_error;
+  else if (poisoned) answer = acted_on->sticky_error;
   else if (const int fault = state->planned_fault(entry); fault != d.success) answer = fault;
   else if (needs != Needs::nothing && !state->initialized) answer = d.not_initialized;
   else if (needs == Needs::context && !d.has_current(*state.state)) answer = d.invalid_context;
   done = answer != d.success;
+  if (!done && needs == Needs::context) state->current().create_context();
 }
 
 int Call::result(int code) {
-  if (dialect().is_sticky(code)) state->sticky_error = code;
+  if (Device *acted_on = state->device(device); acted_on != nullptr && dialect().is_sticky(code))
+    acted_on->sticky_error = code;
   return code;
 }
 

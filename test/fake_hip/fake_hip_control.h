@@ -5,7 +5,12 @@
 //   entry points are those of rhi/amdgpu/hip_runtime.inc; results are hipError_t numbers;
 //   modes are "normal", "stub" (every call returns hipErrorInsufficientDriver, 35) and
 //   "nodevice" (hipInit succeeds, hipGetDeviceCount gives 0 and hipErrorNoDevice, hipSetDevice
-//   hipErrorInvalidDevice); sticky results are 700, 719, 710, 709, 702, 214, 53.
+//   hipErrorInvalidDevice); sticky results are 700, 719, 710, 709, 702, 214, 53, each kept by the
+//   device that raised it (a memory, module, launch or synchronize call on the calling thread's
+//   device, or hipGetDeviceProperties of it) and answered by that device's calls only, until
+//   hipDeviceReset on it or a reset. hipSetDevice, a selection, answers even for that device.
+//   A device's context (counted by kiln_fake_hip_device_contexts) is made by the first
+//   memory, module, launch or synchronize call on it, and again after hipDeviceReset.
 // Resolve each with dlsym() on the handle kiln (or the test) dlopen()ed. See
 // test/fake_hip/README.md.
 #ifndef KILN_TEST_FAKE_HIP_CONTROL_H_
@@ -52,6 +57,8 @@ size_t kiln_fake_hip_device_high_water_bytes(int device);
 size_t kiln_fake_hip_device_capacity_bytes(int device);
 unsigned long long kiln_fake_hip_device_oom_count(int device);
 unsigned long long kiln_fake_hip_device_launch_count(int device);
+unsigned long long kiln_fake_hip_device_contexts(int device);
+int kiln_fake_hip_device_sticky_error(int device);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,9 +1,13 @@
 // The HIP runtime entry points of rhi/amdgpu/hip_runtime.inc over the shared fake core
 // (test/fake_gpu/fake_gpu.h): this file is the HIP dialect — names, codes, modes — and thin entry
 // points. Each call counts itself, then answers in this order: stub mode
-// (hipErrorInsufficientDriver), a sticky error (not for hipGetErrorName), an injected fault,
-// hipInit not called (hipErrorNotInitialized), bad arguments; only then does it do its work.
-// HIP has no contexts: the current device is per thread and starts as device 0.
+// (hipErrorInsufficientDriver), the sticky error of the device it acts on — the one it names
+// (hipGetDeviceProperties) or the calling thread's (memory, module, launch and synchronize
+// calls); not for hipSetDevice, which only selects, hipDeviceReset, which clears it, nor for
+// hipInit, hipRuntimeGetVersion, hipGetDeviceCount and hipGetErrorName, which act on no device —
+// then an injected fault, hipInit not called (hipErrorNotInitialized), bad arguments; only then
+// does it do its work. HIP has no context calls: the current device is per thread and starts as
+// device 0, and a device's implicit context is made by the first call that uses it.
 #include <cstring>
 #include <memory>
 #include <string>
@@ -202,7 +206,7 @@ KILN_FAKE_GPU_EXPORT hipError_t hipGetDeviceCount(int *count) {
 /// Fills the fields of a hipDeviceProp_t (the HIP 5 layout that the unversioned symbol keeps)
 /// that kiln reads: gcnArchName from KILN_FAKE_HIP_ARCH; the rest of the struct is zeroed.
 KILN_FAKE_GPU_EXPORT hipError_t hipGetDeviceProperties(void *properties, int ordinal) {
-  KILN_FAKE_BEGIN("hipGetDeviceProperties", Needs::init);
+  KILN_FAKE_BEGIN_ON("hipGetDeviceProperties", Needs::init, ordinal);
   if (properties == nullptr) return kInvalidValue;
   if (call.state->mode == Mode::nodevice || call.state->device(ordinal) == nullptr) return kInvalidDevice;
   constexpr std::size_t kHip5PropertiesBytes = 792;  // sizeof(hipDeviceProp_t) in HIP 5.2
@@ -214,24 +218,27 @@ KILN_FAKE_GPU_EXPORT hipError_t hipGetDeviceProperties(void *properties, int ord
 }
 
 KILN_FAKE_GPU_EXPORT hipError_t hipSetDevice(int ordinal) {
-  KILN_FAKE_BEGIN("hipSetDevice", Needs::init);
+  // Only selects (as the real runtime's, it checks no device health): it succeeds for a device
+  // with a sticky error, so that hipDeviceReset after it resets that device and no other.
+  KILN_FAKE_BEGIN_ON("hipSetDevice", Needs::select, ordinal);
   if (call.state->mode == Mode::nodevice || call.state->device(ordinal) == nullptr) return kInvalidDevice;
   thread_device() = ordinal;
   return kSuccess;
 }
 
 KILN_FAKE_GPU_EXPORT hipError_t hipDeviceSynchronize() {
-  // Launches run to completion inside hipModuleLaunchKernel; a sticky error is returned here too.
+  // Launches run to completion inside hipModuleLaunchKernel; a sticky error of the current
+  // device is returned here too.
   KILN_FAKE_BEGIN("hipDeviceSynchronize", Needs::context);
   return kSuccess;
 }
 
 KILN_FAKE_GPU_EXPORT hipError_t hipDeviceReset() {
-  // Destroys everything this process made on the current device; a sticky error belonged to
-  // it, so the device starts clean (what recovers a real device after a fault).
-  KILN_FAKE_BEGIN("hipDeviceReset", Needs::teardown);
-  call.state->current().release_device_memory();
-  call.state->sticky_error = kSuccess;
+  // Destroys everything this process made on the current device, its context included; a
+  // sticky error belonged to it, so the device starts clean (what recovers a real device after a
+  // fault). Other devices keep their memory and their sticky errors.
+  KILN_FAKE_BEGIN_ON("hipDeviceReset", Needs::teardown, kOnCurrentDevice);
+  call.state->current().destroy_context();
   return kSuccess;
 }
 

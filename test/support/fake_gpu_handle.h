@@ -24,6 +24,11 @@ struct FakeGpu {
   int (*set_arch)(const char *) = nullptr;
   size_t (*last_module_target_into)(char *, size_t) = nullptr;
   size_t (*device_held_bytes)(int) = nullptr;  ///< device `ordinal`'s held bytes (0: none such)
+  /// Device `ordinal`'s sticky error (a driver code; 0: none, or no such device).
+  int (*device_sticky_error)(int) = nullptr;
+  /// Contexts made on device `ordinal` since the last reset (0: none ever, or no such device).
+  unsigned long long (*device_contexts)(int) = nullptr;
+  unsigned long long (*device_launch_count)(int) = nullptr;  ///< launches that ran on `ordinal`
 
   /// The target of the module loaded last ("sm_90", "gfx942"; "" before any).
   [[nodiscard]] std::string last_module_target() const {
@@ -73,6 +78,9 @@ struct FakeGpu {
     get(f.set_arch, "set_arch");
     get(f.last_module_target_into, "last_module_target");
     get(f.device_held_bytes, "device_held_bytes");
+    get(f.device_sticky_error, "device_sticky_error");
+    get(f.device_contexts, "device_contexts");
+    get(f.device_launch_count, "device_launch_count");
     if (!ok) return std::nullopt;
     return f;
   }
