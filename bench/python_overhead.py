@@ -55,6 +55,15 @@ def cases() -> list[tuple[str, Call, Call, float]]:
     xn, yn = np.ones(ELEMENTS, np.float32), np.ones(ELEMENTS, np.float32)
     scratch = np.empty(ELEMENTS, np.float32)
 
+    device = kiln.current_device()
+    entered: list[bool] = []
+
+    def in_device_block() -> None:
+        if not entered:  # from its first call on, the run is inside `with d:` (the cases before
+            device.__enter__()  # it measure a process that never entered one)
+            entered.append(True)
+        kiln.ndarray(kiln.f32, (ELEMENTS,))
+
     def numpy_axpy() -> None:  # y = 2 x + y in place, without a temporary
         np.multiply(xn, np.float32(2.0), out=scratch)
         np.add(yn, scratch, out=yn)
@@ -63,6 +72,10 @@ def cases() -> list[tuple[str, Call, Call, float]]:
         ("alloc+release (del)", lambda: kiln.ndarray(kiln.f32, (ELEMENTS,)),
          lambda: np.empty(ELEMENTS, np.float32), 1.5),
         ("alloc+free()", lambda: kiln.ndarray(kiln.f32, (ELEMENTS,)).free(),
+         lambda: np.empty(ELEMENTS, np.float32), 1.5),
+        ("alloc+del device=d", lambda: kiln.ndarray(kiln.f32, (ELEMENTS,), device=device),
+         lambda: np.empty(ELEMENTS, np.float32), 1.5),
+        ("alloc+del in with d", lambda: in_device_block(),
          lambda: np.empty(ELEMENTS, np.float32), 1.5),
         ("fill", lambda: kiln.fill(x, 1.0), lambda: yn.fill(1.0), 1.0),
         ("axpy", lambda: kiln.axpy(2.0, x, y), numpy_axpy, 1.0),

@@ -30,10 +30,10 @@ void *view_address(const PyArray &a, const Ndarray &array) {
   if (!alloc) return empty_buffer;
   auto *device = dynamic_cast<LlvmDevice *>(alloc->device);
   if (device == nullptr || !device->host_addressable())
-    raise_failure(make_failure(RhiResult::not_supported, a.device, "buffer",
+    raise_failure(make_failure(RhiResult::not_supported, a.device_name(), "buffer",
                                fmt::format("device {} is not host-addressable: no zero-copy "
                                            "view of ndarray {}; use to_numpy()",
-                                           a.device, a.description())));
+                                           a.device_name(), a.description())));
   return reinterpret_cast<void *>(check(array.device_address("buffer")));
 }
 

@@ -41,11 +41,11 @@ bool is_cuda_device(const std::string &device) { return device.starts_with("cuda
 /// version, strides (None: C-contiguous) and stream (None: no synchronization needed).
 py::dict cuda_array_interface(py::handle self) {
   PyArray &a = as_array(self, "__cuda_array_interface__", "self");
-  if (!is_cuda_device(a.device))
+  if (!is_cuda_device(a.device_name()))
     throw py::attribute_error(fmt::format("kiln.ndarray on {} has no __cuda_array_interface__ (only "
                                           "arrays of a CUDA executor do; use DLPack, or "
                                           "np.asarray on cpu and mock)",
-                                          a.device));
+                                          a.device_name()));
   const uint64_t address = check(a.get("__cuda_array_interface__").device_address("__cuda_array_interface__"));
   a.pointer_shared = true;  // no release hook: free() refuses from now on
   py::dict d;

@@ -129,8 +129,8 @@ py::object export_dlpack(py::handle self, py::handle stream, py::handle max_vers
                          py::handle dl_device, py::handle copy) {
   PyArray &a = as_array(self, "__dlpack__", "self");
   const Ndarray &array = a.get("__dlpack__");
-  const DLDevice device = dl_device_of(a.device);
-  check_stream(stream, device, a.device);
+  const DLDevice device = dl_device_of(a.device_name());
+  check_stream(stream, device, a.device_name());
   check_max_version(max_version);
   check_requested_device(dl_device, device);
   if (!copy.is_none() && to_flag(copy, "copy", "__dlpack__"))  // a new array, exported alone
@@ -160,7 +160,7 @@ py::object export_dlpack(py::handle self, py::handle stream, py::handle max_vers
 }
 
 py::tuple dlpack_device(py::handle self) {
-  const DLDevice device = dl_device_of(as_array(self, "__dlpack_device__", "self").device);
+  const DLDevice device = dl_device_of(as_array(self, "__dlpack_device__", "self").device_name());
   return py::make_tuple(static_cast<int>(device.device_type), device.device_id);
 }
 

@@ -24,7 +24,7 @@ bool kiln_has_device_type(int type) { return type == kDLCPU || type == kDLCUDA |
 
 /// A tensor on `tensor` (a DLPack device) must be on the current executor's device `here`.
 /// Errors: NotSupportedError (a device type kiln has no executor for), InvalidUsageError
-/// (another kiln device: kiln.init(arch=...) first).
+/// (another kiln device: make the tensor's device current first).
 void check_device(DevicePair tensor, DLDevice here, const std::string &kiln_device) {
   if (!kiln_has_device_type(tensor.type))
     raise_failure(make_failure(RhiResult::not_supported, kiln_device, "from_dlpack",
@@ -33,9 +33,9 @@ void check_device(DevicePair tensor, DLDevice here, const std::string &kiln_devi
                                            describe_device(tensor))));
   if (tensor.type != static_cast<int32_t>(here.device_type) || tensor.id != here.device_id)
     raise_invalid_usage(kiln_device, "from_dlpack",
-                        fmt::format("from_dlpack: the tensor is on {} but kiln's executor is {} "
-                                    "({}); kiln.init(arch=...) for the tensor's device first, or "
-                                    "copy it there",
+                        fmt::format("from_dlpack: the tensor is on {} but kiln's current device is {} "
+                                    "({}); import it inside `with kiln.device(...)` of the tensor's "
+                                    "device, or copy it there",
                                     describe_device(tensor), kiln_device, describe_device(here)));
 }
 
@@ -182,10 +182,11 @@ void delete_imported(DLManagedTensor *managed) {
 
 }  // namespace
 
-/// kiln.from_dlpack(x): a kiln.ndarray over `x`'s memory on the current executor.
+/// kiln.from_dlpack(x): a kiln.ndarray over `x`'s memory on the current device.
 PyArray from_dlpack(py::handle x) {
   check_not_in_observer("from_dlpack");
-  auto ex = executor();
+  DeviceState &state = current_device();
+  auto ex = executor_of(state);
   const std::string kiln_device = ex->device().name();
   const DLDevice here = dl_device_of(kiln_device);
   const py::object capsule = capsule_of(x, here, kiln_device);
@@ -195,7 +196,7 @@ PyArray from_dlpack(py::handle x) {
       ex->wrap_external(spec.dtype, spec.shape, spec.address, [managed] { delete_imported(managed); });
   // The array owns the tensor now: the capsule must not call the deleter too.
   if (wrapped) PyCapsule_SetName(capsule.ptr(), kUsedCapsuleName);
-  return PyArray(check(std::move(wrapped)), *ex);
+  return PyArray(check(std::move(wrapped)), state, *ex);
 }
 
 }  // namespace kiln::python::dlpack

@@ -67,21 +67,26 @@ void wait_for_calls_inside() {
 }
 
 // ----------------------------------------------------------------------------------------------
-// The global executor.
+// The devices: one DeviceState per device name, the current one, their executors.
 
-std::shared_ptr<LlvmRuntimeExecutor> g_executor;  // guarded by the GIL
-std::vector<uint64_t> g_observer_ids;              // observers added from Python to g_executor
-std::vector<FaultBlock> g_fault_blocks;            // see fault_blocks()
-uint64_t g_executor_generation = 0;                // see executor_generation()
+/// Every device state made (never destroyed: arrays and kiln.Device objects point at them).
+std::vector<DeviceState *> &states() {
+  static auto *list = new std::vector<DeviceState *>;
+  return *list;
+}
+DeviceState *g_cpu_state = nullptr;      // device_state(cpu), kept for current_device()
+DeviceState *g_default_state = nullptr;  // the device kiln.init made current; cpu when null
+uint64_t g_last_generation = 0;          // the generation the last executor made got
+PyObject *g_current_var = nullptr;       // the context variable of `with kiln.device(...)`
+bool g_with_used = false;  // a `with` block was ever entered: only then is the variable read
 
 // ----------------------------------------------------------------------------------------------
-// Borrows of the global executor (BorrowedExecutor).
+// Borrows of the devices' executors (BorrowedExecutor).
 
-int g_current_borrows = 0;  // open borrows of g_executor, every thread (guarded by the GIL)
 /// This thread's innermost open borrow; each links to the one it is nested in.
 constinit thread_local const BorrowedExecutor *t_innermost_borrow __attribute__((tls_model("initial-exec"))) = nullptr;
 
-/// An executor kiln.init replaced while it was borrowed, with its open borrows.
+/// An executor configure replaced while it was borrowed, with its open borrows.
 struct RetiredExecutor {
   std::shared_ptr<LlvmRuntimeExecutor> executor;
   int borrows = 0;
@@ -110,11 +115,11 @@ void release_unborrowed() {
 // A forked child has only the forking thread: its own borrows are the only ones still open.
 ForkRegistration g_borrows_fork_registration(ForkHooks{
     nullptr, nullptr, [] {
-      g_current_borrows = 0;
+      for (DeviceState *s : states()) s->borrows = 0;
       for (RetiredExecutor &r : retired()) r.borrows = 0;
       for (const BorrowedExecutor *b = t_innermost_borrow; b != nullptr; b = b->enclosing()) {
-        if (&**b == g_executor.get()) {
-          ++g_current_borrows;
+        if (&**b == b->state().executor.get()) {
+          ++b->state().borrows;
           continue;
         }
         for (RetiredExecutor &r : retired())
@@ -122,21 +127,21 @@ ForkRegistration g_borrows_fork_registration(ForkHooks{
       }
     }});
 
-/// Replaces the global executor. The old one's Python observers are removed first: its device
+/// Replaces `state`'s executor. The old one's Python observers are removed first: its device
 /// may live on (arrays keep it), and an observer that refers to such an array would otherwise
 /// make a cycle through C++ that the garbage collector cannot see.
-void replace_executor(std::shared_ptr<LlvmRuntimeExecutor> fresh) {
-  if (g_executor)
-    for (uint64_t id : g_observer_ids) (void)g_executor->memory().remove_oom_observer(id);
-  g_observer_ids.clear();
-  g_fault_blocks.clear();  // they armed the old executor's plan
-  if (g_executor && g_current_borrows > 0) {  // BorrowedExecutor: kept until its borrows end
-    retired().reserve(retired().size() + 1);  // push_back cannot throw with g_executor moved
-    retired().push_back({std::move(g_executor), g_current_borrows});
+void replace_executor(DeviceState &state, std::shared_ptr<LlvmRuntimeExecutor> fresh) {
+  if (state.executor)
+    for (uint64_t id : state.observer_ids) (void)state.executor->memory().remove_oom_observer(id);
+  state.observer_ids.clear();
+  state.fault_blocks.clear();  // they armed the old executor's plan
+  if (state.executor && state.borrows > 0) {  // BorrowedExecutor: kept until its borrows end
+    retired().reserve(retired().size() + 1);  // push_back cannot throw with the executor moved
+    retired().push_back({std::move(state.executor), state.borrows});
   }
-  g_current_borrows = 0;
-  g_executor = std::move(fresh);
-  ++g_executor_generation;
+  state.borrows = 0;
+  state.generation = fresh ? ++g_last_generation : 0;
+  state.executor = std::move(fresh);
   release_unborrowed();
 }
 
@@ -165,40 +170,49 @@ std::vector<uint64_t> to_bytes_script(const py::object &value) {
   return script;
 }
 
-/// The executor configuration of init's arguments, checked in the order they are declared.
-ExecutorConfig to_config(py::handle arch, const py::object &budget_bytes,
-                         const py::object &reserve_bytes, py::handle live_check, py::handle caching,
-                         const py::object &device_heap_bytes, const py::object &mock_capacity_bytes,
-                         const py::object &mock_other_process_bytes, const py::object &num_threads) {
+/// The device `arch` names (init's and kiln.device's argument). Errors: InvalidTypeError (not a
+/// str), InvalidUsageError (no device name).
+DeviceName to_device_name(py::handle arch, const char *site) {
   if (!py::isinstance<py::str>(arch))
-    raise_invalid_type("init", fmt::format("init: arch must be a str (\"cpu\", \"mock\", \"cuda\", "
-                                           "\"amdgpu\", or \"cuda:1\" ...), got {} {}",
-                                           type_name(arch), std::string(py::repr(arch))));
+    raise_invalid_type(site, fmt::format("{}: the device must be a str (\"cpu\", \"mock\", \"cuda\", "
+                                         "\"amdgpu\", or \"cuda:1\" ...) or a kiln.Device, got {} {}",
+                                         site, type_name(arch), std::string(py::repr(arch))));
+  return check(parse_device_name(to_text(arch, "arch", site)));
+}
+
+/// The device options of init / kiln.device / Device.configure, each None for its default.
+struct DeviceOptions {
+  py::object budget_bytes, reserve_bytes, live_check, caching, device_heap_bytes,
+      mock_capacity_bytes, mock_other_process_bytes, num_threads, fault_at, fail_sizes_at_least;
+};
+
+/// The executor configuration of `options` for device `name`, checked in the order they are
+/// declared.
+ExecutorConfig to_config(const DeviceName &name, const DeviceOptions &o) {
   ExecutorConfig config;
-  const DeviceName device = check(parse_device_name(to_text(arch, "arch", "init")));
-  config.backend = device.backend;
-  config.device_ordinal = device.ordinal;
-  config.budget.limit_bytes = to_optional_bytes(budget_bytes, "budget_bytes");
-  config.budget.reserve_bytes = to_optional_bytes(reserve_bytes, "reserve_bytes");
-  config.budget.live_check = to_flag(live_check, "live_check", "init");
-  config.budget.caching = to_flag(caching, "caching", "init");
-  if (auto heap = to_optional_bytes(device_heap_bytes, "device_heap_bytes")) config.device_heap_bytes = *heap;
-  if (auto cap = to_optional_bytes(mock_capacity_bytes, "mock_capacity_bytes")) config.mock.capacity_bytes = *cap;
-  if (!mock_other_process_bytes.is_none())
-    config.mock.other_process_bytes_script = to_bytes_script(mock_other_process_bytes);
-  if (auto threads = to_optional_bytes(num_threads, "num_threads"))
+  config.backend = name.backend;
+  config.device_ordinal = name.ordinal;
+  config.budget.limit_bytes = to_optional_bytes(o.budget_bytes, "budget_bytes");
+  config.budget.reserve_bytes = to_optional_bytes(o.reserve_bytes, "reserve_bytes");
+  config.budget.live_check = o.live_check.is_none() || to_flag(o.live_check, "live_check", "init");
+  config.budget.caching = o.caching.is_none() || to_flag(o.caching, "caching", "init");
+  if (auto heap = to_optional_bytes(o.device_heap_bytes, "device_heap_bytes")) config.device_heap_bytes = *heap;
+  if (auto cap = to_optional_bytes(o.mock_capacity_bytes, "mock_capacity_bytes")) config.mock.capacity_bytes = *cap;
+  if (!o.mock_other_process_bytes.is_none())
+    config.mock.other_process_bytes_script = to_bytes_script(o.mock_other_process_bytes);
+  if (auto threads = to_optional_bytes(o.num_threads, "num_threads"))
     config.num_threads = static_cast<unsigned>(std::min<uint64_t>(*threads, 1024));
   return config;
 }
 
-/// Makes the executor of `config` (the JIT runs without the GIL). A lost device recovers only
-/// once its driver context is released: the old executor goes first (its arrays, if any still
-/// live, keep the context and the new one fails as lost).
-std::shared_ptr<LlvmRuntimeExecutor> create_executor(ExecutorConfig config) {
+/// Makes the executor of `config` for `state` (the JIT runs without the GIL). A lost device
+/// recovers only once its driver context is released: the old executor goes first (its arrays,
+/// if any still live, keep the context and the new one fails as lost).
+std::shared_ptr<LlvmRuntimeExecutor> create_executor(DeviceState &state, ExecutorConfig config) {
   std::weak_ptr<DeviceContext> lost_context;
-  if (g_executor && g_executor->device().is_lost()) {
-    lost_context = g_executor->context();
-    replace_executor(nullptr);
+  if (state.executor && state.executor->device().is_lost()) {
+    lost_context = state.executor->context();
+    replace_executor(state, nullptr);
   }
   // The first executor JIT-compiles the kernels.
   RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> created =
@@ -223,26 +237,90 @@ void warn_teardown_failures() {
   }
 }
 
-void init(py::handle arch, const py::object &budget_bytes, const py::object &reserve_bytes,
-          py::handle live_check, py::handle caching, const py::object &device_heap_bytes,
-          const py::object &mock_capacity_bytes, const py::object &mock_other_process_bytes,
-          const py::object &num_threads, const py::object &fault_at,
-          const py::object &fail_sizes_at_least) {
-  check_not_in_observer("init");
-  ExecutorConfig config = to_config(arch, budget_bytes, reserve_bytes, live_check, caching,
-                                    device_heap_bytes, mock_capacity_bytes,
-                                    mock_other_process_bytes, num_threads);
-  const std::optional<uint64_t> fault = to_optional_bytes(fault_at, "fault_at");
-  const std::optional<uint64_t> fail_size = to_optional_bytes(fail_sizes_at_least, "fail_sizes_at_least");
+/// Opens `state`'s executor anew with `options` (kiln.init's rules: the old executor goes, its
+/// arrays keep its device and can only be freed). Errors: those of init.
+void configure(DeviceState &state, const DeviceOptions &options, const char *site) {
+  check_not_in_observer(site);
+  ExecutorConfig config = to_config(state.name, options);
+  const std::optional<uint64_t> fault = to_optional_bytes(options.fault_at, "fault_at");
+  const std::optional<uint64_t> fail_size = to_optional_bytes(options.fail_sizes_at_least, "fail_sizes_at_least");
   // Compiled user kernels hold the old executor's device context: a lost device recovers only
   // once they are gone (kiln/_kernels.py compiles them again for the new one).
   py::module_::import("kiln._kernels").attr("_clear_cache")();
-  std::shared_ptr<LlvmRuntimeExecutor> fresh = create_executor(std::move(config));
+  std::shared_ptr<LlvmRuntimeExecutor> fresh = create_executor(state, std::move(config));
   // Faults count from after the executor's own set-up, as kiln-ops --fault-at does.
   if (fault && *fault != 0) fresh->memory().fault_plan().fail_nth_allocation(*fault);
   if (fail_size) fresh->memory().fault_plan().fail_sizes_at_least(*fail_size);
-  replace_executor(std::move(fresh));  // the old one goes; its arrays keep its device alive
+  replace_executor(state, std::move(fresh));  // the old one goes; its arrays keep its device alive
   warn_teardown_failures();
+}
+
+/// The kiln.Device of `state` (made once, kept for the process).
+py::object device_object(DeviceState &state) {
+  if (state.handle == nullptr)
+    state.handle = py::cast(&state, py::return_value_policy::reference).release().ptr();
+  return py::reinterpret_borrow<py::object>(state.handle);
+}
+
+/// The device `value` names: a kiln.Device or a device name ("cuda:1"). Errors: InvalidTypeError,
+/// InvalidUsageError.
+DeviceState &to_device_state(py::handle value, const char *site) {
+  if (py::isinstance<DeviceState>(value)) return *py::cast<DeviceState *>(value);
+  return device_state(to_device_name(value, site));
+}
+
+#define KILN_DEVICE_OPTION_ARGS                                                                   \
+  const py::object &budget_bytes, const py::object &reserve_bytes, const py::object &live_check,  \
+      const py::object &caching, const py::object &device_heap_bytes,                             \
+      const py::object &mock_capacity_bytes, const py::object &mock_other_process_bytes,          \
+      const py::object &num_threads, const py::object &fault_at,                                  \
+      const py::object &fail_sizes_at_least
+#define KILN_DEVICE_OPTIONS                                                                        \
+  DeviceOptions {                                                                                  \
+    budget_bytes, reserve_bytes, live_check, caching, device_heap_bytes, mock_capacity_bytes,      \
+        mock_other_process_bytes, num_threads, fault_at, fail_sizes_at_least                       \
+  }
+
+/// Whether any option is given (not None).
+bool any_option(const DeviceOptions &o) {
+  for (const py::object *v : {&o.budget_bytes, &o.reserve_bytes, &o.live_check, &o.caching, &o.device_heap_bytes,
+                              &o.mock_capacity_bytes, &o.mock_other_process_bytes, &o.num_threads, &o.fault_at,
+                              &o.fail_sizes_at_least})
+    if (!v->is_none()) return true;
+  return false;
+}
+
+/// Closes `state`'s executor (its arrays can only be freed from now on).
+void close_device(DeviceState &state) {
+  if (!state.executor) return;
+  py::module_::import("kiln._kernels").attr("_clear_cache")();  // they hold its device context
+  replace_executor(state, nullptr);
+}
+
+/// kiln.init: configures `arch` and makes it the process's current device. The executor of the
+/// device that was current before (kiln.init's or the default cpu) is replaced as it always
+/// was: when it is another device, it is closed. Devices opened through kiln.device stay open.
+void init(py::handle arch, KILN_DEVICE_OPTION_ARGS) {
+  check_not_in_observer("init");
+  DeviceState &state = to_device_state(arch, "init");
+  (void)to_flag(live_check, "live_check", "init");  // init's flags are bools, None included
+  (void)to_flag(caching, "caching", "init");
+  DeviceState *previous = g_default_state != nullptr ? g_default_state : g_cpu_state;
+  configure(state, KILN_DEVICE_OPTIONS, "init");
+  g_default_state = &state;
+  if (previous != nullptr && previous != &state) {
+    close_device(*previous);
+    warn_teardown_failures();
+  }
+}
+
+/// kiln.device(name=None, **options): the Device `name` names (the current one without a name),
+/// configured with `options` when any is given.
+py::object device(py::handle name, KILN_DEVICE_OPTION_ARGS) {
+  DeviceState &state = name.is_none() ? current_device() : to_device_state(name, "device");
+  const DeviceOptions options = KILN_DEVICE_OPTIONS;
+  if (any_option(options)) configure(state, options, "device");
+  return device_object(state);
 }
 
 /// kiln._shutdown (run by atexit): closes the door to other threads, waits for the calls inside.
@@ -250,7 +328,49 @@ void shutdown() {
   g_closing_thread = std::this_thread::get_id();
   g_closing.store(true, std::memory_order_release);
   wait_for_calls_inside();
-  replace_executor(nullptr);
+  for (DeviceState *s : states()) replace_executor(*s, nullptr);
+}
+
+/// Ends a borrow of `ex`, a retired executor: the last one destroys it.
+void end_retired_borrow(const LlvmRuntimeExecutor *ex) {
+  auto &list = retired();
+  const auto it = std::find_if(list.begin(), list.end(),
+                               [ex](const RetiredExecutor &r) { return r.executor.get() == ex; });
+  if (it == list.end() || --it->borrows > 0) return;
+  release_unborrowed();
+}
+
+/// Device.__enter__: makes the device current in this context until __exit__. The variable holds
+/// (state address, Device, the value it replaced).
+py::object enter_device(py::object self) {
+  DeviceState &state = *py::cast<DeviceState *>(self);
+  PyObject *previous = nullptr;
+  if (PyContextVar_Get(g_current_var, Py_None, &previous) < 0) throw py::error_already_set();
+  py::object prev = py::reinterpret_steal<py::object>(previous);
+  py::tuple value = py::make_tuple(py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(&state)), self, prev);
+  PyObject *token = PyContextVar_Set(g_current_var, value.ptr());
+  if (token == nullptr) throw py::error_already_set();
+  Py_DECREF(token);
+  g_with_used = true;
+  return self;
+}
+
+/// Device.__exit__: the current device goes back to what it was at the matching __enter__.
+/// Errors: InvalidUsageError when this device is not the one this context's innermost block
+/// entered (an __exit__ without its __enter__, or blocks closed out of order).
+void exit_device(py::object self) {
+  DeviceState &state = *py::cast<DeviceState *>(self);
+  PyObject *value = nullptr;
+  if (PyContextVar_Get(g_current_var, Py_None, &value) < 0) throw py::error_already_set();
+  py::object current = py::reinterpret_steal<py::object>(value);
+  if (current.is_none() || PyLong_AsVoidPtr(PyTuple_GET_ITEM(current.ptr(), 0)) != &state)
+    raise_invalid_usage(state.key, "Device.__exit__",
+                        fmt::format("Device.__exit__: {} is not the device this context's innermost "
+                                    "`with kiln.device(...)` block entered",
+                                    state.key));
+  PyObject *token = PyContextVar_Set(g_current_var, PyTuple_GET_ITEM(current.ptr(), 2));
+  if (token == nullptr) throw py::error_already_set();
+  Py_DECREF(token);
 }
 
 }  // namespace
@@ -267,34 +387,51 @@ CallGuard::~CallGuard() {
   if (--t_call_depth == 0) add_with_gil(g_calls_inside, -1);
 }
 
-std::shared_ptr<LlvmRuntimeExecutor> executor() {
-  if (!g_executor) {
-    py::object none = py::none();
-    init(py::str("cpu"), none, none, py::bool_(true), py::bool_(true), none, none, none, none, none, none);
+DeviceState &device_state(const DeviceName &name) {
+  for (DeviceState *s : states())
+    if (s->name.backend == name.backend && s->name.ordinal == name.ordinal) return *s;
+  auto *state = new DeviceState;
+  state->name = name;
+  const bool host = name.backend == Backend::cpu || name.backend == Backend::mock;
+  state->key = host && name.ordinal == 0 ? std::string(to_string(name.backend))  // LlvmDevice::name()
+                                         : fmt::format("{}:{}", to_string(name.backend), name.ordinal);
+  states().push_back(state);
+  return *state;
+}
+
+const std::vector<DeviceState *> &device_states() { return states(); }
+
+DeviceState &current_device() {
+  if (g_with_used) {
+    PyObject *value = nullptr;
+    if (PyContextVar_Get(g_current_var, Py_None, &value) < 0) throw py::error_already_set();
+    if (value != Py_None) {
+      auto *state = static_cast<DeviceState *>(PyLong_AsVoidPtr(PyTuple_GET_ITEM(value, 0)));
+      Py_DECREF(value);
+      return *state;
+    }
+    Py_DECREF(value);
   }
-  return g_executor;
+  if (g_default_state != nullptr) return *g_default_state;
+  if (g_cpu_state == nullptr) g_cpu_state = &device_state(DeviceName{Backend::cpu, 0});
+  return *g_cpu_state;
 }
 
-namespace {
-
-LlvmRuntimeExecutor &current_executor() {
-  if (!g_executor) (void)executor();
-  return *g_executor;
+std::shared_ptr<LlvmRuntimeExecutor> executor_of(DeviceState &state) {
+  if (!state.executor) {
+    const py::object none = py::none();
+    configure(state, DeviceOptions{none, none, none, none, none, none, none, none, none, none}, "init");
+  }
+  return state.executor;
 }
 
-/// Ends a borrow of `ex`, a retired executor: the last one destroys it.
-void end_retired_borrow(const LlvmRuntimeExecutor *ex) {
-  auto &list = retired();
-  const auto it = std::find_if(list.begin(), list.end(),
-                               [ex](const RetiredExecutor &r) { return r.executor.get() == ex; });
-  if (it == list.end() || --it->borrows > 0) return;
-  release_unborrowed();
-}
+std::shared_ptr<LlvmRuntimeExecutor> executor() { return executor_of(current_device()); }
 
-}  // namespace
-
-BorrowedExecutor::BorrowedExecutor() : executor_(&current_executor()), enclosing_(t_innermost_borrow) {
-  ++g_current_borrows;
+BorrowedExecutor::BorrowedExecutor(DeviceState &state)
+    : state_(state),
+      executor_(state.executor ? state.executor.get() : executor_of(state).get()),
+      enclosing_(t_innermost_borrow) {
+  ++state.borrows;
   t_innermost_borrow = this;
 }
 
@@ -304,8 +441,8 @@ BorrowedExecutor::~BorrowedExecutor() {
   // nothing is counted or destroyed any more (the retired executors go with the process).
   if (g_closing.load(std::memory_order_acquire)) return;
   // The borrowed executor is alive (current or retired), so no other executor has its address.
-  if (executor_ == g_executor.get())
-    --g_current_borrows;
+  if (executor_ == state_.executor.get())
+    --state_.borrows;
   else
     end_retired_borrow(executor_);
 }
@@ -319,44 +456,112 @@ void check_not_in_observer(const char *site) {
                                     site));
 }
 
-void remember_observer(uint64_t id) { g_observer_ids.push_back(id); }
-void forget_observer(uint64_t id) { std::erase(g_observer_ids, id); }
+void remember_observer(DeviceState &state, uint64_t id) { state.observer_ids.push_back(id); }
+void forget_observer(DeviceState &state, uint64_t id) { std::erase(state.observer_ids, id); }
 
-std::vector<FaultBlock> &fault_blocks() { return g_fault_blocks; }
-
-uint64_t executor_generation() { return g_executor_generation; }
-
-uint64_t generation_of(const LlvmRuntimeExecutor &ex) {
-  return &ex == g_executor.get() ? g_executor_generation : 0;
+DeviceState *device_of_generation(uint64_t generation) {
+  if (generation == 0) return nullptr;
+  for (DeviceState *s : states())
+    if (s->generation == generation) return s;
+  return nullptr;
 }
 
 LlvmRuntimeExecutor *executor_of_generation(uint64_t generation) {
-  return generation != 0 && generation == g_executor_generation ? g_executor.get() : nullptr;
+  DeviceState *state = device_of_generation(generation);
+  return state != nullptr ? state->executor.get() : nullptr;
+}
+
+py::object device_object_of(DeviceState &state) { return device_object(state); }
+
+DeviceState &device_argument(py::handle value, const char *site) {
+  return value.is_none() ? current_device() : to_device_state(value, site);
 }
 
 void register_executor_state(py::module_ &m) {
-  def_typed(m, "init",
-            "(arch='cpu', *, budget_bytes=None, reserve_bytes=None, live_check=True, "
-            "caching=True, device_heap_bytes=None, mock_capacity_bytes=None, "
-            "mock_other_process_bytes=None, num_threads=None, fault_at=None, "
-            "fail_sizes_at_least=None)",
-            &init, doc("init"), py::arg("arch") = "cpu", py::kw_only(),
-            py::arg("budget_bytes") = py::none(),
-            py::arg("reserve_bytes") = py::none(), py::arg("live_check") = true,
-            py::arg("caching") = true, py::arg("device_heap_bytes") = py::none(),
-            py::arg("mock_capacity_bytes") = py::none(),
+  g_current_var = PyContextVar_New("kiln.current_device", nullptr);  // never released
+  if (g_current_var == nullptr) throw py::error_already_set();
+#define KILN_DEVICE_OPTION_PYARGS                                                                  \
+  py::arg("budget_bytes") = py::none(), py::arg("reserve_bytes") = py::none(),                     \
+      py::arg("live_check") = py::none(), py::arg("caching") = py::none(),                         \
+      py::arg("device_heap_bytes") = py::none(), py::arg("mock_capacity_bytes") = py::none(),      \
+      py::arg("mock_other_process_bytes") = py::none(), py::arg("num_threads") = py::none(),       \
+      py::arg("fault_at") = py::none(), py::arg("fail_sizes_at_least") = py::none()
+#define KILN_DEVICE_OPTION_SIGNATURE                                                               \
+  "budget_bytes=None, reserve_bytes=None, live_check=True, caching=True, "                         \
+  "device_heap_bytes=None, mock_capacity_bytes=None, mock_other_process_bytes=None, "              \
+  "num_threads=None, fault_at=None, fail_sizes_at_least=None"
+  py::class_<DeviceState, std::unique_ptr<DeviceState, py::nodelete>> cls(m, "Device", doc("Device"));
+  cls.def("__init__", [](py::handle, py::args, py::kwargs) {
+        raise_invalid_type("Device", "kiln.Device cannot be called: kiln.device(name) returns a device's one Device");
+      }, doc("Device.__init__"))
+      .def("__str__", [](const DeviceState &s) { return s.key; }, doc("Device.__str__"))
+      .def("__repr__", [](const DeviceState &s) { return fmt::format("kiln.device('{}')", s.key); },
+           doc("Device.__repr__"))
+      .def("__eq__", [](const DeviceState &s, py::handle other) -> py::object {
+        if (py::isinstance<DeviceState>(other)) return py::bool_(py::cast<DeviceState *>(other) == &s);
+        if (!py::isinstance<py::str>(other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+        const RhiExpected<DeviceName> name = parse_device_name(py::cast<std::string>(other));
+        return py::bool_(name && name->backend == s.name.backend && name->ordinal == s.name.ordinal);
+      }, doc("Device.__eq__"), py::is_operator())
+      .def("__hash__", [](const DeviceState &s) { return py::hash(py::str(s.key)); }, doc("Device.__hash__"))
+      .def_property_readonly("type", [](const DeviceState &s) { return std::string(to_string(s.name.backend)); },
+                             doc("Device.type"))
+      .def_property_readonly("index", [](const DeviceState &s) { return s.name.ordinal; }, doc("Device.index"))
+      .def_property_readonly("is_open", [](const DeviceState &s) { return static_cast<bool>(s.executor); },
+                             doc("Device.is_open"))
+      .def("__enter__", &enter_device, doc("Device.__enter__"), guarded())
+      .def("__exit__", [](py::object self, py::args) { exit_device(std::move(self)); }, doc("Device.__exit__"),
+           guarded())
+      .def("configure", [](DeviceState &s, KILN_DEVICE_OPTION_ARGS) { configure(s, KILN_DEVICE_OPTIONS, "configure"); },
+           doc("Device.configure"), py::kw_only(), KILN_DEVICE_OPTION_PYARGS, guarded());
+  def_typed(m, "init", "(arch='cpu', *, " KILN_DEVICE_OPTION_SIGNATURE ")", &init, doc("init"),
+            py::arg("arch") = "cpu", py::kw_only(), py::arg("budget_bytes") = py::none(),
+            py::arg("reserve_bytes") = py::none(), py::arg("live_check") = true, py::arg("caching") = true,
+            py::arg("device_heap_bytes") = py::none(), py::arg("mock_capacity_bytes") = py::none(),
             py::arg("mock_other_process_bytes") = py::none(), py::arg("num_threads") = py::none(),
             py::arg("fault_at") = py::none(), py::arg("fail_sizes_at_least") = py::none(), guarded());
-  def_typed(m, "device", "()", [] { return executor()->device().name(); }, doc("device"),
+  def_typed(m, "device", "(name=None, *, " KILN_DEVICE_OPTION_SIGNATURE ")", &device, doc("device"),
+            py::arg("name") = py::none(), py::kw_only(), KILN_DEVICE_OPTION_PYARGS, guarded());
+  def_typed(m, "current_device", "()", [] { return device_object(current_device()); }, doc("current_device"),
             guarded());
   def_typed(m, "_shutdown", "()", &shutdown);
-  def_typed(m, "_executor_generation", "()", &executor_generation);
+  // The generation of `device`'s executor (the current device's by default), opened if need be.
+  def_typed(m, "_executor_generation", "(device=None)", [](py::handle device) {
+    DeviceState &state = device_argument(device, "_executor_generation");
+    (void)executor_of(state);
+    return state.generation;
+  }, py::arg("device") = py::none(), guarded());
   // The device a name means, as "backend:ordinal" ("cuda" -> "cuda:0"): kiln.init's parser, for
   // the pytest plugin's options. Errors: InvalidTypeError (not a str), InvalidUsageError.
   def_typed(m, "_device_key", "(name)", [](py::handle name) {
     const DeviceName device = check(parse_device_name(to_text(name, "name", "_device_key")));
     return fmt::format("{}:{}", to_string(device.backend), device.ordinal);
   }, py::arg("name"), guarded());
+  // The names of the devices whose executor is open (kiln.testing's fake blocks).
+  def_typed(m, "_open_devices", "()", [] {
+    py::list names;
+    for (DeviceState *s : states())
+      if (s->executor) names.append(s->key);
+    return names;
+  });
+  // Closes every device of `backend` ("cuda"): their executors go (their arrays keep what they
+  // hold), and a current device among them gives way to cpu (opened as kiln.init(arch="cpu")
+  // would). For kiln.testing's fake blocks: no executor outlives the block on the fake.
+  def_typed(m, "_close_devices", "(backend)", [](py::handle backend_name) {
+    check_not_in_observer("_close_devices");
+    const Backend backend = check(parse_backend(to_text(backend_name, "backend", "_close_devices")));
+    bool current_closed = false;
+    for (DeviceState *s : states()) {
+      if (s->name.backend != backend || !s->executor) continue;
+      current_closed = current_closed || s == g_default_state;
+      close_device(*s);
+    }
+    if (current_closed) {
+      g_default_state = nullptr;
+      (void)executor();
+    }
+    warn_teardown_failures();
+  }, py::arg("backend"), guarded());
   def_typed(m, "_retired_executors", "()", [] { return retired().size(); });  // BorrowedExecutor's, for tests
 }
 

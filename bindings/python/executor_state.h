@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -94,46 +95,6 @@ struct CallGuard {
 };
 using guarded = py::call_guard<CallGuard>;
 
-/// The global executor; made with kiln.init()'s defaults (arch="cpu") on first use.
-/// Errors: those of kiln.init.
-std::shared_ptr<LlvmRuntimeExecutor> executor();
-
-/// The global executor (made as executor() makes it: the constructor may run kiln.init; errors:
-/// those of kiln.init) without a reference count, for the hottest call (kiln.ndarray: two atomic
-/// read-modify-writes of the shared_ptr per array, about 12 ns). It stays alive until this borrow
-/// ends even if kiln.init replaces it meanwhile (an OOM observer may release the GIL and let
-/// another thread run kiln.init): a replaced executor with open borrows is retired, not
-/// destroyed, and its last borrow destroys it. After kiln._shutdown nothing retired is destroyed
-/// (a thread that CPython ends at exit may unwind through a borrow without the GIL): it goes with
-/// the process. Made with the GIL held, ended with it held until kiln._shutdown; borrows nest
-/// (Python code that runs inside one, an observer or a garbage collection while an error is
-/// built, may call kiln.ndarray again). Not copyable.
-class BorrowedExecutor {
- public:
-  BorrowedExecutor();
-  ~BorrowedExecutor();
-  BorrowedExecutor(const BorrowedExecutor &) = delete;
-  BorrowedExecutor &operator=(const BorrowedExecutor &) = delete;
-  LlvmRuntimeExecutor &operator*() const { return *executor_; }
-  LlvmRuntimeExecutor *operator->() const { return executor_; }
-  /// The borrow this thread had open when this one began (a forked child recounts the chain).
-  [[nodiscard]] const BorrowedExecutor *enclosing() const { return enclosing_; }
-
- private:
-  LlvmRuntimeExecutor *executor_;
-  const BorrowedExecutor *enclosing_;
-};
-
-/// Refuses what an OOM observer must not do: allocate or launch on the device whose allocation
-/// is failing (DeviceMemory's contract; a launch would also re-enter the launcher's lock).
-/// Errors: InvalidUsageError naming kiln.`site`.
-void check_not_in_observer(const char *site);
-
-/// Records an OOM observer added from Python to the global executor (removed from it when the
-/// executor is replaced), or forgets one removed by the user.
-void remember_observer(uint64_t id);
-void forget_observer(uint64_t id);
-
 /// An open kiln.testing.fail_allocation or kiln.testing.inject block: the FaultPlan count at
 /// which it began, the count whose allocation fails (fail_allocation), and the setting it
 /// replaced (restored when an inject block, or a block inside one, exits), and whether its own
@@ -146,17 +107,87 @@ struct FaultBlock {
   bool shadowed = false;  // fail_at went by inside an inner block: this block failed nothing
   uint64_t id = 0;        // unique in the process: the token its push returned
 };
-/// The open blocks, innermost last. Guarded by the GIL; cleared when the executor is replaced.
-std::vector<FaultBlock> &fault_blocks();
-/// How many times the global executor has been made or replaced (kiln.init, the first implicit
-/// executor): a change tells kiln.testing that a workload replaced the executor it armed or
-/// measured. Guarded by the GIL.
-uint64_t executor_generation();
-/// The generation of `ex` when it is the global executor; 0 (no generation) when kiln.init has
-/// already replaced it. Guarded by the GIL.
-uint64_t generation_of(const LlvmRuntimeExecutor &ex);
-/// The global executor while `generation` is current; nullptr once kiln.init (or exit) replaced
-/// the executor of that generation, or for 0. Guarded by the GIL: valid until Python runs.
+
+/// One device of the process ("cuda:1"), what kiln.Device is: its executor (opened on first use
+/// with the default options, or by configure / kiln.init), the OOM observers added from Python
+/// and the fault blocks open on it. One per device name for the life of the process (never
+/// destroyed: arrays and Python objects point at it). Guarded by the GIL.
+struct DeviceState {
+  DeviceName name;
+  std::string key;  // "cuda:1": the device's name as kiln.Device's str gives it
+  /// The open executor; null until first use, and again after kiln._shutdown.
+  std::shared_ptr<LlvmRuntimeExecutor> executor;
+  /// Unique in the process (every executor made gets the next one): which executor an array, a
+  /// compiled user kernel or a kiln.testing measurement belongs to. 0 while none is open.
+  uint64_t generation = 0;
+  int borrows = 0;  // open BorrowedExecutors of `executor` (every thread)
+  std::vector<uint64_t> observer_ids;   // OOM observers added from Python to `executor`
+  std::vector<FaultBlock> fault_blocks;  // the open blocks, innermost last
+  PyObject *handle = nullptr;  // the kiln.Device (a strong reference, never released)
+};
+
+/// The state of device `name`, made (not opened) on first use. Raises nothing but
+/// std::bad_alloc.
+DeviceState &device_state(const DeviceName &name);
+/// The current device: the innermost `with kiln.device(...)` block of this context (thread or
+/// asyncio task), else the device kiln.init made current, else cpu. Errors: none (a broken
+/// context variable raises the Python error).
+DeviceState &current_device();
+/// The executor of `state`, opened with the default options on first use. Errors: those of
+/// kiln.init.
+std::shared_ptr<LlvmRuntimeExecutor> executor_of(DeviceState &state);
+/// The current device's executor (executor_of(current_device())).
+std::shared_ptr<LlvmRuntimeExecutor> executor();
+/// The kiln.Device of `state` (one Python object per device for the process).
+py::object device_object_of(DeviceState &state);
+/// The device a `device=` argument of `site` names: a kiln.Device, a device name ("cuda:1"), or
+/// None for the current device. Errors: InvalidTypeError, InvalidUsageError (not a device name).
+DeviceState &device_argument(py::handle value, const char *site);
+/// Every device state made so far, in the order they were made.
+const std::vector<DeviceState *> &device_states();
+
+/// The executor of `state` (opened as executor_of opens it) without a reference count, for the
+/// hottest call (kiln.ndarray: two atomic read-modify-writes of the shared_ptr per array, about
+/// 12 ns). It stays alive until this borrow ends even if kiln.init replaces it meanwhile (an OOM
+/// observer may release the GIL and let another thread run kiln.init): a replaced executor with
+/// open borrows is retired, not destroyed, and its last borrow destroys it. After
+/// kiln._shutdown nothing retired is destroyed (a thread that CPython ends at exit may unwind
+/// through a borrow without the GIL): it goes with the process. Made with the GIL held, ended
+/// with it held until kiln._shutdown; borrows nest (Python code that runs inside one, an
+/// observer or a garbage collection while an error is built, may call kiln.ndarray again). Not
+/// copyable.
+class BorrowedExecutor {
+ public:
+  explicit BorrowedExecutor(DeviceState &state);
+  ~BorrowedExecutor();
+  BorrowedExecutor(const BorrowedExecutor &) = delete;
+  BorrowedExecutor &operator=(const BorrowedExecutor &) = delete;
+  LlvmRuntimeExecutor &operator*() const { return *executor_; }
+  LlvmRuntimeExecutor *operator->() const { return executor_; }
+  [[nodiscard]] DeviceState &state() const { return state_; }
+  /// The borrow this thread had open when this one began (a forked child recounts the chain).
+  [[nodiscard]] const BorrowedExecutor *enclosing() const { return enclosing_; }
+
+ private:
+  DeviceState &state_;
+  LlvmRuntimeExecutor *executor_;
+  const BorrowedExecutor *enclosing_;
+};
+
+/// Refuses what an OOM observer must not do: allocate or launch on the device whose allocation
+/// is failing (DeviceMemory's contract; a launch would also re-enter the launcher's lock).
+/// Errors: InvalidUsageError naming kiln.`site`.
+void check_not_in_observer(const char *site);
+
+/// Records an OOM observer added from Python to `state`'s executor (removed from it when the
+/// executor is replaced), or forgets one removed by the user.
+void remember_observer(DeviceState &state, uint64_t id);
+void forget_observer(DeviceState &state, uint64_t id);
+
+/// The device state whose executor is of `generation`, while it is; nullptr once configure (or
+/// exit) replaced it, or for 0. Guarded by the GIL: valid until Python runs.
+DeviceState *device_of_generation(uint64_t generation);
+/// device_of_generation's executor, or nullptr.
 LlvmRuntimeExecutor *executor_of_generation(uint64_t generation);
 
 }  // namespace kiln::python

@@ -36,8 +36,7 @@ bool python_is_finalizing() {
 #endif
 }
 
-py::dict memory_stats() {
-  auto ex = executor();
+py::dict memory_stats_of(const std::shared_ptr<LlvmRuntimeExecutor> &ex) {
   const runtime::MemoryStats s = ex->memory().stats();
   const auto cache = static_cast<std::size_t>(MemoryCategory::pool_cache);
   py::dict d;
@@ -137,10 +136,11 @@ uint64_t add_oom_observer(py::handle fn) {
                                    "with the exception), got {} {}",
                                    type_name(fn), std::string(py::repr(fn))));
   auto callback = std::make_shared<PyCallback>(py::reinterpret_borrow<py::function>(fn));
-  auto ex = executor();
+  DeviceState &state = current_device();
+  auto ex = executor_of(state);
   const uint64_t id = ex->memory().add_oom_observer(
       [callback](const Failure &failure) { notify(*callback, failure); });
-  remember_observer(id);
+  remember_observer(state, id);
   return id;
 }
 
@@ -148,14 +148,50 @@ uint64_t add_oom_observer(py::handle fn) {
 /// already removed). Errors: InvalidTypeError (not an int), InvalidUsageError (negative, huge).
 bool remove_oom_observer(py::handle id_obj) {
   const uint64_t id = to_bytes(id_obj, "observer_id", "remove_oom_observer");
-  forget_observer(id);
-  return executor()->memory().remove_oom_observer(id);
+  DeviceState &state = current_device();
+  forget_observer(state, id);
+  return executor_of(state)->memory().remove_oom_observer(id);
 }
 
 }  // namespace
 
+/// (free, total) bytes of `ex`'s device, asked of the driver now (torch.cuda.mem_get_info's
+/// order). Errors: through check() (a lost device).
+py::tuple mem_get_info_of(const std::shared_ptr<LlvmRuntimeExecutor> &ex) {
+  uint64_t free_bytes = 0, total_bytes = 0;
+  const RhiResult r = without_gil([&] { return ex->device().get_memory_info(&free_bytes, &total_bytes); });
+  if (r != RhiResult::success)
+    raise_failure(make_failure(r, ex->device().name(), "mem_get_info", "the driver's memory query failed"));
+  return py::make_tuple(free_bytes, total_bytes);
+}
+
+/// The memory functions of kiln.Device (each acts on that device, opened on first use).
+void def_device_methods(py::module_ &m) {
+  py::object cls = m.attr("Device");
+  const auto of = [](py::handle self) { return executor_of(*py::cast<DeviceState *>(self)); };
+  py::setattr(cls, "memory_stats", py::cpp_function([of](py::handle self) { return memory_stats_of(of(self)); },
+                                                    py::name("memory_stats"), py::is_method(cls),
+                                                    doc("Device.memory_stats"), guarded()));
+  py::setattr(cls, "memory_summary",
+              py::cpp_function([of](py::handle self) { return of(self)->memory().summary(); },
+                               py::name("memory_summary"), py::is_method(cls), doc("Device.memory_summary"),
+                               guarded()));
+  py::setattr(cls, "empty_cache",
+              py::cpp_function([of](py::handle self) { return of(self)->memory().release_cached(); },
+                               py::name("empty_cache"), py::is_method(cls), doc("Device.empty_cache"), guarded()));
+  py::setattr(cls, "reset_peak_memory_stats",
+              py::cpp_function([of](py::handle self) { of(self)->memory().reset_peaks(); },
+                               py::name("reset_peak_memory_stats"), py::is_method(cls),
+                               doc("Device.reset_peak_memory_stats"), guarded()));
+  py::setattr(cls, "mem_get_info", py::cpp_function([of](py::handle self) { return mem_get_info_of(of(self)); },
+                                                    py::name("mem_get_info"), py::is_method(cls),
+                                                    doc("Device.mem_get_info"), guarded()));
+}
+
 void register_memory(py::module_ &m) {
-  def_typed(m, "memory_stats", "()", &memory_stats, doc("memory_stats"), guarded());
+  def_device_methods(m);
+  def_typed(m, "memory_stats", "()", [] { return memory_stats_of(executor()); }, doc("memory_stats"), guarded());
+  def_typed(m, "mem_get_info", "()", [] { return mem_get_info_of(executor()); }, doc("mem_get_info"), guarded());
   def_typed(m, "memory_summary", "()", [] { return executor()->memory().summary(); },
             doc("memory_summary"), guarded());
   def_typed(m, "empty_cache", "()", [] { return executor()->memory().release_cached(); },

@@ -67,12 +67,31 @@ PyArray *initialized_array(py::handle value) {
   return v_h.value_ptr<PyArray>();
 }
 
-std::unique_ptr<PyArray> make_ndarray(py::handle dtype, py::handle shape) {
+std::unique_ptr<PyArray> make_ndarray(py::handle dtype, py::handle shape, py::handle device) {
   check_not_in_observer("ndarray");
   const DataType dt = to_dtype(dtype);
   const ShapeArg dims = to_shape(shape);
-  const BorrowedExecutor ex;
-  return std::make_unique<PyArray>(check(ex->ndarray(dt, dims.dims())), *ex);  // made in place
+  DeviceState &state = device_argument(device, "ndarray");
+  const BorrowedExecutor ex(state);
+  return std::make_unique<PyArray>(check(ex->ndarray(dt, dims.dims())), state, *ex);  // made in place
+}
+
+std::shared_ptr<LlvmRuntimeExecutor> executor_for(const char *site, std::initializer_list<NamedOperand> operands) {
+  DeviceState *first = operands.begin()->array->state;
+  for (const NamedOperand &o : operands)
+    if (o.array->state != first) raise_mixed_devices(site, operands);
+  return executor_of(*first);
+}
+
+void raise_mixed_devices(const char *site, std::span<const NamedOperand> operands) {
+  std::string arrays;
+  for (const NamedOperand &o : operands)
+    arrays += fmt::format("{}{} {} on {}", arrays.empty() ? "" : ", ", o.name, o.array->description(),
+                          o.array->device_name());
+  raise_invalid_usage(operands.front().array->device_name(), site,
+                      fmt::format("{}: its arrays are on different devices: {}; arrays never move on "
+                                  "their own: copy one with a.to(device)",
+                                  site, arrays));
 }
 
 namespace {
@@ -80,16 +99,16 @@ namespace {
 void free_array(py::handle self) {
   PyArray &a = as_array(self, "free", "self");
   if (a.busy > 0)
-    raise_invalid_usage(a.device, "free",
+    raise_invalid_usage(a.device_name(), "free",
                         fmt::format("ndarray {} is in use by an operation running now", a.description()));
   if (a.exports > 0)
-    raise_invalid_usage(a.device, "free",
+    raise_invalid_usage(a.device_name(), "free",
                         fmt::format("ndarray {} still has {} export(s) (memoryview, "
                                     "np.asarray, a DLPack capsule or the array a consumer made "
                                     "from it); delete them first",
                                     a.description(), a.exports));
   if (a.pointer_shared)
-    raise_invalid_usage(a.device, "free",
+    raise_invalid_usage(a.device_name(), "free",
                         fmt::format("ndarray {} handed its pointer out through "
                                     "__cuda_array_interface__, which has no release: drop the "
                                     "consumers (cupy/torch/numba arrays) and the array, and "
@@ -111,14 +130,15 @@ void free_array(py::handle self) {
   a.live.release();
 }
 
-PyArray from_numpy(py::handle value) {
+PyArray from_numpy(py::handle value, py::handle device) {
   check_not_in_observer("from_numpy");
   auto [input, dtype] = host_input(value, "from_numpy");
   const std::vector<int64_t> shape(input.shape(), input.shape() + input.ndim());
-  auto ex = executor();
+  DeviceState &state = device_argument(device, "from_numpy");
+  auto ex = executor_of(state);
   // The device array first: a refusal comes before a host copy of a non-contiguous input (a
   // broadcast view of terabytes is refused by the budget, not by the host's memory).
-  PyArray out(check(ex->ndarray(dtype, shape)), *ex);
+  PyArray out(check(ex->ndarray(dtype, shape)), state, *ex);
   const py::array arr = contiguous_host_array(input, "from_numpy");
   const auto *data = static_cast<const std::byte *>(arr.data());
   const std::span<const std::byte> bytes(data, static_cast<std::size_t>(arr.nbytes()));
@@ -132,7 +152,7 @@ py::array host_copy_for(const PyArray &a, const Ndarray &array) {
     return py::array(numpy_dtype(array.dtype()), std::vector<py::ssize_t>(array.shape().begin(), array.shape().end()));
   } catch (py::error_already_set &e) {
     if (!e.matches(PyExc_MemoryError)) throw;
-    raise_host_oom(a.device, "to_numpy", array.nbytes(),
+    raise_host_oom(a.device_name(), "to_numpy", array.nbytes(),
                    fmt::format("the host copy of ndarray {}", a.description()));
   }
 }
@@ -140,7 +160,7 @@ py::array host_copy_for(const PyArray &a, const Ndarray &array) {
 py::array to_numpy(py::handle self) {
   PyArray &a = as_array(self, "to_numpy", "self");
   const Ndarray &array = a.get("to_numpy");
-  auto ex = executor();
+  auto ex = executor_of(*a.state);
   check(ex->check_usable("to_numpy", array));  // before the host copy is allocated
   py::array out = host_copy_for(a, array);
   auto *data = static_cast<std::byte *>(out.mutable_data());
@@ -149,22 +169,45 @@ py::array to_numpy(py::handle self) {
   return out;
 }
 
-/// copy.copy / copy.deepcopy of a kiln.ndarray: a new array of the same dtype and shape on the
-/// current executor, filled by the copy kernel. Errors: those of ndarray() and copy().
+/// copy.copy / copy.deepcopy of a kiln.ndarray: a new array of the same dtype and shape on its
+/// device, filled by the copy kernel. Errors: those of ndarray() and copy().
 PyArray copy_array(py::handle self) {
   const Operand src = first_operand(self, "copy", "self");
-  auto ex = executor();
+  auto ex = executor_of(*src.py.state);
   check(ex->check_usable("copy", src.array));  // before the new array is allocated
-  PyArray out(check(ex->ndarray(src.array.dtype(), src.array.shape())), *ex);
+  PyArray out(check(ex->ndarray(src.array.dtype(), src.array.shape())), *src.py.state, *ex);
   check(launch({&src.py}, [&] { return ex->copy(out.array, src.array); }));
   return out;
+}
+
+/// a.to(device): the array on `device` (a kiln.Device or a name): `self` when it is there
+/// already, else a copy through host memory charged to the target's budget. The target array is
+/// allocated first: when the target refuses, nothing was copied and `self` is untouched.
+/// Errors: InvalidTypeError, InvalidUsageError (device, a freed array), the target's
+/// OutOfMemoryError, HostOutOfMemoryError for the host staging, DeviceLostError.
+py::object to_device(py::handle self, py::handle device) {
+  check_not_in_observer("to");
+  PyArray &a = as_array(self, "to", "self");
+  const Ndarray &array = a.get("to");
+  DeviceState &target = device_argument(device, "to");
+  if (&target == a.state) return py::reinterpret_borrow<py::object>(self);
+  auto source = executor_of(*a.state);
+  check(source->check_usable("to", array));
+  auto ex = executor_of(target);
+  PyArray out(check(ex->ndarray(array.dtype(), array.shape())), target, *ex);
+  py::array host = host_copy_for(a, array);
+  const std::span<std::byte> bytes(static_cast<std::byte *>(host.mutable_data()),
+                                   static_cast<std::size_t>(array.nbytes()));
+  check(launch({&a}, [&] { return source->read(array, bytes); }));
+  check(launch({}, [&] { return ex->write(out.array, bytes); }));
+  return py::cast(std::move(out));
 }
 
 std::string ndarray_repr(py::handle s) {
   if (!py::isinstance<PyArray>(s)) return "kiln.ndarray(?)";
   const PyArray *a = initialized_array(s);
   if (a == nullptr) return "kiln.ndarray(uninitialized)";
-  return fmt::format("kiln.ndarray({}, device='{}'{})", a->description(), a->device,
+  return fmt::format("kiln.ndarray({}, device='{}'{})", a->description(), a->device_name(),
                      a->is_freed() ? ", freed" : "");
 }
 
@@ -178,7 +221,8 @@ void def_properties(py::class_<PyArray> &cls) {
       .def_property_readonly("nbytes", [arr](py::handle s) { return arr(s).nbytes; }, doc("ndarray.nbytes"))
       .def_property_readonly("size", [arr](py::handle s) { return arr(s).size; }, doc("ndarray.size"))
       .def_property_readonly("ndim", [arr](py::handle s) { return arr(s).shape().size(); }, doc("ndarray.ndim"))
-      .def_property_readonly("device", [arr](py::handle s) { return arr(s).device; }, doc("ndarray.device"))
+      .def_property_readonly("device", [arr](py::handle s) { return device_object_of(*arr(s).state); },
+                             doc("ndarray.device"))
       .def_property_readonly("is_freed", [arr](py::handle s) { return arr(s).is_freed(); },
                               doc("ndarray.is_freed"))
       // numpy tries the buffer protocol first but swallows its errors (a freed array would
@@ -198,6 +242,7 @@ void def_properties(py::class_<PyArray> &cls) {
 void def_methods(py::class_<PyArray> &cls) {
   cls.def("free", &free_array, doc("ndarray.free"), guarded())
       .def("to_numpy", &to_numpy, doc("ndarray.to_numpy"), guarded())
+      .def("to", &to_device, doc("ndarray.to"), py::arg("device"), guarded())
       // copy.copy / copy.deepcopy: a new array on the current device with the same contents
       // (numpy's meaning); pickle: rebuilt by kiln.from_numpy from the host copy.
       .def("__copy__", [](py::handle self) { return copy_array(self); }, doc("ndarray.__copy__"),
@@ -213,7 +258,7 @@ void def_methods(py::class_<PyArray> &cls) {
       .def("__bool__", [](py::handle s) {
         const PyArray &a = as_array(s, "ndarray", "self");
         if (a.size != 1)
-          raise_invalid_usage(a.device, "ndarray.__bool__",
+          raise_invalid_usage(a.device_name(), "ndarray.__bool__",
                               fmt::format("the truth value of an array of {} elements is ambiguous; "
                                           "use a.to_numpy().any() or .all()",
                                           a.size));
@@ -229,10 +274,10 @@ void def_methods(py::class_<PyArray> &cls) {
 
 }  // namespace
 
-PyArray::PyArray(Ndarray a, const LlvmRuntimeExecutor &ex)
+PyArray::PyArray(Ndarray a, DeviceState &device_state, const LlvmRuntimeExecutor &made_by)
     : array(std::move(a)),
-      executor_generation(generation_of(ex)),
-      device(ex.device().name()),
+      state(&device_state),
+      executor_generation(device_state.executor.get() == &made_by ? device_state.generation : 0),
       dtype(array.dtype()),
       nbytes(array.nbytes()),
       size(array.num_elements()),
@@ -277,7 +322,7 @@ void PyArray::view_layout() {
 }
 
 const Ndarray &PyArray::get(const char *site) const {
-  if (dropped) raise_invalid_usage(device, site, fmt::format("ndarray {} used after it was freed", description()));
+  if (dropped) raise_invalid_usage(device_name(), site, fmt::format("ndarray {} used after it was freed", description()));
   return array;
 }
 
@@ -339,17 +384,20 @@ void register_ndarray(py::module_ &m) {
   py::class_<PyArray> cls(m, "ndarray", doc("ndarray"), py::buffer_protocol(),
                           py::metaclass(ndarray_metaclass()));
   g_ndarray_info = py::detail::get_type_info(typeid(PyArray));
-  cls.def(py::init(&make_ndarray), doc("ndarray.__init__"), py::arg("dtype"), py::arg("shape"), guarded());
+  cls.def(py::init(&make_ndarray), doc("ndarray.__init__"), py::arg("dtype"), py::arg("shape"), py::kw_only(),
+          py::arg("device") = py::none(), guarded());
   def_properties(cls);
   def_methods(cls);
   install_buffer_protocol(cls);
-  def_typed(m, "from_numpy", "(a)", &from_numpy, doc("from_numpy"), py::arg("a"), guarded());
+  def_typed(m, "from_numpy", "(a, *, device=None)", &from_numpy, doc("from_numpy"), py::arg("a"), py::kw_only(),
+            py::arg("device") = py::none(), guarded());
   // Wrong arity or an unknown keyword: InvalidTypeError, not pybind11's plain TypeError.
   cls.def(py::init([](py::args args, py::kwargs kwargs) -> PyArray {
-    raise_signature_mismatch("ndarray", "(dtype, shape)", args, kwargs);
+    raise_signature_mismatch("ndarray", "(dtype, shape, *, device=None)", args, kwargs);
   }));
   typed_method_mismatch(cls, "free", "()");
   typed_method_mismatch(cls, "to_numpy", "()");
+  typed_method_mismatch(cls, "to", "(device)");
   for (const char *dunder : {"__copy__", "__reduce__", "__bool__", "__len__", "__repr__"})
     typed_method_mismatch(cls, dunder, "()");
   typed_method_mismatch(cls, "__deepcopy__", "(memo)");

@@ -49,15 +49,15 @@ class LiveArrayBytes {
   uint64_t bytes_;
 };
 
-/// A kiln.ndarray: one Ndarray handle (the only one), the generation of the executor that made
-/// it (arrays never keep an executor alive, only its device), and the state of views and running
-/// launches.
+/// A kiln.ndarray: one Ndarray handle (the only one), its device and the generation of the
+/// executor that made it (arrays never keep an executor alive, only its device's memory), and the
+/// state of views and running launches.
 struct PyArray {
   Ndarray array;
-  // executor_generation() of the global executor that made it; 0 when kiln.init had replaced
-  // that executor before the array was made (executor_of_generation).
+  DeviceState *state;  // its device (never destroyed)
+  // The generation of the executor that made it (executor_of_generation): once configure replaced
+  // that executor the array can only be freed.
   uint64_t executor_generation = 0;
-  std::string device;
   DataType dtype;
   std::vector<int64_t> dropped_shape;  // the shape, kept once free() dropped the handle
   uint64_t nbytes = 0;
@@ -73,8 +73,13 @@ struct PyArray {
   std::vector<Py_ssize_t> view_shape, view_strides;
   LiveArrayBytes live;  // released when freed
 
-  PyArray(Ndarray a, const LlvmRuntimeExecutor &ex);
+  /// An array `made_by` made on device `state`: its generation is the state's while `made_by` is
+  /// the state's executor, else 0 (made on an executor configure replaced meanwhile, while a
+  /// borrow kept it: the array can only be freed).
+  PyArray(Ndarray a, DeviceState &state, const LlvmRuntimeExecutor &made_by);
 
+  /// Its device's name ("cuda:1"), for messages and errors.
+  [[nodiscard]] const std::string &device_name() const { return state->key; }
   [[nodiscard]] bool is_freed() const { return dropped || array.is_freed(); }
   /// The dimensions: the handle's (an array's creation copies none), kept once it is dropped.
   [[nodiscard]] const std::vector<int64_t> &shape() const {
@@ -140,7 +145,7 @@ auto launch_small(const LlvmRuntimeExecutor &ex, uint64_t num_elements,
 /// kiln.ndarray(dtype, shape): a new array on the current executor. Errors: those of to_dtype,
 /// to_shape and LlvmRuntimeExecutor::ndarray; InvalidUsageError inside an OOM observer.
 /// Returns the value as pybind11's holder owns it (no move of a PyArray).
-std::unique_ptr<PyArray> make_ndarray(py::handle dtype, py::handle shape);
+std::unique_ptr<PyArray> make_ndarray(py::handle dtype, py::handle shape, py::handle device);
 
 /// The PyArray of `value`, or nullptr when it is not a kiln.ndarray or was made by
 /// kiln.ndarray.__new__ without __init__. Raises nothing.
@@ -168,6 +173,21 @@ Operand first_operand(py::handle value, const char *site, const char *name);
 /// as_array(a), as_array(b), then their PyArray::get. Errors: those's.
 std::pair<Operand, Operand> first_operands(py::handle a, py::handle b, const char *site,
                                            const char *name_a, const char *name_b);
+
+/// An array argument of an operation and the name the operation gives it ("x").
+struct NamedOperand {
+  const char *name;
+  const PyArray *array;
+};
+
+/// The executor of the device all of `operands` (at least one) live on, for operation `site`.
+/// Errors: InvalidUsageError naming the operation and each argument's name, dtype, shape and
+/// device when they are on different devices (raise_mixed_devices), checked before anything is
+/// allocated; those of executor_of.
+std::shared_ptr<LlvmRuntimeExecutor> executor_for(const char *site, std::initializer_list<NamedOperand> operands);
+/// Raises the InvalidUsageError of arrays on different devices: "axpy: its arrays are on
+/// different devices: x f32[3] on cuda:0, y f32[3] on cuda:1; ...".
+[[noreturn]] void raise_mixed_devices(const char *site, std::span<const NamedOperand> operands);
 
 /// Installs the buffer protocol of kiln.ndarray (buffer_protocol.cpp) on its type.
 void install_buffer_protocol(py::handle ndarray_type);

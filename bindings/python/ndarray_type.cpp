@@ -127,9 +127,10 @@ bool is_fresh(const py::detail::value_and_holder &v_h) {
 /// set (kiln's named error; `self` keeps no value).
 static_assert(std::is_same_v<py::class_<PyArray>::holder_type, std::unique_ptr<PyArray>>,
               "construct_array constructs kiln.ndarray's holder itself");
-int construct_array(py::detail::value_and_holder &v_h, PyObject *dtype, PyObject *shape) {
+int construct_array(py::detail::value_and_holder &v_h, PyObject *dtype, PyObject *shape,
+                    PyObject *device = Py_None) {
   PyObject *done = run_guarded([&] {
-    std::unique_ptr<PyArray> array = make_ndarray(dtype, shape);
+    std::unique_ptr<PyArray> array = make_ndarray(dtype, shape, py::handle(device));
     if (!is_fresh(v_h))  // InitScope refuses a second __init__: this never happens
       raise_invalid_usage("kiln", "__init__", "__init__: the kiln.ndarray was made meanwhile");
     // The holder takes the value, as pybind11's init_holder does (nothing here throws).
@@ -228,22 +229,34 @@ PyObject *call_through_metaclass(PyObject *callable, PyObject *const *args, std:
   return result;
 }
 
+PyObject *g_device_keyword = nullptr;  // the interned str "device" (never released)
+
+/// Whether `kwnames` is absent or exactly ("device",).
+bool no_keywords_but_device(PyObject *kwnames) {
+  if (kwnames == nullptr) return true;
+  if (PyTuple_GET_SIZE(kwnames) != 1) return false;
+  PyObject *name = PyTuple_GET_ITEM(kwnames, 0);
+  return name == g_device_keyword ||
+         (PyUnicode_Check(name) && PyUnicode_Compare(name, g_device_keyword) == 0);
+}
+
 /// kiln.ndarray's tp_vectorcall (what `kiln.ndarray(dtype, shape)` runs, PEP 590): with two
-/// positional arguments it makes the instance (new_simple_instance, or pybind11's tp_new if
-/// pybind11 does not lay the class out simply) and the array (construct_array) without an
-/// argument tuple or pybind11's metaclass __call__; any other call, a subclass, or a class whose
-/// __new__ or __init__ was replaced goes through the metaclass.
+/// positional arguments (and at most the keyword device=) it makes the instance
+/// (new_simple_instance, or pybind11's tp_new if pybind11 does not lay the class out simply)
+/// and the array (construct_array) without an argument tuple or pybind11's metaclass __call__;
+/// any other call, a subclass, or a class whose __new__ or __init__ was replaced goes through
+/// the metaclass.
 PyObject *ndarray_vectorcall(PyObject *callable, PyObject *const *args, std::size_t nargsf,
                              PyObject *kwnames) {
   auto *type = reinterpret_cast<PyTypeObject *>(callable);
-  if (kwnames != nullptr || PyVectorcall_NARGS(nargsf) != 2 || type != g_ndarray_info->type ||
+  if (!no_keywords_but_device(kwnames) || PyVectorcall_NARGS(nargsf) != 2 || type != g_ndarray_info->type ||
       type->tp_new != g_pybind11_new || type->tp_init != &fast_ndarray_init)
     return call_through_metaclass(callable, args, nargsf, kwnames);
   PyObject *self = g_simple_layout ? new_simple_instance(type) : type->tp_new(type, g_no_arguments, nullptr);
   if (self == nullptr) return nullptr;
   auto *inst = reinterpret_cast<py::detail::instance *>(self);
   py::detail::value_and_holder v_h = inst->get_value_and_holder(g_ndarray_info);
-  if (construct_array(v_h, args[0], args[1]) < 0) {
+  if (construct_array(v_h, args[0], args[1], kwnames != nullptr ? args[2] : Py_None) < 0) {
     Py_DECREF(self);  // pybind11's dealloc of an instance without a value
     return nullptr;
   }
@@ -262,6 +275,8 @@ std::size_t registered_instances() { return py::detail::get_internals().register
 void install_ndarray_type(py::handle cls, const py::detail::type_info *info) {
   auto *type = reinterpret_cast<PyTypeObject *>(cls.ptr());
   g_ndarray_info = info;
+  g_device_keyword = PyUnicode_InternFromString("device");
+  if (g_device_keyword == nullptr) throw py::error_already_set();
   // The attribute first: setting __init__ on the type resets tp_init to the generic slot (which
   // calls the attribute); tp_init is set after it.
   PyObject *method = install_fast_function(cls, "__init__", &ndarray_init_attribute);

@@ -30,13 +30,13 @@ namespace {
 void fill(py::handle out_obj, py::handle value) {
   const Operand out = first_operand(out_obj, "fill", "out");
   const Scalar s = to_scalar(value, out.array.dtype(), "fill");
-  auto ex = executor();
+  auto ex = executor_for("fill", {{"out", &out.py}});
   check(launch_small(*ex, out.array.num_elements(), {&out.py}, [&] { return ex->fill(out.array, s); }));
 }
 
 void copy(py::handle dst_obj, py::handle src_obj) {
   const auto [dst, src] = first_operands(dst_obj, src_obj, "copy", "dst", "src");
-  auto ex = executor();
+  auto ex = executor_for("copy", {{"dst", &dst.py}, {"src", &src.py}});
   check(launch_small(*ex, dst.array.num_elements(), {&dst.py, &src.py},
                      [&] { return ex->copy(dst.array, src.array); }));
 }
@@ -49,7 +49,7 @@ void axpy_from_host(LlvmRuntimeExecutor &ex, const Scalar &a, py::handle x, PyAr
   auto [input, dtype] = host_input(x, "axpy");
   const std::vector<int64_t> shape(input.shape(), input.shape() + input.ndim());
   if (dtype != yy.dtype() || shape != yy.shape())
-    raise_invalid_usage(y.device, "axpy",
+    raise_invalid_usage(y.device_name(), "axpy",
                         fmt::format("axpy needs x of y's dtype and shape: x is {}, y is {}",
                                     describe_array(dtype, shape), y.description()));
   const py::array host = contiguous_host_array(input, "axpy");
@@ -61,16 +61,16 @@ void axpy_from_host(LlvmRuntimeExecutor &ex, const Scalar &a, py::handle x, PyAr
 void axpy(py::handle alpha, py::handle x, py::handle y_obj) {
   const Operand y = first_operand(y_obj, "axpy", "y");
   const Scalar a = to_scalar(alpha, y.array.dtype(), "axpy");
-  auto ex = executor();
-  if (!py::isinstance<PyArray>(x)) return axpy_from_host(*ex, a, x, y.py, y.array);
+  if (!py::isinstance<PyArray>(x)) return axpy_from_host(*executor_for("axpy", {{"y", &y.py}}), a, x, y.py, y.array);
   PyArray &xa = as_array(x, "axpy", "x");
   const Ndarray &xx = xa.get("axpy");
+  auto ex = executor_for("axpy", {{"x", &xa}, {"y", &y.py}});
   check(launch_small(*ex, y.array.num_elements(), {&xa, &y.py}, [&] { return ex->axpy(a, xx, y.array); }));
 }
 
 py::object reduce_sum(py::handle x_obj) {
   const Operand x = first_operand(x_obj, "reduce_sum", "x");
-  auto ex = executor();
+  auto ex = executor_for("reduce_sum", {{"x", &x.py}});
   const Scalar sum =
       check(launch_small(*ex, x.array.num_elements(), {&x.py}, [&] { return ex->reduce_sum(x.array); }));
   if (is_floating(x.array.dtype())) return py::float_(sum.f64);
@@ -81,12 +81,14 @@ py::object matmul(py::handle a_obj, py::handle b_obj, py::object out_obj) {
   const auto [a, b] = first_operands(a_obj, b_obj, "matmul", "a", "b");
   const Ndarray &aa = a.array;
   const Ndarray &bb = b.array;
-  auto ex = executor();
+  PyArray *out_array = out_obj.is_none() ? nullptr : &as_array(out_obj, "matmul", "out");
+  auto ex = out_array == nullptr ? executor_for("matmul", {{"a", &a.py}, {"b", &b.py}})
+                                 : executor_for("matmul", {{"a", &a.py}, {"b", &b.py}, {"out", out_array}});
   // The whole call is checked before the output exists (validation before reservation).
   const std::array<int64_t, 2> shape = check(ex->matmul_output_shape(aa, bb));
   if (out_obj.is_none()) {
     BusyScope operands({&a.py, &b.py});  // an OOM observer may not free them while out is allocated
-    out_obj = py::cast(PyArray(check(ex->ndarray(aa.dtype(), shape)), *ex));
+    out_obj = py::cast(PyArray(check(ex->ndarray(aa.dtype(), shape)), *a.py.state, *ex));
   }
   PyArray &c = as_array(out_obj, "matmul", "out");
   const Ndarray &cc = c.get("matmul");  // shape, dtype and aliasing are checked by the executor
@@ -96,9 +98,9 @@ py::object matmul(py::handle a_obj, py::handle b_obj, py::object out_obj) {
 
 PyArray compact_positive(py::handle x_obj) {
   const Operand x = first_operand(x_obj, "compact_positive", "x");
-  auto ex = executor();
+  auto ex = executor_for("compact_positive", {{"x", &x.py}});
   Ndarray out = check(launch({&x.py}, [&] { return ex->compact_positive(x.array); }));
-  return PyArray(std::move(out), *ex);
+  return PyArray(std::move(out), *x.py.state, *ex);
 }
 
 }  // namespace

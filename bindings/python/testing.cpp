@@ -40,8 +40,9 @@ uint64_t push_fault(py::handle at) {
   if (n < 1)
     raise_invalid_usage("kiln", "fail_allocation",
                         fmt::format("fail_allocation(at={}): at must be an int >= 1", n));
-  runtime::RequestFaultPlan &plan = executor()->memory().fault_plan();
-  std::vector<FaultBlock> &blocks = fault_blocks();
+  DeviceState &state = current_device();
+  runtime::RequestFaultPlan &plan = executor_of(state)->memory().fault_plan();
+  std::vector<FaultBlock> &blocks = state.fault_blocks;
   runtime::RequestFaultPlan::Setting previous = plan.setting();
   if (blocks.empty()) plan.fail_nth_allocation(FaultPlan::kNever);  // the count starts at 0
   const uint64_t start = plan.allocation_count();
@@ -58,10 +59,12 @@ uint64_t push_inject(py::handle spec_obj) {
   const std::string text = to_text(spec_obj, "spec", "inject");
   RhiExpected<runtime::FaultSpec> spec = runtime::FaultSpec::parse(text);
   if (!spec) raise_invalid_usage("kiln", "inject", spec.error().detail);
-  if (auto known = executor()->check_fault(*spec); !known)  // user kernels' entries too
+  DeviceState &state = current_device();
+  auto ex = executor_of(state);
+  if (auto known = ex->check_fault(*spec); !known)  // user kernels' entries too
     raise_invalid_usage("kiln", "inject", known.error().detail);
-  runtime::RequestFaultPlan &plan = executor()->memory().fault_plan();
-  fault_blocks().push_back({plan.allocation_count(), FaultPlan::kNever, plan.setting(),
+  runtime::RequestFaultPlan &plan = ex->memory().fault_plan();
+  state.fault_blocks.push_back({plan.allocation_count(), FaultPlan::kNever, plan.setting(),
                             /*inject=*/true, false, g_next_block_id});
   plan.arm(*spec);
   return g_next_block_id++;
@@ -74,9 +77,9 @@ uint64_t push_inject(py::handle spec_obj) {
 /// had seen before the inner block; when the outer plan's request went by inside this block, the
 /// outer block is marked shadowed. The outermost fail_allocation block clears the plan and
 /// restarts the count.
-bool pop_innermost() {
-  runtime::RequestFaultPlan &plan = executor()->memory().fault_plan();
-  std::vector<FaultBlock> &blocks = fault_blocks();
+bool pop_innermost(DeviceState &state) {
+  runtime::RequestFaultPlan &plan = executor_of(state)->memory().fault_plan();
+  std::vector<FaultBlock> &blocks = state.fault_blocks;
   if (blocks.empty()) {
     plan.fail_nth_allocation(FaultPlan::kNever);
     return false;
@@ -94,35 +97,38 @@ bool pop_innermost() {
   return done.shadowed;
 }
 
-/// Leaves the block whose push returned `token` (the innermost when None): first every block
+/// Leaves the block whose push returned `token` (the current device's innermost when None; a
+/// token names its device's block wherever the current device is now): first every block
 /// opened inside it and never left (a workload's `__enter__` without `__exit__`, an abandoned
 /// generator), then the block itself, each as pop_innermost does. Returns (shadowed, how many
 /// unclosed blocks were left for it). A token whose block is gone already (an enclosing block's
 /// exit, or kiln.init, closed it) does nothing: (False, 0).
 py::tuple pop_fault(py::handle token) {
-  std::vector<FaultBlock> &blocks = fault_blocks();
-  std::size_t unclosed = 0;
-  if (!token.is_none()) {
-    const uint64_t id = to_bytes(token, "token", "_pop_fault");
+  if (token.is_none()) return py::make_tuple(pop_innermost(current_device()), 0);
+  const uint64_t id = to_bytes(token, "token", "_pop_fault");
+  for (DeviceState *state : device_states()) {
+    std::vector<FaultBlock> &blocks = state->fault_blocks;
     const auto own = std::find_if(blocks.begin(), blocks.end(), [id](const FaultBlock &b) { return b.id == id; });
-    if (own == blocks.end()) return py::make_tuple(false, 0);
-    unclosed = static_cast<std::size_t>(blocks.end() - own) - 1;
-    for (std::size_t i = 0; i < unclosed; ++i) (void)pop_innermost();
+    if (own == blocks.end()) continue;
+    const auto unclosed = static_cast<std::size_t>(blocks.end() - own) - 1;
+    for (std::size_t i = 0; i < unclosed; ++i) (void)pop_innermost(*state);
+    return py::make_tuple(pop_innermost(*state), unclosed);
   }
-  return py::make_tuple(pop_innermost(), unclosed);
+  return py::make_tuple(false, 0);
 }
 
 /// Allocations since the innermost open block began (or, outside blocks, since the last one
 /// ended or since init).
 uint64_t fault_allocation_count() {
-  const uint64_t count = executor()->memory().fault_plan().allocation_count();
-  const std::vector<FaultBlock> &blocks = fault_blocks();
+  DeviceState &state = current_device();
+  const uint64_t count = executor_of(state)->memory().fault_plan().allocation_count();
+  const std::vector<FaultBlock> &blocks = state.fault_blocks;
   return blocks.empty() ? count : count - blocks.back().start_count;
 }
 
 /// "fail_allocation" or "inject": the innermost open block's kind; None outside blocks.
 py::object innermost_fault_block() {
-  const std::vector<FaultBlock> &blocks = fault_blocks();
+  const std::vector<FaultBlock> &blocks = current_device().fault_blocks;
   if (blocks.empty()) return py::none();
   return py::str(blocks.back().inject ? "inject" : "fail_allocation");
 }

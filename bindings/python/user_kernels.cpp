@@ -89,7 +89,7 @@ std::vector<std::pair<std::string, UserValueType>> to_type_names(const py::list 
 template <class Fn>
 PyUserKernel compile_with(Fn &&fn) {
   check_not_in_observer("compile");
-  auto ex = executor();
+  auto ex = executor();  // kiln/_kernels.py compiles inside `with` the arguments' device
   return PyUserKernel{check(without_gil([&] { return fn(*ex); }))};
 }
 
@@ -177,13 +177,24 @@ void launch_kernel(const PyUserKernel &k, py::list args, py::object count_obj) {
   }
   std::optional<uint64_t> count;
   if (!count_obj.is_none()) count = to_bytes(count_obj, "count", site);
-  auto ex = executor();
+  auto ex = arrays.empty() ? executor() : executor_of(*arrays.front()->state);
+  for (const PyArray *a : arrays)
+    if (a->state != arrays.front()->state) {
+      std::vector<NamedOperand> named;
+      std::vector<std::string> names;
+      names.reserve(params.size());
+      for (std::size_t i = 0; i < params.size(); ++i)
+        if (params[i].kind != ParamKind::scalar) names.push_back(params[i].name);
+      for (std::size_t i = 0; i < arrays.size(); ++i) named.push_back({names[i].c_str(), arrays[i]});
+      raise_mixed_devices(kernel.entry().c_str(), named);
+    }
   BusyScope busy(std::span<PyArray *const>(arrays.data(), arrays.size()));
   check(without_gil([&] { return ex->launch(kernel, kernel_args, count); }));
 }
 
 /// The argument signature of a call (ElementwiseKernel's path past the checks): the executor's
-/// generation, then per argument an array's dtype and shape, or "int" or "float", as bytes (cheap
+/// generation, then per argument an array's dtype, shape and device's generation, or "int" or
+/// "float", as bytes (cheap
 /// to hash; the arrays' dtype and shape objects are never made); None when an argument is
 /// anything else (a numpy scalar or 0-d array: its dtype is not its type), which takes the
 /// checked path every time.
@@ -191,11 +202,20 @@ py::object argument_signature(py::args args) {
   std::string packed;
   packed.reserve(8 + args.size() * 24);
   const auto put = [&packed](uint64_t v) { packed.append(reinterpret_cast<const char *>(&v), sizeof v); };
-  put(executor_generation());
+  // The generation of the first array's device (the call's device), else the current device's.
+  DeviceState *state = nullptr;
+  for (py::handle a : args)
+    if (const PyArray *array = initialized_array(a)) {
+      state = array->state;
+      break;
+    }
+  if (state == nullptr) state = &current_device();
+  put(state->generation);
   for (py::handle a : args) {
     if (const PyArray *array = initialized_array(a)) {
       const std::vector<int64_t> &shape = array->shape();
       put((uint64_t{1} << 63) | (static_cast<uint64_t>(array->dtype) << 8) | shape.size());
+      put(array->state->generation);  // a call mixing devices never matches a checked one
       for (const int64_t d : shape) put(static_cast<uint64_t>(d));
     } else if (PyFloat_CheckExact(a.ptr()) || PyLong_CheckExact(a.ptr())) {
       put(reinterpret_cast<uintptr_t>(Py_TYPE(a.ptr())));

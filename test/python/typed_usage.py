@@ -22,13 +22,23 @@ MiB = 1 << 20
 def arrays_and_ops() -> None:
     """Arrays, their attributes, every op, copies and pickling."""
     kiln.init("cpu", budget_bytes=64 * MiB, num_threads=2)
-    assert_type(kiln.device(), str)
+    assert_type(kiln.device(), kiln.Device)
+    assert kiln.device() == "cpu" and str(kiln.current_device()) == "cpu"
+    mock = kiln.device("mock")
+    with mock:
+        m = kiln.zeros((2,), device=mock)
+        with mock.track() as report:
+            kiln.ndarray(kiln.f32, (4,), device="mock").free()
+    assert_type(m.device, kiln.Device)
+    assert_type(m.to("cpu"), kiln.ndarray)
+    assert_type(mock.mem_get_info(), tuple[int, int])
+    assert report.peak_bytes["ndarray"] >= 16
     host = np.arange(6, dtype=np.float32).reshape(2, 3)
     a = kiln.from_numpy(host)
     assert_type(a, kiln.ndarray)
     assert_type(a.shape, tuple[int, ...])
     assert_type(a.dtype, kiln.dtype)
-    assert (a.shape, a.dtype, a.nbytes, a.size, a.ndim, a.device) == ((2, 3), kiln.f32, 24, 6, 2, "cpu")
+    assert (a.shape, a.dtype, a.nbytes, a.size, a.ndim, str(a.device)) == ((2, 3), kiln.f32, 24, 6, 2, "cpu")
     assert not a.is_freed and len(a) == 2
 
     b = kiln.ndarray(kiln.f32, (2, 3))

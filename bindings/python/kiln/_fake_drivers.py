@@ -80,6 +80,8 @@ class FakeDriver:
                 ("device_capacity_bytes", ctypes.c_size_t, [ctypes.c_int]),
                 ("device_oom_count", ctypes.c_ulonglong, [ctypes.c_int]),
                 ("device_launch_count", ctypes.c_ulonglong, [ctypes.c_int]),
+                ("device_sticky_error", ctypes.c_int, [ctypes.c_int]),
+                ("device_contexts", ctypes.c_ulonglong, [ctypes.c_int]),
                 ("config_error", ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t])):
             fn = self._fn(name)
             fn.restype, fn.argtypes = restype, argtypes
@@ -153,9 +155,19 @@ class FakeDriver:
         return self._counter("oom_count", device)
 
     @typed_arguments
-    def sticky_error(self) -> int:
-        """The sticky driver status every call now returns (a lost device), or 0."""
-        return int(self._fn("sticky_error")())
+    def sticky_error(self, device: int | None = None) -> int:
+        """The sticky driver status (a lost device) every call on `device` now returns, or 0;
+        without a device, the lowest-numbered device's that has one. Sticky errors are per
+        device, as a real driver's are per context: the other devices keep working."""
+        if device is None:
+            return int(self._fn("sticky_error")())
+        return self._counter("sticky_error", device)
+
+    @typed_arguments
+    def contexts(self, device: int) -> int:
+        """How many driver contexts were made on `device` since the block began (a primary
+        context retained from none, or HIP's implicit one): 0 for a device nobody used."""
+        return self._counter("contexts", device)
 
     @typed_arguments
     def launch_count(self, device: int | None = None) -> int:
@@ -222,9 +234,10 @@ def _fake_block(api: _Api, capacity_bytes: int, devices: int,
         raise InvalidUsageError(f"kiln.testing.{api.title}: a block is already open (on "
                                 f"{_open_blocks[api.arch]}); the fake has one state (all its "
                                 f"devices) per process: close that block first")
-    if _kiln.device().startswith(api.arch):
-        raise InvalidUsageError(f"kiln.testing.{api.title}: kiln's executor is on "
-                                f"{_kiln.device()}; entering resets the fake under it: call "
+    held = [name for name in _kiln._open_devices() if name.startswith(api.arch)]
+    if held:
+        raise InvalidUsageError(f"kiln.testing.{api.title}: kiln has {', '.join(held)} open; "
+                                f"entering resets the fake under it: call "
                                 f"kiln.init(arch='cpu') first")
     other_bytes = (_non_negative(other_process_bytes, "other_process_bytes")
                    if isinstance(other_process_bytes, int) else None)  # checked before any reset
@@ -247,8 +260,7 @@ def _fake_block(api: _Api, capacity_bytes: int, devices: int,
             os.environ.pop(api.driver_env, None)
         else:
             os.environ[api.driver_env] = saved_driver
-        if _kiln.device().startswith(api.arch):
-            _kiln.init(arch="cpu")  # no executor outlives the block on the fake
+        _kiln._close_devices(api.arch)  # no executor outlives the block on the fake
 
 
 @typed_arguments

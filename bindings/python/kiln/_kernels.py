@@ -127,20 +127,39 @@ def _is_array(value: Any) -> bool:
     return isinstance(value, _kiln.ndarray)
 
 
-def _cached(key: tuple[Any, ...], make: Any) -> Any:
-    """The compiled kernel(s) of `key`, made by make() once (per executor: key[0] is its
-    generation). Kernels of an executor kiln.init replaced are dropped at the first lookup for
-    the new one (they would keep the old device context alive). Compiles run outside the lock;
-    a racing twin's result is dropped."""
+def _call_device(args: Any) -> Any:
+    """The device a kernel call runs on: its first kiln.ndarray argument's, else the current
+    device (arrays on other devices are refused at the launch, naming each)."""
+    for a in args:
+        if isinstance(a, _kiln.ndarray):
+            return a.device
+    return _kiln.current_device()
+
+
+def _check_one_device(site: str, name: str, params: list[Any], values: list[Any]) -> None:
+    """Raises the InvalidUsageError of kernel `name`'s array arguments on different devices
+    (each argument's name, dtype, shape and device), before anything is allocated."""
+    arrays = [(p.name, a) for p, a in zip(params, values) if _is_array(a)]
+    if len({id(a.device) for _, a in arrays}) <= 1:
+        return
+    described = ", ".join(f"{n} {a.dtype.name}[{', '.join(map(str, a.shape))}] on {a.device}"
+                          for n, a in arrays)
+    raise _usage(site, f"{name}: its arrays are on different devices: {described}; arrays never "
+                       "move on their own: copy one with a.to(device)")
+
+
+def _cached(key: tuple[Any, ...], make: Any, device: Any) -> Any:
+    """The compiled kernel(s) of `key`, made by make() once, on `device` (per executor: key[0] is
+    its generation; configure and kiln.init empty the cache before they replace an executor, so
+    no kernel keeps an old device context alive). Compiles run outside the lock; a racing
+    twin's result is dropped."""
     with _cache_lock:
-        stale = [k for k in _cache if k[0] != key[0]] if _cache and next(iter(_cache))[0] != key[0] else []
-        for k in stale:
-            del _cache[k]
         hit = _cache.get(key)
         if hit is not None:
             _cache.move_to_end(key)
             return hit
-    made = make()
+    with device:
+        made = make()
     with _cache_lock:
         _cache.setdefault(key, made)
         _cache.move_to_end(key)
@@ -157,13 +176,12 @@ def _clear_cache() -> None:
         _cache.clear()
         for kernel in list(_instances):
             kernel._fast.clear()
-            kernel._fast_generation = -1
 
 
 def _cached_code_bytes() -> int:
-    """Bytes of code_object the kernel cache holds for the current executor (each cached kernel
-    once): kiln's own cache, which the leak checks (kiln.testing.sweep, the pytest plugin) do not
-    count as held by the workload."""
+    """Bytes of code_object the kernel cache holds for the current device's executor (each cached
+    kernel once): kiln's own cache, which the leak checks (kiln.testing.sweep, the pytest plugin)
+    do not count as held by the workload."""
     generation = _kiln._executor_generation()
     kernels: dict[int, Any] = {}
     with _cache_lock:
@@ -173,8 +191,8 @@ def _cached_code_bytes() -> int:
                     if k is not None:
                         kernels[id(k)] = k
         for instance in list(_instances):
-            if instance._fast_generation == generation:
-                for entry in instance._fast.values():
+            for entry in instance._fast.values():
+                if entry[4] == generation:
                     kernels[id(entry[0])] = entry[0]
     return sum(int(k.code_size_bytes) for k in kernels.values())
 
@@ -286,20 +304,22 @@ class Kernel:
         self._declared = [(p.name, p.kind, p.dtype, p.raw) for p in self._params]
         self._compiled()  # compile errors now, not at the first call
 
-    def _compiled(self) -> Any:
-        key = (_kiln._executor_generation(), "ir", self._ir, self.entry, tuple(self._declared))
-        return _cached(key, lambda: _kiln._compile_ir(self._ir, self.entry, self._declared))
+    def _compiled(self, device: Any = None) -> Any:
+        device = _kiln.current_device() if device is None else device
+        key = (_kiln._executor_generation(device), "ir", self._ir, self.entry, tuple(self._declared))
+        return _cached(key, lambda: _kiln._compile_ir(self._ir, self.entry, self._declared), device)
 
     @property
     def code_size_bytes(self) -> int:
-        """Bytes of compiled code, charged to the device as code_object while cached."""
+        """Bytes of compiled code for the current device, charged to it as code_object while
+        cached."""
         return int(self._compiled().code_size_bytes)
 
     def __call__(self, *args: Any, size: int | None = None, **kwargs: Any) -> None:
         if kwargs:
             raise _type_error("call " + self.entry, f"unknown keyword arguments {sorted(kwargs)}; "
                                                     "the call takes the arguments in order, and size=")
-        _kiln._launch_kernel(self._compiled(), list(args), size)
+        _kiln._launch_kernel(self._compiled(_call_device(args)), list(args), size)
 
     def __repr__(self) -> str:
         params = ", ".join(f"{'raw ' if raw else ''}{k} {d.name} {n}" for n, k, d, raw in self._declared)
@@ -388,10 +408,9 @@ class ElementwiseKernel:
         self.operation = operation
         self.no_return, self.return_tuple = no_return, return_tuple
         _kiln._check_kernel_syntax(operation, True, f"operation of kernel {self.name}")
-        # Argument signature -> (kernel, the dtypes of the outputs to allocate, shape), for the
-        # executor of generation _fast_generation only.
-        self._fast: dict[Any, tuple[Any, list[Any], tuple[int, ...]]] = {}
-        self._fast_generation = -1
+        # Argument signature (its device's executor generation first) -> (kernel, the dtypes of
+        # the outputs to allocate, shape, device, generation).
+        self._fast: dict[Any, tuple[Any, list[Any], tuple[int, ...], Any, int]] = {}
 
     def __call__(self, *args: Any, size: int | None = None, **kwargs: Any) -> Any:
         # A call whose arguments have the types, dtypes and shapes of an earlier call's passed
@@ -403,18 +422,19 @@ class ElementwiseKernel:
             if signature is not None:
                 hit = self._fast.get(signature)
                 if hit is not None:
-                    return self._launch(hit[0], list(args), hit[1], hit[2])
+                    return self._launch(hit[0], list(args), hit[1], hit[2], hit[3])
         if kwargs:
             raise _type_error("call " + self.name, f"unknown keyword arguments {sorted(kwargs)}; "
                                                    "the call takes the arguments in order, and size=")
-        return self._checked_call(args, size, _kiln._executor_generation(), signature)
+        return self._checked_call(args, size, _call_device(args), signature)
 
-    def _launch(self, kernel: Any, arguments: list[Any], out_dtypes: list[Any], shape: tuple[int, ...]) -> Any:
-        """Allocates the outputs not passed (`out_dtypes`, of `shape`) and launches."""
+    def _launch(self, kernel: Any, arguments: list[Any], out_dtypes: list[Any], shape: tuple[int, ...],
+                device: Any) -> Any:
+        """Allocates the outputs not passed (`out_dtypes`, of `shape`, on `device`) and launches."""
         made: list[Any] = []
         try:
             for dtype in out_dtypes:
-                out = _kiln.ndarray(dtype, shape)
+                out = _kiln.ndarray(dtype, shape, device=device)
                 made.append(out)
                 arguments.append(out)
             _kiln._launch_kernel(kernel, arguments, math.prod(shape))
@@ -429,13 +449,15 @@ class ElementwiseKernel:
             return outputs[0]
         return tuple(outputs)
 
-    def _checked_call(self, args: tuple[Any, ...], size: int | None, generation: int, signature: Any) -> Any:
+    def _checked_call(self, args: tuple[Any, ...], size: int | None, device: Any, signature: Any) -> Any:
         site = "call " + self.name
+        generation = _kiln._executor_generation(device)
         n_in, n_out = len(self.in_params), len(self.out_params)
         if len(args) not in (n_in, n_in + n_out):
             raise _usage(site, f"takes {n_in} arguments (inputs) or {n_in + n_out} (inputs and "
                                f"outputs), got {len(args)}")
         inputs, outputs = list(args[:n_in]), list(args[n_in:])
+        _check_one_device(site, self.name, self.in_params + self.out_params, inputs + outputs)
         types = _Types(site)
         types.bind_arrays(self.in_params, inputs)
         types.bind_arrays(self.out_params, outputs, outputs=True)
@@ -481,15 +503,14 @@ class ElementwiseKernel:
                tuple((n, d, arr, o, tuple(s)) for n, d, arr, o, s in params),
                shape if broadcast else None, tuple(type_names))
         kernel = _cached(key, lambda: _kiln._compile_elementwise(
-            self.name, self.operation, params, list(shape), type_names))
+            self.name, self.operation, params, list(shape), type_names), device)
         out_dtypes = [types.of(p) for p in self.out_params[len(outputs):]]
         if signature is not None:
-            if self._fast_generation != generation or len(self._fast) >= _FAST_ENTRIES:
-                self._fast.clear()  # never a kernel of a replaced executor, never unbounded
-                self._fast_generation = generation
-            self._fast[signature] = (kernel, out_dtypes, shape)
+            if len(self._fast) >= _FAST_ENTRIES:
+                self._fast.clear()  # never unbounded (configure's _clear_cache empties it too)
+            self._fast[signature] = (kernel, out_dtypes, shape, device, generation)
             _instances.add(self)
-        return self._launch(kernel, inputs + outputs, out_dtypes, shape)
+        return self._launch(kernel, inputs + outputs, out_dtypes, shape, device)
 
 
 class ReductionKernel:
@@ -556,6 +577,8 @@ class ReductionKernel:
                     if len(args) == len(self.in_params) + len(self.out_params) else "")
             raise _usage(site, f"takes {len(self.in_params)} inputs, got {len(args)}{hint}")
         inputs = list(args)
+        outs_given = [] if out is None else list(out) if isinstance(out, (tuple, list)) else [out]
+        _check_one_device(site, self.name, self.in_params + self.out_params, inputs + outs_given)
         types = _Types(site)
         types.bind_arrays(self.in_params, inputs)
         types.bind_numbers(self.in_params, inputs)
@@ -594,24 +617,25 @@ class ReductionKernel:
         outs_decl: list[tuple[str, Any, bool, bool, list[int]]] = [
             (p.name, d, True, True, []) for p, d in zip(self.out_params, out_dtypes)]
         type_names = sorted(types.bound.items())
-        key = (_kiln._executor_generation(), "reduction", self.name, tuple(self.texts),
+        device = _call_device(inputs)
+        key = (_kiln._executor_generation(device), "reduction", self.name, tuple(self.texts),
                tuple((n, d, a) for n, d, a, _, _ in ins), tuple((n, d) for n, d, *_ in outs_decl),
                reduce_dtype, tuple(type_names))
         partial, fold, combine = _cached(key, lambda: _kiln._compile_reduction(
-            self.name, self.texts, ins, outs_decl, reduce_dtype, type_names))
+            self.name, self.texts, ins, outs_decl, reduce_dtype, type_names), device)
         n_outputs = outer * inner
         parts, lanes, fold_lanes, combine_parts = _kiln._reduction_plan(fold, k, n_outputs, inner)
         scalars = [a for a in inputs if not _is_array(a)]
         made: list[Any] = []
         try:
             for d in out_dtypes[len(outputs):]:
-                o = _kiln.ndarray(d, out_shape)
+                o = _kiln.ndarray(d, out_shape, device=device)
                 made.append(o)
                 outputs.append(o)
-            staging = [_kiln.ndarray(reduce_dtype, (max(1, n_outputs * parts * lanes),))]
+            staging = [_kiln.ndarray(reduce_dtype, (max(1, n_outputs * parts * lanes),), device=device)]
             made.append(staging[0])
             if fold_lanes > 0:  # the GPUs' middle level: parts * lanes values to fold_lanes
-                staging.append(_kiln.ndarray(reduce_dtype, (n_outputs * fold_lanes,)))
+                staging.append(_kiln.ndarray(reduce_dtype, (n_outputs * fold_lanes,), device=device))
                 made.append(staging[1])
             if n_outputs > 0:
                 _kiln._launch_kernel(partial, inputs + [staging[0], k, inner, parts, lanes],

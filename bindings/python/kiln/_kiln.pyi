@@ -19,7 +19,7 @@ exactly what the module defines, with the same parameters. Conventions of every 
   the GIL (a few microseconds) unless another thread is inside a GIL-released kiln call.
 """
 
-from typing import Any, Callable, ClassVar, Final, Literal, Sequence, SupportsIndex, TypeAlias, TypedDict
+from typing import Any, Callable, ClassVar, ContextManager, Final, Literal, Sequence, SupportsIndex, TypeAlias, TypedDict
 
 import numpy
 import numpy.typing as npt
@@ -122,25 +122,29 @@ class ndarray:
     32 dimensions). The contents are uninitialized. Freed by del / garbage collection or
     a.free(); a.to_numpy() copies it to a new numpy array; on cpu and mock np.asarray(a) (and
     memoryview(a)) is a zero-copy, writable view. copy.copy / copy.deepcopy make a new array with
-    the same contents on the current executor; pickle goes through the host copy (to_numpy) and
-    restores the array with kiln.from_numpy on the receiving side's executor.
+    the same contents on the same device; pickle goes through the host copy (to_numpy) and
+    restores the array with kiln.from_numpy on the receiving side's current device.
 
-    An array of an executor that kiln.init replaced stays safe to keep, view, free and delete;
-    operations on it raise InvalidUsageError.
+    An array lives on one device (a.device) for its life; operations run on their arrays'
+    device, and arrays of different devices in one call raise InvalidUsageError naming each
+    (a.to(device) copies). An array of an executor that kiln.init or Device.configure replaced
+    stays safe to keep, view, free and delete; operations on it raise InvalidUsageError.
 
     Thread safety: any thread may use an array, but freeing one while another thread uses it is
     InvalidUsageError.
     """
 
-    def __init__(self, dtype: _DtypeLike, shape: _ShapeLike) -> None:
-        """A new uninitialized array of ``dtype`` and ``shape`` on the current executor.
+    def __init__(self, dtype: _DtypeLike, shape: _ShapeLike, *, device: Device | str | None = None) -> None:
+        """A new uninitialized array of ``dtype`` and ``shape`` on ``device`` (a kiln.Device or a
+        name such as "cuda:1"; None: the current device, kiln.current_device()).
 
         Errors: InvalidTypeError (wrong types: a float or bool dimension, a nested sequence, a
         Python type such as float, ...), InvalidUsageError (an unknown dtype name, a numpy dtype
         kiln has no arrays of such as float16, a negative dimension, more than
-        32 dimensions, a size beyond numpy's, inside an OOM observer), an OutOfMemoryError
-        subclass (usually BudgetExceededError or DeviceOutOfMemoryError) when the memory cannot
-        be had."""
+        32 dimensions, a size beyond numpy's, a device= that names no device, inside an OOM
+        observer), an OutOfMemoryError subclass (usually BudgetExceededError or
+        DeviceOutOfMemoryError) when the memory cannot be had, NotSupportedError (device= a
+        device this machine does not have)."""
     @property
     def shape(self) -> tuple[int, ...]:
         """The dimensions, in elements (``()`` for a 0-d array)."""
@@ -157,8 +161,9 @@ class ndarray:
     def ndim(self) -> int:
         """Number of dimensions (len(shape))."""
     @property
-    def device(self) -> str:
-        """The device the array lives on: "cpu", "mock", "cuda:0", "amdgpu:0"."""
+    def device(self) -> Device:
+        """The kiln.Device the array lives on; its str is "cpu", "mock", "cuda:0", "amdgpu:0" (and
+        it compares equal to that name)."""
     @property
     def is_freed(self) -> bool:
         """Whether the array's memory was freed (by free())."""
@@ -208,8 +213,18 @@ class ndarray:
 
         Errors: InvalidUsageError (freed, or of a replaced executor), HostOutOfMemoryError when
         the host copy cannot be allocated."""
+    def to(self, device: Device | str) -> ndarray:
+        """This array on ``device`` (a kiln.Device or a name): ``self`` when it is there already
+        (as torch's Tensor.to), else a new array with a copy of the contents made through host
+        memory and charged to the target device's budget. The target array is allocated first:
+        when the target refuses, nothing was copied and this array is untouched.
+
+        Errors: InvalidTypeError, InvalidUsageError (a name that is no device, a freed array, an
+        array of a replaced executor), the target's OutOfMemoryError subclass,
+        HostOutOfMemoryError (the host staging copy), NotSupportedError (no such device),
+        DeviceLostError."""
     def __copy__(self) -> ndarray:
-        """copy.copy(a): a new array of the same dtype and shape on the current executor, with a's
+        """copy.copy(a): a new array of the same dtype and shape on a's device, with a's
         contents. Errors: those of ndarray() and kiln.copy."""
     def __deepcopy__(self, memo: object) -> ndarray:
         """copy.deepcopy(a): the same as copy.copy(a) (an array holds no Python objects)."""
@@ -239,8 +254,13 @@ def init(
     fault_at: _Int | None = None,
     fail_sizes_at_least: _Int | None = None,
 ) -> None:
-    """Makes the one global executor (device + memory budget + kernels), replacing the current
-    one. Without a call, the first use makes one with arch="cpu".
+    """Configures device ``arch`` (kiln.device(arch).configure(...)) and makes it the process's
+    current device: the one used where no ``with kiln.device(...)`` block and no device=
+    argument says otherwise. Without a call, the current device is "cpu", opened with the
+    default options on first use. As before, kiln.init replaces the one executor it manages:
+    when the device current before (an earlier kiln.init's, or the default cpu) is another
+    device, that device is closed (its arrays as a replaced executor's below); devices opened
+    with kiln.device stay open.
 
     arch: "cpu", "mock" (a host-memory device with a capacity, for tests), "cuda", "amdgpu";
       "cuda:1" / "amdgpu:1" pick the driver's device 1 ("cuda" is "cuda:0"). A device the
@@ -260,8 +280,9 @@ def init(
     fault_at: the N-th allocation after set-up fails with DeviceOutOfMemoryError (0/None: never).
     fail_sizes_at_least: every allocation of at least this many bytes fails the same way.
 
-    Arrays of the replaced executor stay safe to keep, view, free and delete; operations on them
-    raise InvalidUsageError. Its OOM observers and fail_allocation blocks are dropped. After a
+    This device's executor is replaced (made anew even with the same options). Arrays of the
+    replaced executor stay safe to keep, view, free and delete; operations on them raise
+    InvalidUsageError. Its OOM observers and fail_allocation blocks are dropped. After a
     DeviceLostError, init releases the lost executor before making the new one. When a device
     released since the last init could not be (the driver refused cuDevicePrimaryCtxRelease_v2
     or hipDeviceReset, so its memory stays held until the process exits), init warns with a
@@ -277,13 +298,115 @@ def init(
     """
 
 
-def device() -> str:
-    """The current executor's device name: "cpu", "mock", "cuda:0", "amdgpu:1" (makes the default
-    executor if there is none)."""
+class Device:
+    """One device of the process, as kiln.device(name) returns it: its executor (opened with the
+    default options on first use, or by configure), its budget and ledger, caching pool, fault
+    plan (kiln.testing.inject / fail_allocation inside ``with d:``, KILN_FAULT) and OOM
+    observers. There is one Device object per device for the life of the process
+    (kiln.device("cuda") is kiln.device("cuda:0")); no driver context is made for a device
+    until it is first used.
+
+    ``with d:`` makes it the current device of this thread or asyncio task (a context variable)
+    until the block ends; blocks nest. Its str is the device's name ("cpu", "mock", "cuda:1"),
+    and it compares equal to that name or any name of the same device ("cuda" == cuda:0).
+
+    Thread safety: a Device may be used from any thread; launches on different devices run
+    concurrently, launches on one device one at a time."""
+
+    def __str__(self) -> str:
+        """"cpu", "mock", "cuda:0", "amdgpu:1"."""
+    def __repr__(self) -> str:
+        """``kiln.device('cuda:1')``."""
+    def __eq__(self, other: object) -> bool:
+        """True for the same Device, or a str naming the same device ("cuda" for cuda:0); False
+        for any other str (a malformed one too)."""
+    def __hash__(self) -> int:
+        """hash(str(self))."""
+    @property
+    def type(self) -> str:
+        """The backend: "cpu", "mock", "cuda", "amdgpu" (torch.device.type)."""
+    @property
+    def index(self) -> int:
+        """The driver's device ordinal (0 for cpu and mock; torch.device.index)."""
+    @property
+    def is_open(self) -> bool:
+        """Whether its executor is open (a driver context exists for it)."""
+    def __enter__(self) -> Device:
+        """Makes this the current device of this context until __exit__."""
+    def __exit__(self, *exc: object) -> None:
+        """The current device goes back to what it was at __enter__. Errors: InvalidUsageError
+        when this device is not the one the context's innermost block entered."""
+    def configure(
+        self,
+        *,
+        budget_bytes: _Int | None = None,
+        reserve_bytes: _Int | None = None,
+        live_check: _Flag = True,
+        caching: _Flag = True,
+        device_heap_bytes: _Int | None = None,
+        mock_capacity_bytes: _Int | None = None,
+        mock_other_process_bytes: _Int | Sequence[_Int] | npt.NDArray[numpy.integer[Any]] | None = None,
+        num_threads: _Int | None = None,
+        fault_at: _Int | None = None,
+        fail_sizes_at_least: _Int | None = None,
+    ) -> None:
+        """Opens this device's executor anew with these options (kiln.init's, with kiln.init's
+        rules and errors; the current device does not change). The replaced executor's arrays
+        stay safe to keep, view, free and delete; operations on them raise InvalidUsageError."""
+    def memory_stats(self) -> _MemoryStats:
+        """kiln.memory_stats() of this device."""
+    def memory_summary(self) -> str:
+        """kiln.memory_summary() of this device."""
+    def empty_cache(self) -> int:
+        """kiln.empty_cache() of this device: the bytes released."""
+    def reset_peak_memory_stats(self) -> None:
+        """kiln.reset_peak_memory_stats() of this device."""
+    def mem_get_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the device, asked of the driver now (torch.cuda.mem_get_info);
+        other processes' use included. Errors: DeviceLostError, a driver error."""
+    def track(self) -> ContextManager[Any]:
+        """``with d.track() as report:``: the bytes in use on this device per category (dicts as
+        memory_stats()' current_bytes) at entry, report.start_bytes, and once the block ends
+        report.end_bytes, report.peak_bytes (the peak inside the block) and
+        report.peak_total_bytes. It resets the device's peak figures at entry (as
+        reset_peak_memory_stats); blocks nest, each reporting its own peak. Reading end_bytes or
+        the peaks before the block ends raises InvalidUsageError."""
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Not callable (InvalidTypeError): kiln.device(name) returns a device's one Device."""
 
 
-def from_numpy(a: npt.ArrayLike) -> ndarray:
-    """A new array on the current executor with a copy of ``a`` (a numpy array or array-like of
+def device(
+    name: Device | str | None = None,
+    *,
+    budget_bytes: _Int | None = None,
+    reserve_bytes: _Int | None = None,
+    live_check: _Flag = True,
+    caching: _Flag = True,
+    device_heap_bytes: _Int | None = None,
+    mock_capacity_bytes: _Int | None = None,
+    mock_other_process_bytes: _Int | Sequence[_Int] | npt.NDArray[numpy.integer[Any]] | None = None,
+    num_threads: _Int | None = None,
+    fault_at: _Int | None = None,
+    fail_sizes_at_least: _Int | None = None,
+) -> Device:
+    """The kiln.Device ``name`` names ("cpu", "mock", "cuda", "cuda:1", "amdgpu:0"; "cuda" is
+    "cuda:0"), or the current device without a name. With options it configures the device
+    (Device.configure). Opening the device waits for its first use: a name alone makes no
+    driver context. Errors: InvalidTypeError, InvalidUsageError (a name that is no device);
+    with options, those of kiln.init."""
+
+
+def current_device() -> Device:
+    """The current device: the innermost ``with kiln.device(...)`` block of this thread or asyncio
+    task, else the device kiln.init made current, else cpu."""
+
+
+def mem_get_info() -> tuple[int, int]:
+    """Device.mem_get_info() of the current device."""
+
+
+def from_numpy(a: npt.ArrayLike, *, device: Device | str | None = None) -> ndarray:
+    """A new array on ``device`` (None: the current device) with a copy of ``a`` (a numpy array or array-like of
     float32, float64, int32 or int64; same shape and dtype). Non-contiguous or byte-swapped input
     is copied to C order on the host first, after the device array was allocated.
 
@@ -386,7 +509,7 @@ class _MemoryStats(TypedDict):
 
 
 def memory_stats() -> _MemoryStats:
-    """The current executor's memory figures, in bytes, and counters (a new dict each call).
+    """The current device's memory figures, in bytes, and counters (a new dict each call).
 
     current_bytes / peak_bytes: dicts of bytes per category ("ndarray", "pool_cache",
     "runtime_heap", ...); current_total_bytes: all of it; allocated_bytes: all but the caching
@@ -497,9 +620,19 @@ def _live_array_bytes() -> int:
     replaced the executor it measured."""
 
 
-def _executor_generation() -> int:
-    """How many times the global executor has been made or replaced (kiln.init): kiln.testing
-    compares it before and after a workload to tell that the workload replaced the executor."""
+def _open_devices() -> list[str]:
+    """The names of the devices whose executor is open."""
+
+
+def _close_devices(backend: str) -> None:
+    """Closes the executor of every device of ``backend`` ("cuda"); a current device among them
+    gives way to cpu. kiln.testing's fake blocks call it as they exit."""
+
+
+def _executor_generation(device: Device | str | None = None) -> int:
+    """Which executor ``device`` (the current device by default, opened if need be) has now: a
+    number unique in the process to each executor made. kiln.testing compares it before and after
+    a workload to tell that the workload replaced the executor; the kernel cache keys on it."""
 
 
 def _registered_instances() -> int:
