@@ -17,6 +17,8 @@
 #include <thread>
 
 #include "conversions.h"
+#include "fast_entry.h"
+#include "ndarray.h"
 #include "error_mapping.h"
 #include "kiln/rhi/fork_hooks.h"
 #include "kiln/rhi/teardown_failures.h"
@@ -80,53 +82,6 @@ uint64_t g_last_generation = 0;          // the generation the last executor mad
 PyObject *g_current_var = nullptr;       // the context variable of `with kiln.device(...)`
 bool g_with_used = false;  // a `with` block was ever entered: only then is the variable read
 
-// ----------------------------------------------------------------------------------------------
-// Borrows of the devices' executors (BorrowedExecutor).
-
-/// This thread's innermost open borrow; each links to the one it is nested in.
-constinit thread_local const BorrowedExecutor *t_innermost_borrow __attribute__((tls_model("initial-exec"))) = nullptr;
-
-/// An executor configure replaced while it was borrowed, with its open borrows.
-struct RetiredExecutor {
-  std::shared_ptr<LlvmRuntimeExecutor> executor;
-  int borrows = 0;
-};
-/// The retired executors (guarded by the GIL). Never destroyed: at interpreter exit a thread that
-/// CPython ends may still be inside one, and the list's static destructor would run it down.
-std::vector<RetiredExecutor> &retired() {
-  static auto *list = new std::vector<RetiredExecutor>;
-  return *list;
-}
-
-/// Destroys the retired executors nobody borrows any more: the one whose last borrow just ended,
-/// and a forked child's whose borrowers were other threads of the parent. Not after
-/// kiln._shutdown: they go with the process.
-void release_unborrowed() {
-  if (g_closing.load(std::memory_order_acquire)) return;
-  std::vector<RetiredExecutor> done;
-  done.reserve(retired().size());  // the moves below cannot throw
-  std::erase_if(retired(), [&done](RetiredExecutor &r) {
-    if (r.borrows > 0) return false;
-    done.push_back(std::move(r));
-    return true;
-  });
-}  // `done` goes once the list is consistent: an executor's destructor may run anything
-
-// A forked child has only the forking thread: its own borrows are the only ones still open.
-ForkRegistration g_borrows_fork_registration(ForkHooks{
-    nullptr, nullptr, [] {
-      for (DeviceState *s : states()) s->borrows = 0;
-      for (RetiredExecutor &r : retired()) r.borrows = 0;
-      for (const BorrowedExecutor *b = t_innermost_borrow; b != nullptr; b = b->enclosing()) {
-        if (&**b == b->state().executor.get()) {
-          ++b->state().borrows;
-          continue;
-        }
-        for (RetiredExecutor &r : retired())
-          if (r.executor.get() == &**b) ++r.borrows;
-      }
-    }});
-
 /// Replaces `state`'s executor. The old one's Python observers are removed first: its device
 /// may live on (arrays keep it), and an observer that refers to such an array would otherwise
 /// make a cycle through C++ that the garbage collector cannot see.
@@ -135,14 +90,10 @@ void replace_executor(DeviceState &state, std::shared_ptr<LlvmRuntimeExecutor> f
     for (uint64_t id : state.observer_ids) (void)state.executor->memory().remove_oom_observer(id);
   state.observer_ids.clear();
   state.fault_blocks.clear();  // they armed the old executor's plan
-  if (state.executor && state.borrows > 0) {  // BorrowedExecutor: kept until its borrows end
-    retired().reserve(retired().size() + 1);  // push_back cannot throw with the executor moved
-    retired().push_back({std::move(state.executor), state.borrows});
-  }
-  state.borrows = 0;
   state.generation = fresh ? ++g_last_generation : 0;
+  // A call in progress on the old executor (an OOM observer let another thread configure it)
+  // holds a reference of its own: the executor goes when that call returns.
   state.executor = std::move(fresh);
-  release_unborrowed();
 }
 
 /// The most entries a mock_other_process_bytes script holds (one is read per memory query).
@@ -238,12 +189,20 @@ void warn_teardown_failures() {
 }
 
 /// Opens `state`'s executor anew with `options` (kiln.init's rules: the old executor goes, its
-/// arrays keep its device and can only be freed). Errors: those of init.
-void configure(DeviceState &state, const DeviceOptions &options, const char *site) {
+/// arrays keep its device and can only be freed); with `only_if_closed`, only when it is not
+/// open once this thread holds the device's open_mutex (another thread may have opened it
+/// meanwhile). Errors: those of init.
+void configure(DeviceState &state, const DeviceOptions &options, const char *site, bool only_if_closed = false) {
   check_not_in_observer(site);
   ExecutorConfig config = to_config(state.name, options);
   const std::optional<uint64_t> fault = to_optional_bytes(options.fault_at, "fault_at");
   const std::optional<uint64_t> fail_size = to_optional_bytes(options.fail_sizes_at_least, "fail_sizes_at_least");
+  std::unique_lock lock(state.open_mutex, std::defer_lock);
+  without_gil([&lock] {  // never wait for it holding the GIL: its holder may need the GIL back
+    lock.lock();
+    return 0;
+  });
+  if (only_if_closed && state.executor) return;
   // Compiled user kernels hold the old executor's device context: a lost device recovers only
   // once they are gone (kiln/_kernels.py compiles them again for the new one).
   py::module_::import("kiln._kernels").attr("_clear_cache")();
@@ -262,10 +221,12 @@ py::object device_object(DeviceState &state) {
   return py::reinterpret_borrow<py::object>(state.handle);
 }
 
+DeviceState &state_of_device(py::handle value);
+
 /// The device `value` names: a kiln.Device or a device name ("cuda:1"). Errors: InvalidTypeError,
 /// InvalidUsageError.
 DeviceState &to_device_state(py::handle value, const char *site) {
-  if (py::isinstance<DeviceState>(value)) return *py::cast<DeviceState *>(value);
+  if (py::isinstance<DeviceState>(value)) return state_of_device(value);
   return device_state(to_device_name(value, site));
 }
 
@@ -331,19 +292,35 @@ void shutdown() {
   for (DeviceState *s : states()) replace_executor(*s, nullptr);
 }
 
-/// Ends a borrow of `ex`, a retired executor: the last one destroys it.
-void end_retired_borrow(const LlvmRuntimeExecutor *ex) {
-  auto &list = retired();
-  const auto it = std::find_if(list.begin(), list.end(),
-                               [ex](const RetiredExecutor &r) { return r.executor.get() == ex; });
-  if (it == list.end() || --it->borrows > 0) return;
-  release_unborrowed();
+/// The device state a value of the context variable names: (state address, Device, previous),
+/// as enter_device sets it. Errors: InvalidUsageError for anything else (code that set the
+/// variable itself).
+DeviceState &state_in_variable(const py::object &value, const char *site) {
+  if (PyTuple_CheckExact(value.ptr()) && PyTuple_GET_SIZE(value.ptr()) == 3) {
+    void *address = PyLong_AsVoidPtr(PyTuple_GET_ITEM(value.ptr(), 0));
+    if (address == nullptr) PyErr_Clear();
+    for (DeviceState *s : states())
+      if (s == address) return *s;
+  }
+  raise_invalid_usage("kiln", site,
+                      fmt::format("{}: the context variable kiln.current_device holds {}, which "
+                                  "kiln did not put there; enter devices with `with kiln.device(...)`",
+                                  site, type_name(value)));
+}
+
+/// The DeviceState of kiln.Device `value`. Errors: InvalidTypeError for an instance kiln did not
+/// make (Device.__new__ is refused; this is the last guard).
+DeviceState &state_of_device(py::handle value) {
+  auto *state = py::cast<DeviceState *>(value);
+  for (DeviceState *s : states())
+    if (s == state) return *s;
+  raise_invalid_type("Device", "a kiln.Device that kiln.device() did not return");
 }
 
 /// Device.__enter__: makes the device current in this context until __exit__. The variable holds
 /// (state address, Device, the value it replaced).
 py::object enter_device(py::object self) {
-  DeviceState &state = *py::cast<DeviceState *>(self);
+  DeviceState &state = state_of_device(self);
   PyObject *previous = nullptr;
   if (PyContextVar_Get(g_current_var, Py_None, &previous) < 0) throw py::error_already_set();
   py::object prev = py::reinterpret_steal<py::object>(previous);
@@ -359,11 +336,11 @@ py::object enter_device(py::object self) {
 /// Errors: InvalidUsageError when this device is not the one this context's innermost block
 /// entered (an __exit__ without its __enter__, or blocks closed out of order).
 void exit_device(py::object self) {
-  DeviceState &state = *py::cast<DeviceState *>(self);
+  DeviceState &state = state_of_device(self);
   PyObject *value = nullptr;
   if (PyContextVar_Get(g_current_var, Py_None, &value) < 0) throw py::error_already_set();
   py::object current = py::reinterpret_steal<py::object>(value);
-  if (current.is_none() || PyLong_AsVoidPtr(PyTuple_GET_ITEM(current.ptr(), 0)) != &state)
+  if (current.is_none() || &state_in_variable(current, "Device.__exit__") != &state)
     raise_invalid_usage(state.key, "Device.__exit__",
                         fmt::format("Device.__exit__: {} is not the device this context's innermost "
                                     "`with kiln.device(...)` block entered",
@@ -405,12 +382,8 @@ DeviceState &current_device() {
   if (g_with_used) {
     PyObject *value = nullptr;
     if (PyContextVar_Get(g_current_var, Py_None, &value) < 0) throw py::error_already_set();
-    if (value != Py_None) {
-      auto *state = static_cast<DeviceState *>(PyLong_AsVoidPtr(PyTuple_GET_ITEM(value, 0)));
-      Py_DECREF(value);
-      return *state;
-    }
-    Py_DECREF(value);
+    const py::object held = py::reinterpret_steal<py::object>(value);
+    if (!held.is_none()) return state_in_variable(held, "current_device");
   }
   if (g_default_state != nullptr) return *g_default_state;
   if (g_cpu_state == nullptr) g_cpu_state = &device_state(DeviceName{Backend::cpu, 0});
@@ -420,32 +393,27 @@ DeviceState &current_device() {
 std::shared_ptr<LlvmRuntimeExecutor> executor_of(DeviceState &state) {
   if (!state.executor) {
     const py::object none = py::none();
-    configure(state, DeviceOptions{none, none, none, none, none, none, none, none, none, none}, "init");
+    configure(state, DeviceOptions{none, none, none, none, none, none, none, none, none, none}, "init",
+              /*only_if_closed=*/true);
   }
   return state.executor;
 }
 
+bool made_by_current_executor(const PyArray &a) {
+  return a.executor_generation != 0 && a.executor_generation == a.state->generation;
+}
+
+std::shared_ptr<LlvmRuntimeExecutor> executor_of_array(const PyArray &a, const char *site) {
+  if (!made_by_current_executor(a))
+    raise_invalid_usage(a.device_name(), site,
+                        fmt::format("ndarray {} belongs to another executor: {}'s executor was replaced "
+                                    "(Device.configure, kiln.init) or closed since the array was made; "
+                                    "it can only be freed",
+                                    a.description(), a.device_name()));
+  return executor_of(*a.state);
+}
+
 std::shared_ptr<LlvmRuntimeExecutor> executor() { return executor_of(current_device()); }
-
-BorrowedExecutor::BorrowedExecutor(DeviceState &state)
-    : state_(state),
-      executor_(state.executor ? state.executor.get() : executor_of(state).get()),
-      enclosing_(t_innermost_borrow) {
-  ++state.borrows;
-  t_innermost_borrow = this;
-}
-
-BorrowedExecutor::~BorrowedExecutor() {
-  t_innermost_borrow = enclosing_;
-  // After kiln._shutdown a thread that CPython ends may unwind through here without the GIL:
-  // nothing is counted or destroyed any more (the retired executors go with the process).
-  if (g_closing.load(std::memory_order_acquire)) return;
-  // The borrowed executor is alive (current or retired), so no other executor has its address.
-  if (executor_ == state_.executor.get())
-    --state_.borrows;
-  else
-    end_retired_borrow(executor_);
-}
 
 void check_not_in_observer(const char *site) {
   if (in_observer())
@@ -490,7 +458,14 @@ void register_executor_state(py::module_ &m) {
   "budget_bytes=None, reserve_bytes=None, live_check=True, caching=True, "                         \
   "device_heap_bytes=None, mock_capacity_bytes=None, mock_other_process_bytes=None, "              \
   "num_threads=None, fault_at=None, fail_sizes_at_least=None"
-  py::class_<DeviceState, std::unique_ptr<DeviceState, py::nodelete>> cls(m, "Device", doc("Device"));
+  py::class_<DeviceState, std::unique_ptr<DeviceState, py::nodelete>> cls(m, "Device", doc("Device"), py::is_final());
+  // Instances come from kiln.device() only (pybind11 makes them without tp_new): Device.__new__
+  // would make one without a device.
+  reinterpret_cast<PyTypeObject *>(cls.ptr())->tp_new = [](PyTypeObject *, PyObject *, PyObject *) -> PyObject * {
+    return run_guarded([]() -> PyObject * {
+      raise_invalid_type("Device", "kiln.Device cannot be made: kiln.device(name) returns a device's one Device");
+    });
+  };
   cls.def("__init__", [](py::handle, py::args, py::kwargs) {
         raise_invalid_type("Device", "kiln.Device cannot be called: kiln.device(name) returns a device's one Device");
       }, doc("Device.__init__"))
@@ -500,8 +475,8 @@ void register_executor_state(py::module_ &m) {
       .def("__eq__", [](const DeviceState &s, py::handle other) -> py::object {
         if (py::isinstance<DeviceState>(other)) return py::bool_(py::cast<DeviceState *>(other) == &s);
         if (!py::isinstance<py::str>(other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
-        const RhiExpected<DeviceName> name = parse_device_name(py::cast<std::string>(other));
-        return py::bool_(name && name->backend == s.name.backend && name->ordinal == s.name.ordinal);
+        // Its name only, as its hash is the name's: "cuda" names cuda:0 but is not its name.
+        return py::bool_(PyUnicode_Compare(other.ptr(), py::str(s.key).ptr()) == 0);
       }, doc("Device.__eq__"), py::is_operator())
       .def("__hash__", [](const DeviceState &s) { return py::hash(py::str(s.key)); }, doc("Device.__hash__"))
       .def_property_readonly("type", [](const DeviceState &s) { return std::string(to_string(s.name.backend)); },
@@ -525,12 +500,13 @@ void register_executor_state(py::module_ &m) {
   def_typed(m, "current_device", "()", [] { return device_object(current_device()); }, doc("current_device"),
             guarded());
   def_typed(m, "_shutdown", "()", &shutdown);
-  // The generation of `device`'s executor (the current device's by default), opened if need be.
-  def_typed(m, "_executor_generation", "(device=None)", [](py::handle device) {
+  // The generation of `device`'s executor (the current device's by default), opened if need be
+  // (0 for a closed one when `open` is False).
+  def_typed(m, "_executor_generation", "(device=None, open=True)", [](py::handle device, bool open) {
     DeviceState &state = device_argument(device, "_executor_generation");
-    (void)executor_of(state);
+    if (open) (void)executor_of(state);
     return state.generation;
-  }, py::arg("device") = py::none(), guarded());
+  }, py::arg("device") = py::none(), py::arg("open") = true, guarded());
   // The device a name means, as "backend:ordinal" ("cuda" -> "cuda:0"): kiln.init's parser, for
   // the pytest plugin's options. Errors: InvalidTypeError (not a str), InvalidUsageError.
   def_typed(m, "_device_key", "(name)", [](py::handle name) {
@@ -556,13 +532,9 @@ void register_executor_state(py::module_ &m) {
       current_closed = current_closed || s == g_default_state;
       close_device(*s);
     }
-    if (current_closed) {
-      g_default_state = nullptr;
-      (void)executor();
-    }
+    if (current_closed) g_default_state = nullptr;  // cpu, opened on its next use
     warn_teardown_failures();
   }, py::arg("backend"), guarded());
-  def_typed(m, "_retired_executors", "()", [] { return retired().size(); });  // BorrowedExecutor's, for tests
 }
 
 }  // namespace kiln::python

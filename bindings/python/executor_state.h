@@ -120,10 +120,12 @@ struct DeviceState {
   /// Unique in the process (every executor made gets the next one): which executor an array, a
   /// compiled user kernel or a kiln.testing measurement belongs to. 0 while none is open.
   uint64_t generation = 0;
-  int borrows = 0;  // open BorrowedExecutors of `executor` (every thread)
   std::vector<uint64_t> observer_ids;   // OOM observers added from Python to `executor`
   std::vector<FaultBlock> fault_blocks;  // the open blocks, innermost last
   PyObject *handle = nullptr;  // the kiln.Device (a strong reference, never released)
+  /// Held (never with the GIL waited for) while `executor` is made and put in place, so that two
+  /// threads opening or configuring the device at once make it one after the other.
+  ForkSafeMutex open_mutex{ForkSafeMutex::Policy::reset_in_child};
 };
 
 /// The state of device `name`, made (not opened) on first use. Raises nothing but
@@ -133,11 +135,18 @@ DeviceState &device_state(const DeviceName &name);
 /// asyncio task), else the device kiln.init made current, else cpu. Errors: none (a broken
 /// context variable raises the Python error).
 DeviceState &current_device();
-/// The executor of `state`, opened with the default options on first use. Errors: those of
-/// kiln.init.
+/// The executor of `state`, opened with the default options on first use (once: threads that
+/// open it together wait for the first). Errors: those of kiln.init; InvalidUsageError inside an
+/// OOM observer when it is not open.
 std::shared_ptr<LlvmRuntimeExecutor> executor_of(DeviceState &state);
 /// The current device's executor (executor_of(current_device())).
 std::shared_ptr<LlvmRuntimeExecutor> executor();
+/// Whether `a` was made by its device's executor as it is now: false once Device.configure or
+/// kiln.init replaced that executor, or closed it (the array can only be freed then).
+bool made_by_current_executor(const struct PyArray &a);
+/// The executor of `a`'s device for operation `site`, refusing first (InvalidUsageError, before
+/// the device is opened or anything allocated) an array whose executor was replaced or closed.
+std::shared_ptr<LlvmRuntimeExecutor> executor_of_array(const struct PyArray &a, const char *site);
 /// The kiln.Device of `state` (one Python object per device for the process).
 py::object device_object_of(DeviceState &state);
 /// The device a `device=` argument of `site` names: a kiln.Device, a device name ("cuda:1"), or
@@ -145,34 +154,6 @@ py::object device_object_of(DeviceState &state);
 DeviceState &device_argument(py::handle value, const char *site);
 /// Every device state made so far, in the order they were made.
 const std::vector<DeviceState *> &device_states();
-
-/// The executor of `state` (opened as executor_of opens it) without a reference count, for the
-/// hottest call (kiln.ndarray: two atomic read-modify-writes of the shared_ptr per array, about
-/// 12 ns). It stays alive until this borrow ends even if kiln.init replaces it meanwhile (an OOM
-/// observer may release the GIL and let another thread run kiln.init): a replaced executor with
-/// open borrows is retired, not destroyed, and its last borrow destroys it. After
-/// kiln._shutdown nothing retired is destroyed (a thread that CPython ends at exit may unwind
-/// through a borrow without the GIL): it goes with the process. Made with the GIL held, ended
-/// with it held until kiln._shutdown; borrows nest (Python code that runs inside one, an
-/// observer or a garbage collection while an error is built, may call kiln.ndarray again). Not
-/// copyable.
-class BorrowedExecutor {
- public:
-  explicit BorrowedExecutor(DeviceState &state);
-  ~BorrowedExecutor();
-  BorrowedExecutor(const BorrowedExecutor &) = delete;
-  BorrowedExecutor &operator=(const BorrowedExecutor &) = delete;
-  LlvmRuntimeExecutor &operator*() const { return *executor_; }
-  LlvmRuntimeExecutor *operator->() const { return executor_; }
-  [[nodiscard]] DeviceState &state() const { return state_; }
-  /// The borrow this thread had open when this one began (a forked child recounts the chain).
-  [[nodiscard]] const BorrowedExecutor *enclosing() const { return enclosing_; }
-
- private:
-  DeviceState &state_;
-  LlvmRuntimeExecutor *executor_;
-  const BorrowedExecutor *enclosing_;
-};
 
 /// Refuses what an OOM observer must not do: allocate or launch on the device whose allocation
 /// is failing (DeviceMemory's contract; a launch would also re-enter the launcher's lock).

@@ -72,7 +72,9 @@ std::unique_ptr<PyArray> make_ndarray(py::handle dtype, py::handle shape, py::ha
   const DataType dt = to_dtype(dtype);
   const ShapeArg dims = to_shape(shape);
   DeviceState &state = device_argument(device, "ndarray");
-  const BorrowedExecutor ex(state);
+  // A reference of its own: an OOM observer of the allocation may let another thread configure
+  // the device meanwhile (the old executor then lives until this call returns).
+  const std::shared_ptr<LlvmRuntimeExecutor> ex = executor_of(state);
   return std::make_unique<PyArray>(check(ex->ndarray(dt, dims.dims())), state, *ex);  // made in place
 }
 
@@ -80,6 +82,7 @@ std::shared_ptr<LlvmRuntimeExecutor> executor_for(const char *site, std::initial
   DeviceState *first = operands.begin()->array->state;
   for (const NamedOperand &o : operands)
     if (o.array->state != first) raise_mixed_devices(site, operands);
+  for (const NamedOperand &o : operands) (void)executor_of_array(*o.array, site);  // none stale
   return executor_of(*first);
 }
 
@@ -160,7 +163,7 @@ py::array host_copy_for(const PyArray &a, const Ndarray &array) {
 py::array to_numpy(py::handle self) {
   PyArray &a = as_array(self, "to_numpy", "self");
   const Ndarray &array = a.get("to_numpy");
-  auto ex = executor_of(*a.state);
+  auto ex = executor_of_array(a, "to_numpy");
   check(ex->check_usable("to_numpy", array));  // before the host copy is allocated
   py::array out = host_copy_for(a, array);
   auto *data = static_cast<std::byte *>(out.mutable_data());
@@ -173,7 +176,7 @@ py::array to_numpy(py::handle self) {
 /// device, filled by the copy kernel. Errors: those of ndarray() and copy().
 PyArray copy_array(py::handle self) {
   const Operand src = first_operand(self, "copy", "self");
-  auto ex = executor_of(*src.py.state);
+  auto ex = executor_of_array(src.py, "copy");
   check(ex->check_usable("copy", src.array));  // before the new array is allocated
   PyArray out(check(ex->ndarray(src.array.dtype(), src.array.shape())), *src.py.state, *ex);
   check(launch({&src.py}, [&] { return ex->copy(out.array, src.array); }));
@@ -190,8 +193,8 @@ py::object to_device(py::handle self, py::handle device) {
   PyArray &a = as_array(self, "to", "self");
   const Ndarray &array = a.get("to");
   DeviceState &target = device_argument(device, "to");
+  auto source = executor_of_array(a, "to");
   if (&target == a.state) return py::reinterpret_borrow<py::object>(self);
-  auto source = executor_of(*a.state);
   check(source->check_usable("to", array));
   auto ex = executor_of(target);
   PyArray out(check(ex->ndarray(array.dtype(), array.shape())), target, *ex);

@@ -177,7 +177,6 @@ void launch_kernel(const PyUserKernel &k, py::list args, py::object count_obj) {
   }
   std::optional<uint64_t> count;
   if (!count_obj.is_none()) count = to_bytes(count_obj, "count", site);
-  auto ex = arrays.empty() ? executor() : executor_of(*arrays.front()->state);
   for (const PyArray *a : arrays)
     if (a->state != arrays.front()->state) {
       std::vector<NamedOperand> named;
@@ -188,6 +187,8 @@ void launch_kernel(const PyUserKernel &k, py::list args, py::object count_obj) {
       for (std::size_t i = 0; i < arrays.size(); ++i) named.push_back({names[i].c_str(), arrays[i]});
       raise_mixed_devices(kernel.entry().c_str(), named);
     }
+  for (const PyArray *a : arrays) (void)executor_of_array(*a, site);
+  auto ex = arrays.empty() ? executor() : executor_of(*arrays.front()->state);
   BusyScope busy(std::span<PyArray *const>(arrays.data(), arrays.size()));
   check(without_gil([&] { return ex->launch(kernel, kernel_args, count); }));
 }
@@ -226,6 +227,32 @@ py::object argument_signature(py::args args) {
   return py::bytes(packed);
 }
 
+/// ElementwiseKernel's and ReductionKernel's check of their array arguments before they allocate
+/// outputs: `values[i]` (a kiln.ndarray, or anything else, skipped) is argument `names[i]` of
+/// call `site`. Errors: InvalidUsageError for a freed array, one of a replaced or closed
+/// executor, arrays on different devices (each named).
+void check_operands(py::handle site_obj, py::list names, py::list values) {
+  const std::string site = to_text(site_obj, "site", "_check_operands");
+  std::vector<std::string> kept;
+  std::vector<const PyArray *> arrays;
+  for (std::size_t i = 0; i < values.size() && i < names.size(); ++i) {
+    if (!py::isinstance<PyArray>(values[i])) continue;
+    kept.push_back(to_text(names[i], "name", "_check_operands"));
+    const PyArray &a = as_array(values[i], site.c_str(), kept.back().c_str());
+    (void)a.get(site.c_str());  // dropped by free()
+    if (a.array.is_freed())
+      raise_invalid_usage(a.device_name(), site.c_str(),
+                          fmt::format("{}: argument {} is ndarray {}, which was freed", site, kept.back(),
+                                      a.description()));
+    arrays.push_back(&a);
+  }
+  std::vector<NamedOperand> named;
+  for (std::size_t i = 0; i < arrays.size(); ++i) named.push_back({kept[i].c_str(), arrays[i]});
+  for (const PyArray *a : arrays)
+    if (a->state != arrays.front()->state) raise_mixed_devices(site.c_str(), named);
+  for (const PyArray *a : arrays) (void)executor_of_array(*a, site.c_str());
+}
+
 py::list describe_params(const PyUserKernel &k) {
   py::list result;
   for (const KernelParam &p : k.kernel->params())
@@ -253,6 +280,8 @@ void register_user_kernels(py::module_ &m) {
         py::arg("outputs"), py::arg("inner"), guarded());
   m.def("_check_kernel_syntax", &check_kernel_syntax, doc("_check_kernel_syntax"), py::arg("text"),
         py::arg("statements"), py::arg("what"), guarded());
+  m.def("_check_operands", &check_operands, doc("_check_operands"), py::arg("site"), py::arg("names"),
+        py::arg("values"), guarded());
   m.def("_argument_signature", &argument_signature, doc("_argument_signature"), guarded());
   m.def("_launch_kernel", &launch_kernel, doc("_launch_kernel"), py::arg("kernel"), py::arg("args"),
         py::arg("count") = py::none(), guarded());

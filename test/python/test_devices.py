@@ -13,8 +13,12 @@ MiB = 1 << 20
 
 @pytest.fixture(autouse=True)
 def close_mock():
-    """The mock device goes back to closed: tests here configure it with small budgets."""
+    """The mock device goes back to closed: tests here configure it with small budgets. A
+    collection first: arrays a raised error's traceback still holds go while the fake driver they
+    came from is as they left it (the next block resets it)."""
     yield
+    import gc
+    gc.collect()
     kiln._kiln._close_devices("mock")
 
 
@@ -352,3 +356,127 @@ def test_no_context_on_a_device_nobody_named(backend, block):
         kiln.zeros((4,), device=d1)
         assert fake.contexts(1) >= 1
         assert fake.contexts(0) == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# What a hostile pass found (each once a crash, a race or a lie)
+
+
+def test_devices_come_from_kiln_device_only():
+    with pytest.raises(TypeError):  # pybind11's own refusal, no instance
+        kiln.Device.__new__(kiln.Device)
+    with pytest.raises(TypeError):
+        type("Sub", (kiln.Device,), {})
+    with pytest.raises(kiln.InvalidTypeError):
+        kiln.Device("cpu")
+
+
+def test_a_context_variable_set_by_hand_is_a_usage_error_not_a_crash():
+    import contextvars
+    with kiln.device("mock"):
+        var = next(v for v in contextvars.copy_context() if v.name == "kiln.current_device")
+
+    def poke():
+        var.set((5, None, None))
+        with pytest.raises(kiln.InvalidUsageError, match="kiln did not put there"):
+            kiln.current_device()
+        var.set("junk")
+        with pytest.raises(kiln.InvalidUsageError):
+            kiln.zeros((2,))
+    contextvars.copy_context().run(poke)  # the change stays in that copy
+    assert kiln.current_device() == "cpu"
+
+
+def test_equality_with_a_str_is_with_its_name_and_hashes_agree():
+    cuda0 = kiln.device("cuda")
+    assert cuda0 == "cuda:0" and cuda0 != "cuda" and hash(cuda0) == hash("cuda:0")
+    assert {"cuda:0": 1}.get(cuda0) == 1
+    assert kiln.device("cpu") != "\ud800" and kiln.device("cpu") != "cpu:0"
+
+
+def test_threads_opening_one_device_at_once_open_it_once_and_keep_configure():
+    for _ in range(3):
+        kiln._kiln._close_devices("mock")
+        barrier, errors, made = threading.Barrier(2), [], []
+
+        def use():
+            try:
+                barrier.wait()
+                a = kiln.zeros((4,), device="mock")
+                barrier.wait()
+                kiln.fill(a, 1.0)
+                made.append(a)
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+        threads = [threading.Thread(target=use) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and len(made) == 2
+    mock = kiln.device("mock")
+    kiln._kiln._close_devices("mock")
+    opener = threading.Thread(target=lambda: kiln.zeros((4,), device=mock))
+    opener.start()
+    mock.configure(budget_bytes=64 * MiB)  # after or instead of the thread's open: never undone
+    opener.join()
+    assert mock.memory_stats()["limit_bytes"] == 64 * MiB
+
+
+def test_an_array_of_a_closed_device_is_refused_without_reopening_it():
+    kiln.init("mock")
+    a = kiln.zeros((4,))
+    kiln.init("cpu", num_threads=2)  # closes mock, the device current before
+    mock = kiln.device("mock")
+    assert not mock.is_open
+    k = kiln.ElementwiseKernel("T x", "T y", "y = x", "same")
+    for call in (lambda: kiln.fill(a, 1), lambda: a.to_numpy(), lambda: a.to("cpu"),
+                 lambda: a.to(mock), lambda: __import__("copy").copy(a), lambda: k(a),
+                 lambda: kiln.reduce_sum(a)):
+        with pytest.raises(kiln.InvalidUsageError, match="belongs to another executor"):
+            call()
+        assert not mock.is_open
+    a.free()
+
+
+def test_user_kernels_refuse_freed_and_stale_inputs_before_allocating_outputs():
+    mock = kiln.device("mock", budget_bytes=40 * MiB, mock_capacity_bytes=512 * MiB)
+    b = kiln.ndarray(kiln.f32, (2, 2 << 20), device=mock)  # 16 MiB
+    b.free()
+    hog = kiln.ndarray(kiln.f32, (3 << 20,), device=mock)  # 12 MiB: a 16 MiB output would not fit
+    add = kiln.ElementwiseKernel("T x, T y", "T z", "z = x + y", "add")
+    total = kiln.ReductionKernel("T x", "T y", "x", "a + b", "y = a", "0", "rsum")
+    before = mock.memory_stats()["allocations"]
+    for call in (lambda: add(b, 1.0), lambda: total(b, axis=0)):
+        with pytest.raises(kiln.InvalidUsageError, match="freed"):
+            call()
+    old = kiln.ndarray(kiln.f32, (4,), device=mock)
+    mock.configure(budget_bytes=40 * MiB, mock_capacity_bytes=512 * MiB)
+    with pytest.raises(kiln.InvalidUsageError, match="belongs to another executor"):
+        add(old, 1.0)
+    assert mock.memory_stats()["allocations"] == 0 or mock.memory_stats()["allocations"] <= before
+    hog.free()
+
+
+def test_a_fault_block_left_outside_its_with_block_is_no_escape():
+    mock = kiln.device("mock")
+    mock.__enter__()
+    block = kiln.testing.fail_allocation(at=2)
+    block.__enter__()
+    mock.__exit__(None, None, None)
+    block.__exit__(None, None, None)  # no KitEscapeError: nothing replaced mock's executor
+    kiln.zeros((4,), device=mock)
+
+
+def test_a_track_block_is_entered_once_and_reopens_nothing():
+    mock = kiln.device("mock")
+    block = mock.track()
+    with block:
+        pass
+    with pytest.raises(kiln.InvalidUsageError, match="entered already"):
+        with block:
+            pass
+    kiln.init("mock")
+    with kiln.device("mock").track() as report:
+        kiln.init("cpu", num_threads=2)  # closes mock inside the block
+    assert not kiln.device("mock").is_open and report.end_bytes == {}

@@ -28,7 +28,6 @@ Interoperability without copies: np.from_dlpack(a), torch.from_dlpack(a) and kil
 and a.__cuda_array_interface__ (version 3) on CUDA arrays for CuPy, Numba, PyTorch and JAX.
 """
 
-import contextlib as _contextlib
 import threading as _threading
 from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any
 
@@ -149,31 +148,51 @@ _open_tracks: "dict[str, list[_MemoryTrack]]" = {}  # device name -> its open tr
 _tracks_lock = _threading.Lock()
 
 
-@_contextlib.contextmanager
-def _track(self: Device) -> "_Any":
+class _TrackBlock:
+    """The context manager Device.track() returns: one block, entered once."""
+
+    def __init__(self, device: Device) -> None:
+        self._device = device
+        self._report: "_MemoryTrack | None" = None
+
+    def __enter__(self) -> _MemoryTrack:
+        if self._report is not None:
+            raise InvalidUsageError("Device.track: this block was entered already; call d.track() "
+                                    "for each block", result="invalid_usage", site="Device.track",
+                                    device=str(self._device))
+        device = self._device
+        report = self._report = _MemoryTrack(device)
+        with _tracks_lock:
+            stats = device.memory_stats()
+            for outer in _open_tracks.get(str(device), []):
+                outer._fold(stats)  # the reset below must not lose what they saw
+            report.start_bytes = {k: int(v) for k, v in stats["current_bytes"].items()}
+            device.reset_peak_memory_stats()
+            _open_tracks.setdefault(str(device), []).append(report)
+        return report
+
+    def __exit__(self, *exc: object) -> None:
+        report, device = self._report, self._device
+        assert report is not None
+        with _tracks_lock:
+            try:
+                if device.is_open:  # a device closed inside the block (kiln.init) is not reopened
+                    stats = device.memory_stats()
+                    report._fold(stats)
+                    report._end = {k: int(v) for k, v in stats["current_bytes"].items()}
+            finally:
+                report._done = True
+                _open_tracks[str(device)].remove(report)
+
+
+def _track(self: Device) -> _TrackBlock:
     """``with d.track() as report:``: the bytes in use on this device per category (dicts as
     memory_stats()' current_bytes) at entry, report.start_bytes, and once the block ends
     report.end_bytes, report.peak_bytes (the peak inside the block) and
     report.peak_total_bytes. It resets the device's peak figures at entry (as
     reset_peak_memory_stats); blocks nest, each reporting its own peak. Reading end_bytes or
     the peaks before the block ends raises InvalidUsageError."""
-    report = _MemoryTrack(self)
-    with _tracks_lock:
-        stats = self.memory_stats()
-        for outer in _open_tracks.get(str(self), []):
-            outer._fold(stats)  # the reset below must not lose what they saw
-        report.start_bytes = {k: int(v) for k, v in stats["current_bytes"].items()}
-        self.reset_peak_memory_stats()
-        _open_tracks.setdefault(str(self), []).append(report)
-    try:
-        yield report
-    finally:
-        with _tracks_lock:
-            stats = self.memory_stats()
-            report._fold(stats)
-            report._end = {k: int(v) for k, v in stats["current_bytes"].items()}
-            report._done = True
-            _open_tracks[str(self)].remove(report)
+    return _TrackBlock(self)
 
 
 setattr(Device, "track", _track)  # the stub declares it; written here in Python

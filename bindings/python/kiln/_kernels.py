@@ -136,18 +136,6 @@ def _call_device(args: Any) -> Any:
     return _kiln.current_device()
 
 
-def _check_one_device(site: str, name: str, params: list[Any], values: list[Any]) -> None:
-    """Raises the InvalidUsageError of kernel `name`'s array arguments on different devices
-    (each argument's name, dtype, shape and device), before anything is allocated."""
-    arrays = [(p.name, a) for p, a in zip(params, values) if _is_array(a)]
-    if len({id(a.device) for _, a in arrays}) <= 1:
-        return
-    described = ", ".join(f"{n} {a.dtype.name}[{', '.join(map(str, a.shape))}] on {a.device}"
-                          for n, a in arrays)
-    raise _usage(site, f"{name}: its arrays are on different devices: {described}; arrays never "
-                       "move on their own: copy one with a.to(device)")
-
-
 def _cached(key: tuple[Any, ...], make: Any, device: Any) -> Any:
     """The compiled kernel(s) of `key`, made by make() once, on `device` (per executor: key[0] is
     its generation; configure and kiln.init empty the cache before they replace an executor, so
@@ -319,6 +307,7 @@ class Kernel:
         if kwargs:
             raise _type_error("call " + self.entry, f"unknown keyword arguments {sorted(kwargs)}; "
                                                     "the call takes the arguments in order, and size=")
+        _kiln._check_operands("call " + self.entry, [d[0] for d in self._declared], list(args))
         _kiln._launch_kernel(self._compiled(_call_device(args)), list(args), size)
 
     def __repr__(self) -> str:
@@ -451,13 +440,13 @@ class ElementwiseKernel:
 
     def _checked_call(self, args: tuple[Any, ...], size: int | None, device: Any, signature: Any) -> Any:
         site = "call " + self.name
-        generation = _kiln._executor_generation(device)
         n_in, n_out = len(self.in_params), len(self.out_params)
         if len(args) not in (n_in, n_in + n_out):
             raise _usage(site, f"takes {n_in} arguments (inputs) or {n_in + n_out} (inputs and "
                                f"outputs), got {len(args)}")
         inputs, outputs = list(args[:n_in]), list(args[n_in:])
-        _check_one_device(site, self.name, self.in_params + self.out_params, inputs + outputs)
+        _kiln._check_operands(site, [p.name for p in self.in_params + self.out_params], inputs + outputs)
+        generation = _kiln._executor_generation(device)  # opens a device that is not yet
         types = _Types(site)
         types.bind_arrays(self.in_params, inputs)
         types.bind_arrays(self.out_params, outputs, outputs=True)
@@ -578,7 +567,7 @@ class ReductionKernel:
             raise _usage(site, f"takes {len(self.in_params)} inputs, got {len(args)}{hint}")
         inputs = list(args)
         outs_given = [] if out is None else list(out) if isinstance(out, (tuple, list)) else [out]
-        _check_one_device(site, self.name, self.in_params + self.out_params, inputs + outs_given)
+        _kiln._check_operands(site, [p.name for p in self.in_params + self.out_params], inputs + outs_given)
         types = _Types(site)
         types.bind_arrays(self.in_params, inputs)
         types.bind_numbers(self.in_params, inputs)

@@ -308,7 +308,7 @@ class Device:
 
     ``with d:`` makes it the current device of this thread or asyncio task (a context variable)
     until the block ends; blocks nest. Its str is the device's name ("cpu", "mock", "cuda:1"),
-    and it compares equal to that name or any name of the same device ("cuda" == cuda:0).
+    and it compares (and hashes) equal to that name.
 
     Thread safety: a Device may be used from any thread; launches on different devices run
     concurrently, launches on one device one at a time."""
@@ -318,8 +318,8 @@ class Device:
     def __repr__(self) -> str:
         """``kiln.device('cuda:1')``."""
     def __eq__(self, other: object) -> bool:
-        """True for the same Device, or a str naming the same device ("cuda" for cuda:0); False
-        for any other str (a malformed one too)."""
+        """True for the same Device, or its name as str() gives it ("cuda:0", "cpu"); False for
+        any other str ("cuda" names cuda:0 but is not its name: equal objects hash equal)."""
     def __hash__(self) -> int:
         """hash(str(self))."""
     @property
@@ -620,6 +620,12 @@ def _live_array_bytes() -> int:
     replaced the executor it measured."""
 
 
+def _check_operands(site: str, names: list[str], values: list[Any]) -> None:
+    """The check of a user kernel call's array arguments before it allocates anything:
+    InvalidUsageError for a freed array, one of a replaced or closed executor, or arrays on
+    different devices (naming each argument's name, dtype, shape and device)."""
+
+
 def _open_devices() -> list[str]:
     """The names of the devices whose executor is open."""
 
@@ -629,20 +635,15 @@ def _close_devices(backend: str) -> None:
     gives way to cpu. kiln.testing's fake blocks call it as they exit."""
 
 
-def _executor_generation(device: Device | str | None = None) -> int:
-    """Which executor ``device`` (the current device by default, opened if need be) has now: a
-    number unique in the process to each executor made. kiln.testing compares it before and after
+def _executor_generation(device: Device | str | None = None, open: bool = True) -> int:
+    """Which executor ``device`` (the current device by default, opened if need be; with open
+    False a closed device gives 0) has now: a number unique in the process to each executor made. kiln.testing compares it before and after
     a workload to tell that the workload replaced the executor; the kernel cache keys on it."""
 
 
 def _registered_instances() -> int:
     """How many objects pybind11's table of registered instances holds (tests: an array made
     through pybind11's __init__ is registered there and must leave it when it goes)."""
-
-
-def _retired_executors() -> int:
-    """How many executors kiln.init replaced while a kiln.ndarray call was still inside them (an
-    OOM observer let another thread run) and are kept until those calls return (tests)."""
 
 
 def _shutdown() -> None:

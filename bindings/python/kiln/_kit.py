@@ -3,7 +3,7 @@ running, and the named error for a workload that escaped what a kit call set up.
 
 import contextlib
 import threading
-from typing import Iterator
+from typing import Any, Iterator
 
 from . import _kiln
 
@@ -75,10 +75,10 @@ def threads_left(before: set[threading.Thread]) -> list[str]:
     return sorted(t.name for t in threading.enumerate() if t not in before and t.is_alive())
 
 
-def check_same_executor(call: str, generation: int) -> None:
-    """Raises KitEscapeError when kiln.init replaced the executor since `generation` was read (at
-    the start of fault block `call`)."""
-    if _kiln._executor_generation() != generation:
+def check_same_executor(call: str, generation: int, device: Any = None) -> None:
+    """Raises KitEscapeError when kiln.init replaced the executor of `device` (the current
+    device's by default) since `generation` was read (at the start of fault block `call`)."""
+    if _kiln._executor_generation(device, open=False) != generation:
         raise KitEscapeError(escaped_by_init(call), call, "kiln.init")
 
 

@@ -73,18 +73,19 @@ def _open_block(call: str, token: int) -> Iterator[None]:
     inside it that were never left), and raises KitEscapeError when kiln.init replaced the
     executor meanwhile or a block inside was never left (notes on an exception leaving the
     block instead)."""
-    generation = _kiln._executor_generation()  # after the push: it may make the first executor
+    device = _kiln.current_device()  # the block's device, whatever is current at its exit
+    generation = _kiln._executor_generation(device)  # after the push: it opened the device
     try:
         yield
     except BaseException as e:
         unclosed = _kiln._pop_fault(token)[1]
-        if _kiln._executor_generation() != generation:
+        if _kiln._executor_generation(device, open=False) != generation:
             e.add_note(escaped_by_init(call))
         if unclosed:
             e.add_note(left_open(call, unclosed))
         raise
     unclosed = _kiln._pop_fault(token)[1]
-    check_same_executor(call, generation)
+    check_same_executor(call, generation, device)
     check_all_closed(call, unclosed)
 
 
