@@ -205,9 +205,9 @@ int32_t to_int32(py::handle value, const char *name, const char *site) {
   return static_cast<int32_t>(integer_in(value, name, site, INT32_MIN, INT32_MAX, "an int", "fit in 32 bits"));
 }
 
-std::optional<uint64_t> to_optional_bytes(const py::object &value, const char *name) {
+std::optional<uint64_t> to_optional_bytes(const py::object &value, const char *name, const char *site) {
   if (value.is_none()) return std::nullopt;
-  return to_bytes(value, name);
+  return to_bytes(value, name, site);
 }
 
 bool to_flag(py::handle value, const char *name, const char *site) {

@@ -41,8 +41,8 @@ uint64_t to_bytes(py::handle value, const char *name, const char *site = "init")
 /// int32). `name` names it in the message.
 int32_t to_int32(py::handle value, const char *name, const char *site);
 
-/// to_bytes(value, name), or nullopt for None.
-std::optional<uint64_t> to_optional_bytes(const py::object &value, const char *name);
+/// to_bytes(value, name, site), or nullopt for None.
+std::optional<uint64_t> to_optional_bytes(const py::object &value, const char *name, const char *site = "init");
 
 /// A flag: True or False (or a numpy bool). None and ints are refused rather than read as
 /// False. Errors: InvalidTypeError.

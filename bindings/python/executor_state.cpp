@@ -102,21 +102,21 @@ constexpr std::size_t kMaxScriptEntries = 1 << 20;
 /// init's mock_other_process_bytes: an int or a list, tuple or 1-D array of at most
 /// kMaxScriptEntries ints. Errors: InvalidTypeError, InvalidUsageError (a value out of range, too
 /// many entries).
-std::vector<uint64_t> to_bytes_script(const py::object &value) {
-  if (is_integer(value)) return {to_bytes(value, "mock_other_process_bytes")};
+std::vector<uint64_t> to_bytes_script(const py::object &value, const char *site) {
+  if (is_integer(value)) return {to_bytes(value, "mock_other_process_bytes", site)};
   const bool int_vector = py::isinstance<py::array>(value) &&
                           py::reinterpret_borrow<py::array>(value).ndim() == 1;
   if (!int_vector && !py::isinstance<py::list>(value) && !py::isinstance<py::tuple>(value))
-    raise_invalid_type("init", fmt::format("init: mock_other_process_bytes must be an int or a "
-                                           "list of ints, got {} {}",
-                                           type_name(value), std::string(py::repr(value))));
+    raise_invalid_type(site, fmt::format("{}: mock_other_process_bytes must be an int or a "
+                                         "list of ints, got {} {}",
+                                         site, type_name(value), std::string(py::repr(value))));
   std::vector<uint64_t> script;
   for (py::handle item : value) {
     if (script.size() == kMaxScriptEntries)  // a list subclass whose __iter__ never ends, too
-      raise_invalid_usage("kiln", "init",
-                          fmt::format("init: mock_other_process_bytes has more than {} entries",
+      raise_invalid_usage("kiln", site,
+                          fmt::format("{}: mock_other_process_bytes has more than {} entries", site,
                                       kMaxScriptEntries));
-    script.push_back(to_bytes(item, "mock_other_process_bytes"));
+    script.push_back(to_bytes(item, "mock_other_process_bytes", site));
   }
   return script;
 }
@@ -128,7 +128,12 @@ DeviceName to_device_name(py::handle arch, const char *site) {
     raise_invalid_type(site, fmt::format("{}: the device must be a str (\"cpu\", \"mock\", \"cuda\", "
                                          "\"amdgpu\", or \"cuda:1\" ...) or a kiln.Device, got {} {}",
                                          site, type_name(arch), std::string(py::repr(arch))));
-  return check(parse_device_name(to_text(arch, "arch", site)));
+  const DeviceName name = check(parse_device_name(to_text(arch, "arch", site)));
+  if ((name.backend == Backend::cpu || name.backend == Backend::mock) && name.ordinal != 0)
+    raise_invalid_usage("kiln", site,  // as the backend itself says when asked to open it
+                        fmt::format("{}: the {} backend has one device, {}:0; there is no ordinal {}", site,
+                                    to_string(name.backend), to_string(name.backend), name.ordinal));
+  return name;
 }
 
 /// The device options of init / kiln.device / Device.configure, each None for its default.
@@ -139,19 +144,20 @@ struct DeviceOptions {
 
 /// The executor configuration of `options` for device `name`, checked in the order they are
 /// declared.
-ExecutorConfig to_config(const DeviceName &name, const DeviceOptions &o) {
+ExecutorConfig to_config(const DeviceName &name, const DeviceOptions &o, const char *site) {
   ExecutorConfig config;
   config.backend = name.backend;
   config.device_ordinal = name.ordinal;
-  config.budget.limit_bytes = to_optional_bytes(o.budget_bytes, "budget_bytes");
-  config.budget.reserve_bytes = to_optional_bytes(o.reserve_bytes, "reserve_bytes");
-  config.budget.live_check = o.live_check.is_none() || to_flag(o.live_check, "live_check", "init");
-  config.budget.caching = o.caching.is_none() || to_flag(o.caching, "caching", "init");
-  if (auto heap = to_optional_bytes(o.device_heap_bytes, "device_heap_bytes")) config.device_heap_bytes = *heap;
-  if (auto cap = to_optional_bytes(o.mock_capacity_bytes, "mock_capacity_bytes")) config.mock.capacity_bytes = *cap;
+  config.budget.limit_bytes = to_optional_bytes(o.budget_bytes, "budget_bytes", site);
+  config.budget.reserve_bytes = to_optional_bytes(o.reserve_bytes, "reserve_bytes", site);
+  config.budget.live_check = o.live_check.is_none() || to_flag(o.live_check, "live_check", site);
+  config.budget.caching = o.caching.is_none() || to_flag(o.caching, "caching", site);
+  if (auto heap = to_optional_bytes(o.device_heap_bytes, "device_heap_bytes", site)) config.device_heap_bytes = *heap;
+  if (auto cap = to_optional_bytes(o.mock_capacity_bytes, "mock_capacity_bytes", site))
+    config.mock.capacity_bytes = *cap;
   if (!o.mock_other_process_bytes.is_none())
-    config.mock.other_process_bytes_script = to_bytes_script(o.mock_other_process_bytes);
-  if (auto threads = to_optional_bytes(o.num_threads, "num_threads"))
+    config.mock.other_process_bytes_script = to_bytes_script(o.mock_other_process_bytes, site);
+  if (auto threads = to_optional_bytes(o.num_threads, "num_threads", site))
     config.num_threads = static_cast<unsigned>(std::min<uint64_t>(*threads, 1024));
   return config;
 }
@@ -194,9 +200,9 @@ void warn_teardown_failures() {
 /// meanwhile). Errors: those of init.
 void configure(DeviceState &state, const DeviceOptions &options, const char *site, bool only_if_closed = false) {
   check_not_in_observer(site);
-  ExecutorConfig config = to_config(state.name, options);
-  const std::optional<uint64_t> fault = to_optional_bytes(options.fault_at, "fault_at");
-  const std::optional<uint64_t> fail_size = to_optional_bytes(options.fail_sizes_at_least, "fail_sizes_at_least");
+  ExecutorConfig config = to_config(state.name, options, site);
+  const std::optional<uint64_t> fault = to_optional_bytes(options.fault_at, "fault_at", site);
+  const std::optional<uint64_t> fail_size = to_optional_bytes(options.fail_sizes_at_least, "fail_sizes_at_least", site);
   std::unique_lock lock(state.open_mutex, std::defer_lock);
   without_gil([&lock] {  // never wait for it holding the GIL: its holder may need the GIL back
     lock.lock();
@@ -479,6 +485,14 @@ void register_executor_state(py::module_ &m) {
         return py::bool_(PyUnicode_Compare(other.ptr(), py::str(s.key).ptr()) == 0);
       }, doc("Device.__eq__"), py::is_operator())
       .def("__hash__", [](const DeviceState &s) { return py::hash(py::str(s.key)); }, doc("Device.__hash__"))
+      // One object per device: a copy is the device itself, and pickle names it (kiln.device(name)
+      // on the receiving side, opened there on first use with that process's options).
+      .def("__copy__", [](py::object self) { return self; }, doc("Device.__copy__"))
+      .def("__deepcopy__", [](py::object self, py::handle) { return self; }, doc("Device.__deepcopy__"),
+           py::arg("memo"))
+      .def("__reduce__", [](const DeviceState &s) {
+        return py::make_tuple(py::module_::import("kiln").attr("_device_by_name"), py::make_tuple(s.key));
+      }, doc("Device.__reduce__"))
       .def_property_readonly("type", [](const DeviceState &s) { return std::string(to_string(s.name.backend)); },
                              doc("Device.type"))
       .def_property_readonly("index", [](const DeviceState &s) { return s.name.ordinal; }, doc("Device.index"))

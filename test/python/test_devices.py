@@ -394,26 +394,38 @@ def test_equality_with_a_str_is_with_its_name_and_hashes_agree():
     assert kiln.device("cpu") != "\ud800" and kiln.device("cpu") != "cpu:0"
 
 
-def test_threads_opening_one_device_at_once_open_it_once_and_keep_configure():
-    for _ in range(3):
-        kiln._kiln._close_devices("mock")
-        barrier, errors, made = threading.Barrier(2), [], []
+def test_threads_opening_one_device_at_once_open_it_once_and_keep_configure(monkeypatch):
+    """Thread A opens mock and, holding the device's open lock, waits (inside the kernel-cache
+    clearing every open runs) until B has called in to open it too; B must then find it open."""
+    kiln._kiln._close_devices("mock")
+    a_inside, b_calling, made, errors = threading.Event(), threading.Event(), {}, []
+    clear = kiln._kernels._clear_cache
 
-        def use():
-            try:
-                barrier.wait()
-                a = kiln.zeros((4,), device="mock")
-                barrier.wait()
-                kiln.fill(a, 1.0)
-                made.append(a)
-            except Exception as e:  # noqa: BLE001 (reported below)
-                errors.append(e)
-        threads = [threading.Thread(target=use) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert errors == [] and len(made) == 2
+    def clear_slowly():
+        clear()
+        if threading.current_thread().name == "A":
+            a_inside.set()
+            b_calling.wait(10)
+            time.sleep(0.05)  # B goes on into its open and waits for A's lock
+
+    def use(name):
+        try:
+            if name == "B":
+                a_inside.wait(10)
+                b_calling.set()
+            made[name] = kiln.zeros((4,), device="mock")
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+    monkeypatch.setattr(kiln._kernels, "_clear_cache", clear_slowly)
+    threads = [threading.Thread(target=use, args=(n,), name=n) for n in ("A", "B")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    monkeypatch.undo()
+    assert errors == [] and a_inside.is_set() and len(made) == 2
+    for a in made.values():
+        kiln.fill(a, 1.0)  # neither array belongs to a replaced executor
     mock = kiln.device("mock")
     kiln._kiln._close_devices("mock")
     opener = threading.Thread(target=lambda: kiln.zeros((4,), device=mock))
@@ -480,3 +492,22 @@ def test_a_track_block_is_entered_once_and_reopens_nothing():
     with kiln.device("mock").track() as report:
         kiln.init("cpu", num_threads=2)  # closes mock inside the block
     assert not kiln.device("mock").is_open and report.end_bytes == {}
+
+
+def test_a_device_copies_as_itself_and_pickles_by_name():
+    import copy
+    import pickle
+    cuda1 = kiln.device("cuda:1")
+    assert copy.copy(cuda1) is cuda1 and copy.deepcopy(cuda1) is cuda1
+    assert pickle.loads(pickle.dumps(cuda1)) is cuda1 and not cuda1.is_open
+    assert pickle.loads(pickle.dumps(kiln.device("mock"))) is kiln.device("mock")
+
+
+def test_configure_names_itself_and_host_devices_have_one_ordinal():
+    with pytest.raises(kiln.InvalidTypeError, match="configure: caching must be True or False"):
+        kiln.device("mock").configure(caching="yes")
+    with pytest.raises(kiln.InvalidUsageError, match="configure"):
+        kiln.device("mock").configure(budget_bytes=-1)
+    for name in ("cpu:1", "mock:3"):
+        with pytest.raises(kiln.InvalidUsageError, match="has one device"):
+            kiln.device(name)

@@ -198,6 +198,11 @@ def _track(self: Device) -> _TrackBlock:
 setattr(Device, "track", _track)  # the stub declares it; written here in Python
 
 
+def _device_by_name(name: str) -> Device:
+    """Unpickles a kiln.Device: kiln.device(name) in this process (Device.__reduce__)."""
+    return device(name)
+
+
 def _shutdown() -> None:
     # The executor goes while the interpreter is still whole (its OOM observers hold callables),
     # and the compiled user kernels first (they hold its device context).

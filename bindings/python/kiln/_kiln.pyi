@@ -322,6 +322,13 @@ class Device:
         any other str ("cuda" names cuda:0 but is not its name: equal objects hash equal)."""
     def __hash__(self) -> int:
         """hash(str(self))."""
+    def __copy__(self) -> Device:
+        """The device itself (one Device per device)."""
+    def __deepcopy__(self, memo: object) -> Device:
+        """The device itself."""
+    def __reduce__(self) -> tuple[Callable[[str], Device], tuple[str]]:
+        """Pickle support: (kiln._device_by_name, (str(self),)): the receiving process's Device of
+        that name (kiln.device(name)), opened there on first use with that process's options."""
     @property
     def type(self) -> str:
         """The backend: "cpu", "mock", "cuda", "amdgpu" (torch.device.type)."""
