@@ -1,5 +1,6 @@
-// The module's global state (see executor_state.h): the one executor and kiln.init, the observers
-// and fault blocks tied to it, and interpreter exit while other threads are inside kiln.
+// The module's global state (see executor_state.h): the devices (kiln.Device, kiln.device,
+// Device.configure, kiln.init), the current device, the observers and fault blocks tied to each
+// executor, and interpreter exit while other threads are inside kiln.
 //
 // Threading: the executor and its lists are guarded by the GIL; the count of calls inside kiln is
 // atomic. Executor creation (the JIT) runs without the GIL. Errors: InvalidTypeError and

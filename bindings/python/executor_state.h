@@ -1,6 +1,7 @@
-// The module's global state: the one executor (kiln.init / the default cpu one), the observers
-// and fault blocks tied to it, the count of calls inside kiln (so interpreter exit can wait for
-// them and park late threads), its fork hook, and without_gil().
+// The module's global state: one DeviceState per device (its executor, observers and fault
+// blocks; kiln.Device), the current device (a context variable, then kiln.init's, then cpu), the
+// count of calls inside kiln (so interpreter exit can wait for them and park late threads), its
+// fork hook, and without_gil().
 //
 // Threading: the executor and the lists here are guarded by the GIL. without_gil() releases it
 // around C++ work. Errors are raised through error_mapping.h (executor failures via check()).

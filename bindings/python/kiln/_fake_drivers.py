@@ -298,7 +298,7 @@ def fake_cuda(capacity_bytes: int = 1 << 30, *, devices: int = 1,
     the next block resets it: code that later points KILN_CUDA_DRIVER at the same file sees
     them. Errors on entry: NotSupportedError when the library is not found or does not load;
     InvalidUsageError for a bad value (the fake's own words for a malformed fault plan), with
-    nothing set. Not thread-safe (it sets environment variables and kiln's global executor)."""
+    nothing set. Not thread-safe (it sets environment variables and closes kiln's devices of its backend)."""
     return _fake_block(_CUDA, capacity_bytes, devices, other_process_bytes, faults, arch, mode,
                        library)
 

@@ -13,7 +13,7 @@ exactly what the module defines, with the same parameters. Conventions of every 
   is a kiln.OutOfMemoryError, hence a MemoryError. An operation raises one only when memory it
   asks for cannot be had: a new array, or staging for a host (numpy) operand. Launches need no
   other memory: the executor holds their argument and result buffers from kiln.init on.
-- Threading: one global executor; calls may come from any thread. Launches run with the GIL
+- Threading: one executor per device (kiln.Device); calls may come from any thread. Launches run with the GIL
   released and the arrays they use marked busy (freeing a busy array is InvalidUsageError),
   except fill, copy, axpy and reduce_sum of at most 16,384 elements on cpu or mock, which keep
   the GIL (a few microseconds) unless another thread is inside a GIL-released kiln call.

@@ -36,7 +36,7 @@ _running: list[tuple[str, int]] = []  # the kit call now running (at most one) a
 @contextlib.contextmanager
 def kit_call(name: str) -> Iterator[None]:
     """The block of kit call `name`; raises KitEscapeError when another one is running, in this
-    thread (nested in its workload) or another (the kit arms one global executor)."""
+    thread (nested in its workload) or another (the kit arms the current device's executor)."""
     with _lock:
         if _running:  # first: a running kit call's own fault block is open too
             outer, thread = _running[-1]

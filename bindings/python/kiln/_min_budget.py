@@ -98,7 +98,7 @@ def min_budget(fn: Callable[..., Any], *args: Any, max_budget_bytes: int = 1 << 
     A try tests its budget only when fn runs on the executor min_budget made: fn calling kiln.init,
     leaving threads running after it returns, or raising an injected fault (kiln.testing.inject,
     fail_allocation, KILN_FAULT: e.injected) raises MinBudgetError; sweep or min_budget called
-    inside fn raises KitEscapeError. Not thread-safe: it replaces the global executor."""
+    inside fn raises KitEscapeError. Not thread-safe: it replaces the current device's executor."""
     if not callable(fn):
         raise InvalidTypeError(f"min_budget: fn must be callable, not {type(fn).__name__}")
     with kit_call("min_budget"):

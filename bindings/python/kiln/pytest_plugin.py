@@ -23,7 +23,8 @@ arrays alive and not freed, over every executor, must be back where they were in
 Marker `@pytest.mark.kiln_sweep`: the test body runs under kiln.testing.sweep (once per
 allocation request, that request failing); a run that raised anything but a
 kiln.OutOfMemoryError or left memory held fails the test with the sweep's report.
-Not thread-safe (kiln has one global executor): run tests that use it in one process each."""
+Not thread-safe (it replaces the current device's executor): run tests that use it in one
+process each."""
 
 import gc
 import inspect
