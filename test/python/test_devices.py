@@ -511,3 +511,26 @@ def test_configure_names_itself_and_host_devices_have_one_ordinal():
     for name in ("cpu:1", "mock:3"):
         with pytest.raises(kiln.InvalidUsageError, match="has one device"):
             kiln.device(name)
+
+
+@gpu
+def test_a_driver_that_refuses_the_memory_query_is_a_named_error(backend, block):
+    query = "cuMemGetInfo_v2" if backend == "cuda" else "hipMemGetInfo"
+    with block(devices=2) as fake:
+        d1 = kiln.device(f"{backend}:1")
+        kiln.zeros((4,), device=d1)
+        fake.inject_fault(query, 1, 999)
+        with pytest.raises(kiln.Error) as info:
+            d1.mem_get_info()
+        assert not isinstance(info.value, MemoryError) and info.value.device == str(d1)
+        free, total = d1.mem_get_info()  # the next query works
+        assert 0 < free <= total
+
+
+def test_a_configure_that_fails_keeps_the_old_executor_and_its_arrays():
+    mock = kiln.device("mock", mock_capacity_bytes=256 * MiB)
+    a = kiln.zeros((4,), device=mock)
+    with pytest.raises(kiln.BudgetExceededError):
+        mock.configure(budget_bytes=1 * MiB)  # below the 16 MiB device heap
+    kiln.fill(a, 2.0)
+    assert a.to_numpy().tolist() == [2, 2, 2, 2] and mock.is_open
