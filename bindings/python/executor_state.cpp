@@ -221,12 +221,15 @@ void configure(DeviceState &state, const DeviceOptions &options, const char *sit
   warn_teardown_failures();
 }
 
-/// The kiln.Device of `state` (made once, kept for the process).
+}  // namespace
+
 py::object device_object(DeviceState &state) {
   if (state.handle == nullptr)
     state.handle = py::cast(&state, py::return_value_policy::reference).release().ptr();
   return py::reinterpret_borrow<py::object>(state.handle);
 }
+
+namespace {
 
 DeviceState &state_of_device(py::handle value);
 
@@ -446,7 +449,6 @@ LlvmRuntimeExecutor *executor_of_generation(uint64_t generation) {
   return state != nullptr ? state->executor.get() : nullptr;
 }
 
-py::object device_object_of(DeviceState &state) { return device_object(state); }
 
 DeviceState &device_argument(py::handle value, const char *site) {
   return value.is_none() ? current_device() : to_device_state(value, site);

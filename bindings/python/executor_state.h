@@ -149,7 +149,7 @@ bool made_by_current_executor(const struct PyArray &a);
 /// the device is opened or anything allocated) an array whose executor was replaced or closed.
 std::shared_ptr<LlvmRuntimeExecutor> executor_of_array(const struct PyArray &a, const char *site);
 /// The kiln.Device of `state` (one Python object per device for the process).
-py::object device_object_of(DeviceState &state);
+py::object device_object(DeviceState &state);
 /// The device a `device=` argument of `site` names: a kiln.Device, a device name ("cuda:1"), or
 /// None for the current device. Errors: InvalidTypeError, InvalidUsageError (not a device name).
 DeviceState &device_argument(py::handle value, const char *site);

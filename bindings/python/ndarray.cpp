@@ -79,7 +79,11 @@ std::unique_ptr<PyArray> make_ndarray(py::handle dtype, py::handle shape, py::ha
 }
 
 std::shared_ptr<LlvmRuntimeExecutor> executor_for(const char *site, std::initializer_list<NamedOperand> operands) {
-  DeviceState *first = operands.begin()->array->state;
+  return executor_for(site, std::span<const NamedOperand>(operands.begin(), operands.size()));
+}
+
+std::shared_ptr<LlvmRuntimeExecutor> executor_for(const char *site, std::span<const NamedOperand> operands) {
+  DeviceState *first = operands.front().array->state;
   for (const NamedOperand &o : operands)
     if (o.array->state != first) raise_mixed_devices(site, operands);
   for (const NamedOperand &o : operands) (void)executor_of_array(*o.array, site);  // none stale
@@ -224,7 +228,7 @@ void def_properties(py::class_<PyArray> &cls) {
       .def_property_readonly("nbytes", [arr](py::handle s) { return arr(s).nbytes; }, doc("ndarray.nbytes"))
       .def_property_readonly("size", [arr](py::handle s) { return arr(s).size; }, doc("ndarray.size"))
       .def_property_readonly("ndim", [arr](py::handle s) { return arr(s).shape().size(); }, doc("ndarray.ndim"))
-      .def_property_readonly("device", [arr](py::handle s) { return device_object_of(*arr(s).state); },
+      .def_property_readonly("device", [arr](py::handle s) { return device_object(*arr(s).state); },
                              doc("ndarray.device"))
       .def_property_readonly("is_freed", [arr](py::handle s) { return arr(s).is_freed(); },
                               doc("ndarray.is_freed"))

@@ -185,6 +185,7 @@ struct NamedOperand {
 /// device when they are on different devices (raise_mixed_devices), checked before anything is
 /// allocated; those of executor_of.
 std::shared_ptr<LlvmRuntimeExecutor> executor_for(const char *site, std::initializer_list<NamedOperand> operands);
+std::shared_ptr<LlvmRuntimeExecutor> executor_for(const char *site, std::span<const NamedOperand> operands);
 /// Raises the InvalidUsageError of arrays on different devices: "axpy: its arrays are on
 /// different devices: x f32[3] on cuda:0, y f32[3] on cuda:1; ...".
 [[noreturn]] void raise_mixed_devices(const char *site, std::span<const NamedOperand> operands);

@@ -162,6 +162,7 @@ void launch_kernel(const PyUserKernel &k, py::list args, py::object count_obj) {
                                                   args.size()));
   std::vector<KernelArg> kernel_args(params.size());
   std::vector<PyArray *> arrays;
+  std::vector<NamedOperand> named;  // the arrays under their parameter names
   for (std::size_t i = 0; i < params.size(); ++i) {
     const KernelParam &p = params[i];
     py::handle a = args[i];
@@ -174,21 +175,11 @@ void launch_kernel(const PyUserKernel &k, py::list args, py::object count_obj) {
     PyArray &array = as_array(a, site, what.c_str());
     kernel_args[i] = KernelArg::of(array.get(site));
     arrays.push_back(&array);
+    named.push_back({p.name.c_str(), &array});
   }
   std::optional<uint64_t> count;
   if (!count_obj.is_none()) count = to_bytes(count_obj, "count", site);
-  for (const PyArray *a : arrays)
-    if (a->state != arrays.front()->state) {
-      std::vector<NamedOperand> named;
-      std::vector<std::string> names;
-      names.reserve(params.size());
-      for (std::size_t i = 0; i < params.size(); ++i)
-        if (params[i].kind != ParamKind::scalar) names.push_back(params[i].name);
-      for (std::size_t i = 0; i < arrays.size(); ++i) named.push_back({names[i].c_str(), arrays[i]});
-      raise_mixed_devices(kernel.entry().c_str(), named);
-    }
-  for (const PyArray *a : arrays) (void)executor_of_array(*a, site);
-  auto ex = arrays.empty() ? executor() : executor_of(*arrays.front()->state);
+  auto ex = named.empty() ? executor() : executor_for(kernel.entry().c_str(), named);
   BusyScope busy(std::span<PyArray *const>(arrays.data(), arrays.size()));
   check(without_gil([&] { return ex->launch(kernel, kernel_args, count); }));
 }
@@ -248,9 +239,7 @@ void check_operands(py::handle site_obj, py::list names, py::list values) {
   }
   std::vector<NamedOperand> named;
   for (std::size_t i = 0; i < arrays.size(); ++i) named.push_back({kept[i].c_str(), arrays[i]});
-  for (const PyArray *a : arrays)
-    if (a->state != arrays.front()->state) raise_mixed_devices(site.c_str(), named);
-  for (const PyArray *a : arrays) (void)executor_of_array(*a, site.c_str());
+  if (!named.empty()) (void)executor_for(site.c_str(), named);
 }
 
 py::list describe_params(const PyUserKernel &k) {
