@@ -16,7 +16,6 @@ enum class ArmedSite : uint8_t {
   none,
   buffer,        ///< kiln.ndarray's buffer export (memoryview, numpy.asarray)
   observer,      ///< making the exception an OOM observer is called with
-  ndarray_init,  ///< the re-entrancy record of kiln.ndarray.__init__ (bad_alloc only)
 };
 
 /// The exception kinds: as kiln._kiln._throw_cpp_exception's.

@@ -1,6 +1,5 @@
 // The buffer protocol of kiln.ndarray: a zero-copy, writable view of device memory on
-// host-addressable devices (cpu, mock). pybind11 installs its own getbuffer; ours replaces it to
-// count the views, so free() can refuse while one exists (a view holds a reference, so the array
+// host-addressable devices (cpu, mock). It counts the views, so free() can refuse while one exists (a view holds a reference, so the array
 // itself cannot go first).
 //
 // Threading: called by CPython with the GIL held. Errors: a named error (error_mapping.h) or
@@ -18,6 +17,7 @@
 #include "error_mapping.h"
 #include "fast_entry.h"
 #include "ndarray.h"
+#include "ndarray_type.h"
 
 namespace kiln::python {
 namespace {
@@ -72,6 +72,8 @@ void fill_view(Py_buffer *view, PyArray &a, const Ndarray &array, void *data, in
   view->internal = nullptr;
 }
 
+}  // namespace
+
 int ndarray_getbuffer(PyObject *self, Py_buffer *view, int flags) {
   view->obj = nullptr;
   try {
@@ -98,20 +100,6 @@ int ndarray_getbuffer(PyObject *self, Py_buffer *view, int flags) {
   return -1;
 }
 
-void ndarray_releasebuffer(PyObject *self, Py_buffer * /*view*/) {
-  try {
-    --as_array(self, "buffer", "self").exports;
-  } catch (...) {
-    PyErr_Clear();
-  }
-}
-
-}  // namespace
-
-void install_buffer_protocol(py::handle ndarray_type) {
-  auto *type = reinterpret_cast<PyTypeObject *>(ndarray_type.ptr());
-  type->tp_as_buffer->bf_getbuffer = &ndarray_getbuffer;
-  type->tp_as_buffer->bf_releasebuffer = &ndarray_releasebuffer;
-}
+void ndarray_releasebuffer(PyObject *self, Py_buffer * /*view*/) { --array_in(self).exports; }
 
 }  // namespace kiln::python

@@ -28,6 +28,7 @@
 #include "conversions.h"
 #include "error_mapping.h"
 #include "ndarray.h"
+#include "ndarray_type.h"
 #include "registration.h"
 #include "kiln_stub_docstrings.h"
 
@@ -61,10 +62,9 @@ py::dict cuda_array_interface(py::handle self) {
 }  // namespace
 
 void register_cuda_array_interface(py::module_ &m) {
-  auto cls = py::reinterpret_borrow<py::class_<PyArray>>(m.attr("ndarray"));
-  cls.def_property_readonly("__cuda_array_interface__", &cuda_array_interface,
-                            doc("ndarray.__cuda_array_interface__"),
-                            guarded());
+  const py::object cls = m.attr("ndarray");
+  def_property(cls, "__cuda_array_interface__", &cuda_array_interface, doc("ndarray.__cuda_array_interface__"),
+               guarded());
 }
 
 }  // namespace kiln::python

@@ -39,6 +39,7 @@
 #include "error_mapping.h"
 #include "dlpack_common.h"
 #include "ndarray.h"
+#include "ndarray_type.h"
 #include "registration.h"
 #include "signatures.h"
 #include "kiln_stub_docstrings.h"
@@ -167,12 +168,12 @@ py::tuple dlpack_device(py::handle self) {
 }  // namespace
 
 void register_dlpack(py::module_ &m) {
-  auto cls = py::reinterpret_borrow<py::class_<PyArray>>(m.attr("ndarray"));
-  cls.def("__dlpack__", &export_dlpack, doc("ndarray.__dlpack__"), py::kw_only(),
+  const py::object cls = m.attr("ndarray");
+  def_method(cls, "__dlpack__", &export_dlpack, doc("ndarray.__dlpack__"), py::kw_only(),
           py::arg("stream") = py::none(),
           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
           py::arg("copy") = py::none(), guarded());
-  cls.def("__dlpack_device__", &dlpack_device, doc("ndarray.__dlpack_device__"), guarded());
+  def_method(cls, "__dlpack_device__", &dlpack_device, doc("ndarray.__dlpack_device__"), guarded());
   typed_method_mismatch(cls, "__dlpack__", "(*, stream=None, max_version=None, dl_device=None, copy=None)");
   typed_method_mismatch(cls, "__dlpack_device__", "()");
   def_typed(m, "from_dlpack", "(x)", &from_dlpack, doc("from_dlpack"), py::arg("x"), guarded());

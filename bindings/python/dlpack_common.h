@@ -72,7 +72,7 @@ void delete_unconsumed_capsule(PyObject *capsule);
 
 /// kiln.from_dlpack(x): a kiln.ndarray over `x`'s memory on the current executor (no copy).
 /// Errors: see dlpack.cpp.
-[[nodiscard]] PyArray from_dlpack(py::handle x);
+[[nodiscard]] py::object from_dlpack(py::handle x);
 
 }  // namespace kiln::python::dlpack
 

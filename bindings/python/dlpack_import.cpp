@@ -15,6 +15,7 @@
 #include "dlpack_common.h"
 #include "error_mapping.h"
 #include "ndarray.h"
+#include "ndarray_type.h"
 
 namespace kiln::python::dlpack {
 namespace {
@@ -183,7 +184,7 @@ void delete_imported(DLManagedTensor *managed) {
 }  // namespace
 
 /// kiln.from_dlpack(x): a kiln.ndarray over `x`'s memory on the current device.
-PyArray from_dlpack(py::handle x) {
+py::object from_dlpack(py::handle x) {
   check_not_in_observer("from_dlpack");
   DeviceState &state = current_device();
   auto ex = executor_of(state);
@@ -196,7 +197,7 @@ PyArray from_dlpack(py::handle x) {
       ex->wrap_external(spec.dtype, spec.shape, spec.address, [managed] { delete_imported(managed); });
   // The array owns the tensor now: the capsule must not call the deleter too.
   if (wrapped) PyCapsule_SetName(capsule.ptr(), kUsedCapsuleName);
-  return PyArray(check(std::move(wrapped)), state, *ex);
+  return wrap_array(check(std::move(wrapped)), state, *ex);
 }
 
 }  // namespace kiln::python::dlpack

@@ -22,22 +22,23 @@
 namespace kiln::python {
 namespace {
 
-/// kiln.dtype(value): a kiln.dtype, its name ("f32") or its value (0..3). Errors:
-/// InvalidTypeError (other types), InvalidUsageError (a name or value that is no dtype).
-void construct_dtype(py::detail::value_and_holder &v_h, py::handle value) {
+/// kiln.dtype(value) (`site` "dtype" or "dtype.__setstate__"): a kiln.dtype, its name ("f32")
+/// or its value (0..3). Errors: InvalidTypeError (other types), InvalidUsageError (a name or
+/// value that is no dtype).
+DataType dtype_from(py::handle value, const char *site) {
   DataType d{};
   if (is_integer(value)) {
-    const uint64_t v = to_bytes(value, "value", "dtype");
+    const uint64_t v = to_bytes(value, "value", site);
     d = static_cast<DataType>(std::min<uint64_t>(v, 255));
   } else {
-    d = to_dtype(value, "dtype");
+    d = to_dtype(value, site);
   }
   if (!is_valid(d))
-    raise_invalid_usage("kiln", "dtype",
+    raise_invalid_usage("kiln", site,
                         fmt::format("kiln.dtype({}): not a kiln dtype; the values are 0 "
                                     "(f32), 1 (f64), 2 (i32) and 3 (i64)",
                                     std::string(py::repr(value))));
-  py::detail::initimpl::setstate<py::class_<DataType>>(v_h, std::move(d), Py_TYPE(v_h.inst) != v_h.type->type);
+  return d;
 }
 
 /// Whether `other` names dtype `d`: a kiln.dtype, a kiln or numpy dtype name, a numpy dtype or
@@ -83,21 +84,21 @@ void register_dtype(py::module_ &m) {
   // dtype that names nothing. Accepts a kiln.dtype, its name ("f32") or its value (0..3).
   // Wrong arity or an unknown keyword: InvalidTypeError (a last overload, as for every kiln
   // function), not pybind11's plain TypeError.
-  struct Constructor {
-    const char *name, *call, *doc;
-  };
-  for (const auto &[name, call, text] :
-       {Constructor{"__init__", "dtype", doc("dtype.__init__")},
-        Constructor{"__setstate__", "dtype.__setstate__", doc("dtype.__setstate__")}}) {
-    py::cpp_function construct(&construct_dtype, py::detail::is_new_style_constructor(),
-                               py::name(name), py::is_method(dtype_enum), py::arg("value"), text);
-    dtype_enum.attr(name) = py::cpp_function(
-        [call](py::detail::value_and_holder &, py::args args, py::kwargs kwargs) {
-          raise_signature_mismatch(call, "(value)", args, kwargs);
-        },
-        py::detail::is_new_style_constructor(), py::name(name), py::is_method(dtype_enum),
-        py::sibling(construct));
-  }
+  py::delattr(dtype_enum, "__init__");
+  dtype_enum.def(py::init([](py::handle value) { return dtype_from(value, "dtype"); }), py::arg("value"),
+                 doc("dtype.__init__"));
+  dtype_enum.def(py::init([](py::args args, py::kwargs kwargs) -> DataType {
+    raise_signature_mismatch("dtype", "(value)", args, kwargs);
+  }));
+  // __setstate__ (pickle) as pybind11's pickle support defines it; its __getstate__ overload
+  // comes after enum_'s own, which answers first (the same value).
+  py::delattr(dtype_enum, "__setstate__");
+  dtype_enum.def(py::pickle([](DataType d) { return py::int_(static_cast<int>(d)); },
+                            [](const py::int_ &value) { return dtype_from(value, "dtype.__setstate__"); }),
+                 doc("dtype.__setstate__"));
+  dtype_enum.def("__setstate__", [](py::handle /*self*/, py::args args, py::kwargs kwargs) {
+    raise_signature_mismatch("dtype.__setstate__", "(value)", args, kwargs);
+  });
   // Replaces enum_'s comparisons: a dtype equals itself, its name ("f32") and the numpy dtype of
   // the same element type (numpy.float32, numpy.dtype("float32"), "float32"), as numpy's own
   // dtypes compare; never an int (kiln.f32 == 0 is False) nor anything else. The hash stays the

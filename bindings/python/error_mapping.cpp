@@ -13,6 +13,7 @@
 #include <array>
 #include <future>
 #include <new>
+#include <stdexcept>
 #include <system_error>
 
 #include "conversions.h"
@@ -100,24 +101,59 @@ void load_error_classes() {
   g_kernel_compile_class = py::object(errors.attr("KernelCompileError")).release().ptr();
 }
 
-/// Installs the translator of C++ exceptions that reach Python from below the executor's guards:
-/// std::bad_alloc is HostOutOfMemoryError; std::future_error and std::system_error are
-/// RuntimeFaultError. Never a plain MemoryError or RuntimeError.
+/// Sets the named error of `caught` when it is a C++ exception kiln maps (std::bad_alloc is
+/// HostOutOfMemoryError; std::future_error and std::system_error are RuntimeFaultError; never a
+/// plain MemoryError or RuntimeError) and returns true; false for any other exception.
+bool set_mapped_error(std::exception_ptr caught) {
+  try {
+    std::rethrow_exception(caught);
+  } catch (const std::bad_alloc &) {
+  } catch (const std::future_error &) {
+  } catch (const std::system_error &) {
+  } catch (...) {
+    return false;
+  }
+  set_python_error(runtime::failure_from_current_exception("host", "kiln"));
+  return true;
+}
+
+/// Installs set_mapped_error as the translator of C++ exceptions that reach Python from below
+/// the executor's guards through pybind11's dispatcher (the others go on to pybind11's own).
 void register_exception_translator() {
   py::register_exception_translator([](std::exception_ptr caught) {
-    try {
-      std::rethrow_exception(caught);
-    } catch (const std::bad_alloc &) {
-      set_python_error(runtime::failure_from_current_exception("host", "kiln"));
-    } catch (const std::future_error &) {
-      set_python_error(runtime::failure_from_current_exception("host", "kiln"));
-    } catch (const std::system_error &) {
-      set_python_error(runtime::failure_from_current_exception("host", "kiln"));
-    }
+    if (!set_mapped_error(caught)) std::rethrow_exception(caught);
   });
 }
 
 }  // namespace
+
+void translate_active_exception() {
+  const std::exception_ptr caught = std::current_exception();
+  if (set_mapped_error(caught)) return;
+  // Then pybind11's own translation, as its documentation gives it (its translators are reached
+  // only through its dispatcher).
+  try {
+    std::rethrow_exception(caught);
+  } catch (const py::builtin_exception &e) {
+    e.set_error();
+  } catch (const std::invalid_argument &e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::domain_error &e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::length_error &e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::out_of_range &e) {
+    PyErr_SetString(PyExc_IndexError, e.what());
+  } catch (const std::range_error &e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const std::overflow_error &e) {
+    PyErr_SetString(PyExc_OverflowError, e.what());
+  } catch (const std::exception &e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "Caught an unknown exception!");
+  }
+}
 
 void register_error_mapping(py::module_ & /*m*/) {
   load_error_classes();

@@ -30,6 +30,12 @@ py::object make_exception(const Failure &unadvised);
 /// Sets the Python error of `failure` without throwing (for exception translators).
 void set_python_error(const Failure &failure);
 
+/// Sets the Python error for the C++ exception being handled (call only inside a catch block),
+/// as pybind11's dispatcher would: kiln's mapping (std::bad_alloc is HostOutOfMemoryError,
+/// std::future_error and std::system_error RuntimeFaultError), then pybind11's documented
+/// translation of its own and the standard exceptions (std::invalid_argument is ValueError, ...).
+void translate_active_exception();
+
 /// Raises kiln.InvalidUsageError for `device` at `site`.
 [[noreturn]] void raise_invalid_usage(const std::string &device, const char *site, std::string detail);
 

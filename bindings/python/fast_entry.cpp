@@ -8,15 +8,6 @@
 
 namespace kiln::python {
 
-void translate_active_exception() {
-  if (py::detail::apply_exception_translators(
-          py::detail::get_local_internals().registered_exception_translators))
-    return;
-  if (py::detail::apply_exception_translators(py::detail::get_internals().registered_exception_translators))
-    return;
-  PyErr_SetString(PyExc_SystemError, "Exception escaped from default exception translator!");
-}
-
 namespace {
 
 /// The method wrapper of a fast entry in a class: an instancemethod (`cls.name` is the function

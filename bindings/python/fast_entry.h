@@ -1,14 +1,13 @@
-// Fast entries: CPython entry points for the hottest calls (kiln.ndarray(dtype, shape),
-// kiln.fill, copy, axpy, reduce_sum) in their common form, every argument positional and none
-// missing, that skip pybind11's dispatcher (its argument and conversion vectors, overload loop
-// and keyword matching: about 1,300 instructions of a ~2 µs kiln.fill, and 2,500 of
-// kiln.ndarray(...) with its __init__ lookup; callgrind, bench/python_overhead.py). Every other
+// Fast entries: CPython entry points for the hottest calls (kiln.fill, copy, axpy, reduce_sum,
+// ndarray.free) in their common form, every argument positional and none missing, that skip
+// pybind11's dispatcher (its argument and conversion vectors, overload loop and keyword
+// matching, about 1,300 instructions per call: callgrind, bench/python_overhead.py). Every other
 // call (keywords, too many or too few arguments) goes to the pybind11 function unchanged, so
 // signatures, docstrings, keyword names and the InvalidTypeError of a mismatch are one set.
 //
 // A fast entry runs its C++ function as pybind11 runs it: inside CallGuard, a py::error_already_set
-// restored, any other C++ exception through pybind11's registered translators (error_mapping's
-// included). Threading: called by the interpreter with the GIL held; installed once, at import.
+// restored, any other C++ exception as pybind11's translators would (translate_active_exception,
+// error_mapping.h). Threading: called by the interpreter with the GIL held; installed once, at import.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -19,15 +18,12 @@
 #include <type_traits>
 #include <utility>
 
+#include "error_mapping.h"
 #include "executor_state.h"
 
 namespace kiln::python {
 
 namespace py = pybind11;
-
-/// Sets the Python error pybind11's dispatcher would set for the C++ exception being handled
-/// (call only inside a catch block): pybind11's module-local, then global translators.
-void translate_active_exception();
 
 /// Runs `fn` (returns a new reference) inside CallGuard; nullptr with the Python error set when
 /// it throws, as pybind11's dispatcher reports it.

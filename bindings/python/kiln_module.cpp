@@ -29,4 +29,5 @@ PYBIND11_MODULE(_kiln, m) {
   register_user_kernels(m);
   register_memory(m);
   register_testing(m);
+  seal_ndarray(m);
 }

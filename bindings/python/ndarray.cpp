@@ -52,22 +52,11 @@ ForkRegistration g_busy_fork_registration(ForkHooks{nullptr, nullptr, [] {
   });
 }});
 
-/// pybind11's record of kiln.ndarray, looked up once by register_ndarray (at import, GIL held):
-/// every operand check compares an argument's type with its type first.
-const py::detail::type_info *g_ndarray_info = nullptr;
-
 }  // namespace
 
-PyArray *initialized_array(py::handle value) {
-  // An exact kiln.ndarray (the common case) skips pybind11's type lookups.
-  if (Py_TYPE(value.ptr()) != g_ndarray_info->type && !py::isinstance<PyArray>(value)) return nullptr;
-  auto *inst = reinterpret_cast<py::detail::instance *>(value.ptr());
-  py::detail::value_and_holder v_h = inst->get_value_and_holder(g_ndarray_info);
-  if (!v_h || !v_h.holder_constructed()) return nullptr;
-  return v_h.value_ptr<PyArray>();
-}
+PyArray *array_or_null(py::handle value) { return is_ndarray(value) ? &array_in(value) : nullptr; }
 
-std::unique_ptr<PyArray> make_ndarray(py::handle dtype, py::handle shape, py::handle device) {
+py::object make_ndarray(py::handle dtype, py::handle shape, py::handle device, PyTypeObject *type) {
   check_not_in_observer("ndarray");
   const DataType dt = to_dtype(dtype);
   const ShapeArg dims = to_shape(shape);
@@ -75,7 +64,7 @@ std::unique_ptr<PyArray> make_ndarray(py::handle dtype, py::handle shape, py::ha
   // A reference of its own: an OOM observer of the allocation may let another thread configure
   // the device meanwhile (the old executor then lives until this call returns).
   const std::shared_ptr<LlvmRuntimeExecutor> ex = executor_of(state);
-  return std::make_unique<PyArray>(check(ex->ndarray(dt, dims.dims())), state, *ex);  // made in place
+  return wrap_array(check(ex->ndarray(dt, dims.dims())), state, *ex, type);
 }
 
 std::shared_ptr<LlvmRuntimeExecutor> executor_for(const char *site, std::initializer_list<NamedOperand> operands) {
@@ -137,7 +126,7 @@ void free_array(py::handle self) {
   a.live.release();
 }
 
-PyArray from_numpy(py::handle value, py::handle device) {
+py::object from_numpy(py::handle value, py::handle device) {
   check_not_in_observer("from_numpy");
   auto [input, dtype] = host_input(value, "from_numpy");
   const std::vector<int64_t> shape(input.shape(), input.shape() + input.ndim());
@@ -145,11 +134,11 @@ PyArray from_numpy(py::handle value, py::handle device) {
   auto ex = executor_of(state);
   // The device array first: a refusal comes before a host copy of a non-contiguous input (a
   // broadcast view of terabytes is refused by the budget, not by the host's memory).
-  PyArray out(check(ex->ndarray(dtype, shape)), state, *ex);
+  py::object out = wrap_array(check(ex->ndarray(dtype, shape)), state, *ex);
   const py::array arr = contiguous_host_array(input, "from_numpy");
   const auto *data = static_cast<const std::byte *>(arr.data());
   const std::span<const std::byte> bytes(data, static_cast<std::size_t>(arr.nbytes()));
-  check(launch({}, [&] { return ex->write(out.array, bytes); }));
+  check(launch({}, [&] { return ex->write(array_in(out).array, bytes); }));
   return out;
 }
 
@@ -178,12 +167,12 @@ py::array to_numpy(py::handle self) {
 
 /// copy.copy / copy.deepcopy of a kiln.ndarray: a new array of the same dtype and shape on its
 /// device, filled by the copy kernel. Errors: those of ndarray() and copy().
-PyArray copy_array(py::handle self) {
+py::object copy_array(py::handle self) {
   const Operand src = first_operand(self, "copy", "self");
   auto ex = executor_of_array(src.py, "copy");
   check(ex->check_usable("copy", src.array));  // before the new array is allocated
-  PyArray out(check(ex->ndarray(src.array.dtype(), src.array.shape())), *src.py.state, *ex);
-  check(launch({&src.py}, [&] { return ex->copy(out.array, src.array); }));
+  py::object out = wrap_array(check(ex->ndarray(src.array.dtype(), src.array.shape())), *src.py.state, *ex);
+  check(launch({&src.py}, [&] { return ex->copy(array_in(out).array, src.array); }));
   return out;
 }
 
@@ -201,82 +190,78 @@ py::object to_device(py::handle self, py::handle device) {
   if (&target == a.state) return py::reinterpret_borrow<py::object>(self);
   check(source->check_usable("to", array));
   auto ex = executor_of(target);
-  PyArray out(check(ex->ndarray(array.dtype(), array.shape())), target, *ex);
+  py::object out = wrap_array(check(ex->ndarray(array.dtype(), array.shape())), target, *ex);
   py::array host = host_copy_for(a, array);
   const std::span<std::byte> bytes(static_cast<std::byte *>(host.mutable_data()),
                                    static_cast<std::size_t>(array.nbytes()));
   check(launch({&a}, [&] { return source->read(array, bytes); }));
-  check(launch({}, [&] { return ex->write(out.array, bytes); }));
-  return py::cast(std::move(out));
+  check(launch({}, [&] { return ex->write(array_in(out).array, bytes); }));
+  return out;
 }
 
 std::string ndarray_repr(py::handle s) {
-  if (!py::isinstance<PyArray>(s)) return "kiln.ndarray(?)";
-  const PyArray *a = initialized_array(s);
-  if (a == nullptr) return "kiln.ndarray(uninitialized)";
+  const PyArray *a = array_or_null(s);
+  if (a == nullptr) return "kiln.ndarray(?)";
   return fmt::format("kiln.ndarray({}, device='{}'{})", a->description(), a->device_name(),
                      a->is_freed() ? ", freed" : "");
 }
 
-/// The read-only attributes of kiln.ndarray. Every accessor goes through as_array: an instance
-/// made by ndarray.__new__ alone is refused.
-void def_properties(py::class_<PyArray> &cls) {
+/// The read-only attributes of kiln.ndarray.
+void def_properties(py::handle cls) {
   const auto arr = [](py::handle self) -> PyArray & { return as_array(self, "ndarray", "self"); };
-  cls.def_property_readonly("shape", [arr](py::handle s) { return py::tuple(py::cast(arr(s).shape())); },
-                            doc("ndarray.shape"))
-      .def_property_readonly("dtype", [arr](py::handle s) { return arr(s).dtype; }, doc("ndarray.dtype"))
-      .def_property_readonly("nbytes", [arr](py::handle s) { return arr(s).nbytes; }, doc("ndarray.nbytes"))
-      .def_property_readonly("size", [arr](py::handle s) { return arr(s).size; }, doc("ndarray.size"))
-      .def_property_readonly("ndim", [arr](py::handle s) { return arr(s).shape().size(); }, doc("ndarray.ndim"))
-      .def_property_readonly("device", [arr](py::handle s) { return device_object(*arr(s).state); },
-                             doc("ndarray.device"))
-      .def_property_readonly("is_freed", [arr](py::handle s) { return arr(s).is_freed(); },
-                              doc("ndarray.is_freed"))
-      // numpy tries the buffer protocol first but swallows its errors (a freed array would
-      // become a 0-d object array); this raises them instead, and shares the same counted view.
-      .def_property_readonly("__array_interface__", [arr](py::object self) {
-        const PyArray &a = arr(self);
-        py::dict d;
-        d["shape"] = py::tuple(py::cast(a.shape()));
-        d["typestr"] = numpy_dtype(a.dtype).attr("str");
-        d["data"] = py::memoryview(self);
-        d["version"] = 3;
-        return d;
-      }, doc("ndarray.__array_interface__"));
+  def_property(cls, "shape", [arr](py::handle s) { return py::tuple(py::cast(arr(s).shape())); }, doc("ndarray.shape"));
+  def_property(cls, "dtype", [arr](py::handle s) { return arr(s).dtype; }, doc("ndarray.dtype"));
+  def_property(cls, "nbytes", [arr](py::handle s) { return arr(s).nbytes; }, doc("ndarray.nbytes"));
+  def_property(cls, "size", [arr](py::handle s) { return arr(s).size; }, doc("ndarray.size"));
+  def_property(cls, "ndim", [arr](py::handle s) { return arr(s).shape().size(); }, doc("ndarray.ndim"));
+  def_property(cls, "device", [arr](py::handle s) { return device_object(*arr(s).state); }, doc("ndarray.device"));
+  def_property(cls, "is_freed", [arr](py::handle s) { return arr(s).is_freed(); }, doc("ndarray.is_freed"));
+  // numpy tries the buffer protocol first but swallows its errors (a freed array would become
+  // a 0-d object array); this raises them instead, and shares the same counted view.
+  def_property(cls, "__array_interface__", [arr](py::handle self) {
+    const PyArray &a = arr(self);
+    py::dict d;
+    d["shape"] = py::tuple(py::cast(a.shape()));
+    d["typestr"] = numpy_dtype(a.dtype).attr("str");
+    d["data"] = py::memoryview(py::reinterpret_borrow<py::object>(self));
+    d["version"] = 3;
+    return d;
+  }, doc("ndarray.__array_interface__"));
+}
+
+/// a.__bool__(): as numpy, the truth of a one-element array is its element's (read from the
+/// device); any other size is ambiguous (InvalidUsageError, a ValueError, as numpy's ValueError).
+bool array_truth(py::handle s) {
+  const PyArray &a = as_array(s, "ndarray", "self");
+  if (a.size != 1)
+    raise_invalid_usage(a.device_name(), "ndarray.__bool__",
+                        fmt::format("the truth value of an array of {} elements is ambiguous; "
+                                    "use a.to_numpy().any() or .all()",
+                                    a.size));
+  return to_numpy(s).attr("item")().cast<py::object>().attr("__bool__")().cast<bool>();
 }
 
 /// The methods of kiln.ndarray.
-void def_methods(py::class_<PyArray> &cls) {
-  cls.def("free", &free_array, doc("ndarray.free"), guarded())
-      .def("to_numpy", &to_numpy, doc("ndarray.to_numpy"), guarded())
-      .def("to", &to_device, doc("ndarray.to"), py::arg("device"), guarded())
-      // copy.copy / copy.deepcopy: a new array on the current device with the same contents
-      // (numpy's meaning); pickle: rebuilt by kiln.from_numpy from the host copy.
-      .def("__copy__", [](py::handle self) { return copy_array(self); }, doc("ndarray.__copy__"),
-           guarded())
-      .def("__deepcopy__", [](py::handle self, py::handle /*memo*/) { return copy_array(self); },
-           doc("ndarray.__deepcopy__"), py::arg("memo"), guarded())
-      .def("__reduce__", [](py::handle self) {
-        py::object rebuild = py::module_::import("kiln").attr("_ndarray_from_host");
-        return py::make_tuple(rebuild, py::make_tuple(to_numpy(self)));
-      }, doc("ndarray.__reduce__"))
-      // As numpy: the truth of a one-element array is its element's (read from the device);
-      // any other size is ambiguous (InvalidUsageError, a ValueError, as numpy's ValueError).
-      .def("__bool__", [](py::handle s) {
-        const PyArray &a = as_array(s, "ndarray", "self");
-        if (a.size != 1)
-          raise_invalid_usage(a.device_name(), "ndarray.__bool__",
-                              fmt::format("the truth value of an array of {} elements is ambiguous; "
-                                          "use a.to_numpy().any() or .all()",
-                                          a.size));
-        return to_numpy(s).attr("item")().cast<py::object>().attr("__bool__")().cast<bool>();
-      }, doc("ndarray.__bool__"))
-      .def("__len__", [](py::handle s) {
-        const PyArray &a = as_array(s, "ndarray", "self");
-        if (a.shape().empty()) raise_invalid_type("len", "len() of a 0-d kiln.ndarray");
-        return a.shape()[0];
-      }, doc("ndarray.__len__"))
-      .def("__repr__", &ndarray_repr, doc("ndarray.__repr__"));
+void def_methods(py::handle cls) {
+  def_method(cls, "free", &free_array, doc("ndarray.free"), guarded());
+  def_method(cls, "to_numpy", &to_numpy, doc("ndarray.to_numpy"), guarded());
+  def_method(cls, "to", &to_device, doc("ndarray.to"), py::arg("device"), guarded());
+  // copy.copy / copy.deepcopy: a new array on the array's device with the same contents
+  // (numpy's meaning); pickle: rebuilt by kiln.from_numpy from the host copy.
+  def_method(cls, "__copy__", [](py::handle self) { return copy_array(self); }, doc("ndarray.__copy__"), guarded());
+  def_method(cls, "__deepcopy__", [](py::handle self, py::handle /*memo*/) { return copy_array(self); },
+             doc("ndarray.__deepcopy__"), py::arg("memo"), guarded());
+  def_method(cls, "__reduce__", [](py::handle self) {
+    py::object rebuild = py::module_::import("kiln").attr("_ndarray_from_host");
+    return py::make_tuple(rebuild, py::make_tuple(to_numpy(self)));
+  }, doc("ndarray.__reduce__"));
+  def_method(cls, "__bool__", &array_truth, doc("ndarray.__bool__"));
+  def_method(cls, "__len__", [](py::handle s) {
+    const PyArray &a = as_array(s, "ndarray", "self");
+    if (a.shape().empty()) raise_invalid_type("len", "len() of a 0-d kiln.ndarray");
+    return a.shape()[0];
+  }, doc("ndarray.__len__"));
+  def_method(cls, "__repr__", &ndarray_repr, doc("ndarray.__repr__"));
 }
 
 }  // namespace
@@ -358,18 +343,9 @@ BusyScope::~BusyScope() {
 }
 
 PyArray &as_array(py::handle value, const char *site, const char *name) {
-  if (PyArray *array = initialized_array(value)) return *array;
-  if (!py::isinstance<PyArray>(value))
-    raise_invalid_type(site, fmt::format("{}: {} must be a kiln.ndarray, got {}{}", site, name,
-                                         type_name(value),
-                                         py::isinstance<py::array>(value)
-                                             ? " (make one with kiln.from_numpy)"
-                                             : ""));
-  raise_invalid_usage("kiln", site,
-                        fmt::format("{}: {} is an uninitialized kiln.ndarray (made by "
-                                    "kiln.ndarray.__new__ without __init__); make arrays with "
-                                    "kiln.ndarray(dtype, shape) or kiln.from_numpy",
-                                    site, name));
+  if (PyArray *array = array_or_null(value)) return *array;
+  raise_invalid_type(site, fmt::format("{}: {} must be a kiln.ndarray, got {}{}", site, name, type_name(value),
+                                       py::isinstance<py::array>(value) ? " (make one with kiln.from_numpy)" : ""));
 }
 
 Operand first_operand(py::handle value, const char *site, const char *name) {
@@ -388,20 +364,14 @@ std::pair<Operand, Operand> first_operands(py::handle a, py::handle b, const cha
 }
 
 void register_ndarray(py::module_ &m) {
-  py::class_<PyArray> cls(m, "ndarray", doc("ndarray"), py::buffer_protocol(),
-                          py::metaclass(ndarray_metaclass()));
-  g_ndarray_info = py::detail::get_type_info(typeid(PyArray));
-  cls.def(py::init(&make_ndarray), doc("ndarray.__init__"), py::arg("dtype"), py::arg("shape"), py::kw_only(),
-          py::arg("device") = py::none(), guarded());
+  // The class documents its construction (made by __new__; object's __init__ does nothing).
+  static const std::string docstring = std::string(doc("ndarray")) + "\n\n" + doc("ndarray.__new__");
+  const py::object cls = make_ndarray_type(docstring.c_str());
+  m.attr("ndarray") = cls;
   def_properties(cls);
   def_methods(cls);
-  install_buffer_protocol(cls);
   def_typed(m, "from_numpy", "(a, *, device=None)", &from_numpy, doc("from_numpy"), py::arg("a"), py::kw_only(),
             py::arg("device") = py::none(), guarded());
-  // Wrong arity or an unknown keyword: InvalidTypeError, not pybind11's plain TypeError.
-  cls.def(py::init([](py::args args, py::kwargs kwargs) -> PyArray {
-    raise_signature_mismatch("ndarray", "(dtype, shape, *, device=None)", args, kwargs);
-  }));
   typed_method_mismatch(cls, "free", "()");
   typed_method_mismatch(cls, "to_numpy", "()");
   typed_method_mismatch(cls, "to", "(device)");
@@ -409,8 +379,8 @@ void register_ndarray(py::module_ &m) {
     typed_method_mismatch(cls, dunder, "()");
   typed_method_mismatch(cls, "__deepcopy__", "(memo)");
   FastFunction<&free_array, 1>::install(cls, "free");
-  install_ndarray_type(cls, g_ndarray_info);  // last: a later __init__ would undo it
-  def_typed(m, "_registered_instances", "()", &registered_instances);  // for tests
 }
+
+void seal_ndarray(py::module_ &m) { finish_ndarray_type(m.attr("ndarray")); }
 
 }  // namespace kiln::python

@@ -142,19 +142,16 @@ auto launch_small(const LlvmRuntimeExecutor &ex, uint64_t num_elements,
   return launch(arrays, std::forward<Fn>(fn));
 }
 
-/// kiln.ndarray(dtype, shape): a new array on the current executor. Errors: those of to_dtype,
-/// to_shape and LlvmRuntimeExecutor::ndarray; InvalidUsageError inside an OOM observer.
-/// Returns the value as pybind11's holder owns it (no move of a PyArray).
-std::unique_ptr<PyArray> make_ndarray(py::handle dtype, py::handle shape, py::handle device);
+/// kiln.ndarray(dtype, shape, device=device): a new instance of `type` (kiln.ndarray, or a
+/// subclass) holding a new array. Errors: those of to_dtype, to_shape, device_argument and
+/// LlvmRuntimeExecutor::ndarray; InvalidUsageError inside an OOM observer.
+py::object make_ndarray(py::handle dtype, py::handle shape, py::handle device, PyTypeObject *type);
 
-/// The PyArray of `value`, or nullptr when it is not a kiln.ndarray or was made by
-/// kiln.ndarray.__new__ without __init__. Raises nothing.
-PyArray *initialized_array(py::handle value);
+/// The PyArray of `value`, or nullptr when it is not a kiln.ndarray. Raises nothing.
+PyArray *array_or_null(py::handle value);
 
 /// `value` as a kiln.ndarray of `site`'s argument `name`. Errors: InvalidTypeError when it is
-/// not one (a numpy array, a list, ...); InvalidUsageError for an instance made by
-/// kiln.ndarray.__new__ without __init__ (its memory was never set: reading it would read
-/// stray heap). Every binding reaches a PyArray through here.
+/// not one (a numpy array, a list, ...). Every binding reaches a PyArray through here.
 PyArray &as_array(py::handle value, const char *site, const char *name);
 
 /// The first array argument of an operation and its handle.
@@ -190,7 +187,9 @@ std::shared_ptr<LlvmRuntimeExecutor> executor_for(const char *site, std::span<co
 /// different devices: x f32[3] on cuda:0, y f32[3] on cuda:1; ...".
 [[noreturn]] void raise_mixed_devices(const char *site, std::span<const NamedOperand> operands);
 
-/// Installs the buffer protocol of kiln.ndarray (buffer_protocol.cpp) on its type.
-void install_buffer_protocol(py::handle ndarray_type);
+/// The buffer protocol of kiln.ndarray (buffer_protocol.cpp), its type's bf_getbuffer and
+/// bf_releasebuffer: views count as exports.
+int ndarray_getbuffer(PyObject *self, Py_buffer *view, int flags);
+void ndarray_releasebuffer(PyObject *self, Py_buffer *view);
 
 }  // namespace kiln::python

@@ -20,6 +20,7 @@
 #include "fast_entry.h"
 #include "host_input.h"
 #include "ndarray.h"
+#include "ndarray_type.h"
 #include "registration.h"
 #include "signatures.h"
 #include "kiln_stub_docstrings.h"
@@ -61,7 +62,7 @@ void axpy_from_host(LlvmRuntimeExecutor &ex, const Scalar &a, py::handle x, PyAr
 void axpy(py::handle alpha, py::handle x, py::handle y_obj) {
   const Operand y = first_operand(y_obj, "axpy", "y");
   const Scalar a = to_scalar(alpha, y.array.dtype(), "axpy");
-  if (!py::isinstance<PyArray>(x)) return axpy_from_host(*executor_for("axpy", {{"y", &y.py}}), a, x, y.py, y.array);
+  if (!is_ndarray(x)) return axpy_from_host(*executor_for("axpy", {{"y", &y.py}}), a, x, y.py, y.array);
   PyArray &xa = as_array(x, "axpy", "x");
   const Ndarray &xx = xa.get("axpy");
   auto ex = executor_for("axpy", {{"x", &xa}, {"y", &y.py}});
@@ -88,7 +89,7 @@ py::object matmul(py::handle a_obj, py::handle b_obj, py::object out_obj) {
   const std::array<int64_t, 2> shape = check(ex->matmul_output_shape(aa, bb));
   if (out_obj.is_none()) {
     BusyScope operands({&a.py, &b.py});  // an OOM observer may not free them while out is allocated
-    out_obj = py::cast(PyArray(check(ex->ndarray(aa.dtype(), shape)), *a.py.state, *ex));
+    out_obj = wrap_array(check(ex->ndarray(aa.dtype(), shape)), *a.py.state, *ex);
   }
   PyArray &c = as_array(out_obj, "matmul", "out");
   const Ndarray &cc = c.get("matmul");  // shape, dtype and aliasing are checked by the executor
@@ -96,11 +97,11 @@ py::object matmul(py::handle a_obj, py::handle b_obj, py::object out_obj) {
   return out_obj;
 }
 
-PyArray compact_positive(py::handle x_obj) {
+py::object compact_positive(py::handle x_obj) {
   const Operand x = first_operand(x_obj, "compact_positive", "x");
   auto ex = executor_for("compact_positive", {{"x", &x.py}});
   Ndarray out = check(launch({&x.py}, [&] { return ex->compact_positive(x.array); }));
-  return PyArray(std::move(out), *x.py.state, *ex);
+  return wrap_array(std::move(out), *x.py.state, *ex);
 }
 
 }  // namespace

@@ -25,6 +25,8 @@ void register_conversions(py::module_ &m);
 void register_executor_state(py::module_ &m);
 /// kiln.ndarray (buffer protocol included) and kiln.from_numpy (ndarray.cpp).
 void register_ndarray(py::module_ &m);
+/// Makes kiln.ndarray immutable once every part added its methods (ndarray.cpp). Last.
+void seal_ndarray(py::module_ &m);
 /// ndarray.__dlpack__, ndarray.__dlpack_device__ and kiln.from_dlpack (dlpack.cpp); after
 /// register_ndarray.
 void register_dlpack(py::module_ &m);

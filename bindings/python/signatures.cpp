@@ -36,13 +36,24 @@ void typed_mismatch(py::module_ &scope, const char *name, const char *parameters
   });
 }
 
+void typed_method_mismatch(py::handle cls, const char *name, const char *parameters) {
+  py::setattr(cls, name,
+              py::cpp_function(
+                  [name, parameters](py::args args, py::kwargs kwargs) {
+                    raise_method_mismatch(name, parameters, args, kwargs);
+                  },
+                  py::name(name), py::is_method(cls), py::sibling(py::getattr(cls, name, py::none()))));
+}
+
 void typed_mismatch_for_existing(py::handle cls, const char *owner,
                                  std::initializer_list<std::pair<const char *, const char *>> names) {
   for (const auto &[name, parameters] : names) {
     const py::object existing = py::getattr(cls, name, py::none());
     // Only a pybind11 function can take another overload (its sibling chain); anything else
     // (a slot inherited from object) would be replaced, not extended.
-    const py::handle function = py::detail::get_function(existing);
+    const py::handle function = PyInstanceMethod_Check(existing.ptr()) ? PyInstanceMethod_GET_FUNCTION(existing.ptr())
+                                : PyMethod_Check(existing.ptr())       ? PyMethod_GET_FUNCTION(existing.ptr())
+                                                                       : existing.ptr();
     if (!function || !PyCFunction_Check(function.ptr()) ||
         PyCFunction_GET_SELF(function.ptr()) == nullptr ||  // METH_STATIC has no self
         !py::isinstance<py::capsule>(PyCFunction_GET_SELF(function.ptr())))

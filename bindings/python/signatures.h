@@ -42,12 +42,7 @@ void def_typed(py::module_ &m, const char *name, const char *parameters, Fn &&fn
                                         const char *owner = "kiln.ndarray");
 
 /// typed_mismatch for method `name` of class `cls`; it also takes a call without self.
-template <class Class>
-void typed_method_mismatch(Class &cls, const char *name, const char *parameters) {
-  cls.def(name, [name, parameters](py::args args, py::kwargs kwargs) {
-    raise_method_mismatch(name, parameters, args, kwargs);
-  });
-}
+void typed_method_mismatch(py::handle cls, const char *name, const char *parameters);
 
 /// typed_method_mismatch for methods class `cls` already has, defined by pybind11 itself (an
 /// enum's __int__, __hash__, ...) or set as attributes: each of `names` whose value is a pybind11

@@ -188,7 +188,7 @@ ArmedKind armed_kind(py::handle kind_obj, const char *site) {
 void throw_cpp_exception(py::handle kind_obj) { throw_cpp_exception_of(armed_kind(kind_obj, "_throw_cpp_exception")); }
 
 /// Arms a C++ exception of `kind` at `site` (armed_exception.h): "buffer", "observer",
-/// "ndarray_init", or "none" to disarm.
+/// or "none" to disarm.
 void arm_exception(py::handle site_obj, py::handle kind_obj) {
   const char *name = "_arm_cpp_exception";
   const std::string site = to_text(site_obj, "site", name);
@@ -196,8 +196,7 @@ void arm_exception(py::handle site_obj, py::handle kind_obj) {
   if (site == "none") arm_cpp_exception(ArmedSite::none, kind);
   else if (site == "buffer") arm_cpp_exception(ArmedSite::buffer, kind);
   else if (site == "observer") arm_cpp_exception(ArmedSite::observer, kind);
-  else if (site == "ndarray_init" && kind == ArmedKind::bad_alloc) arm_cpp_exception(ArmedSite::ndarray_init, kind);
-  else raise_invalid_usage("kiln", name, fmt::format("site {:?} is not buffer, observer, ndarray_init (bad_alloc only) or none", site));
+  else raise_invalid_usage("kiln", name, fmt::format("site {:?} is not buffer, observer or none", site));
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "kiln/executor/operation_kernels.h"
 #include "kiln/executor/user_kernel.h"
 #include "ndarray.h"
+#include "ndarray_type.h"
 #include "registration.h"
 #include "kiln_stub_docstrings.h"
 
@@ -197,14 +198,14 @@ py::object argument_signature(py::args args) {
   // The generation of the first array's device (the call's device), else the current device's.
   DeviceState *state = nullptr;
   for (py::handle a : args)
-    if (const PyArray *array = initialized_array(a)) {
+    if (const PyArray *array = array_or_null(a)) {
       state = array->state;
       break;
     }
   if (state == nullptr) state = &current_device();
   put(state->generation);
   for (py::handle a : args) {
-    if (const PyArray *array = initialized_array(a)) {
+    if (const PyArray *array = array_or_null(a)) {
       const std::vector<int64_t> &shape = array->shape();
       put((uint64_t{1} << 63) | (static_cast<uint64_t>(array->dtype) << 8) | shape.size());
       put(array->state->generation);  // a call mixing devices never matches a checked one
@@ -227,7 +228,7 @@ void check_operands(py::handle site_obj, py::list names, py::list values) {
   std::vector<std::string> kept;
   std::vector<const PyArray *> arrays;
   for (std::size_t i = 0; i < values.size() && i < names.size(); ++i) {
-    if (!py::isinstance<PyArray>(values[i])) continue;
+    if (!is_ndarray(values[i])) continue;
     kept.push_back(to_text(names[i], "name", "_check_operands"));
     const PyArray &a = as_array(values[i], site.c_str(), kept.back().c_str());
     (void)a.get(site.c_str());  // dropped by free()

@@ -19,7 +19,7 @@ exactly what the module defines, with the same parameters. Conventions of every 
   the GIL (a few microseconds) unless another thread is inside a GIL-released kiln call.
 """
 
-from typing import Any, Callable, ClassVar, ContextManager, Final, Literal, Sequence, SupportsIndex, TypeAlias, TypedDict
+from typing import Any, Callable, ClassVar, ContextManager, Final, Literal, Self, Sequence, SupportsIndex, TypeAlias, TypedDict
 
 import numpy
 import numpy.typing as npt
@@ -132,9 +132,13 @@ class ndarray:
 
     Thread safety: any thread may use an array, but freeing one while another thread uses it is
     InvalidUsageError.
+
+    An array is made whole by ``kiln.ndarray(...)`` (the class's ``__new__``), or not at all:
+    there is no instance without its memory. A subclass's ``__init__`` runs once its array
+    exists. The class's attributes cannot be set or replaced (as numpy's ndarray).
     """
 
-    def __init__(self, dtype: _DtypeLike, shape: _ShapeLike, *, device: Device | str | None = None) -> None:
+    def __new__(cls, dtype: _DtypeLike, shape: _ShapeLike, *, device: Device | str | None = None) -> Self:
         """A new uninitialized array of ``dtype`` and ``shape`` on ``device`` (a kiln.Device or a
         name such as "cuda:1"; None: the current device, kiln.current_device()).
 
@@ -615,8 +619,7 @@ def _throw_cpp_exception(kind: str) -> None:
 
 def _arm_cpp_exception(site: str, kind: str) -> None:
     """Testing: the next pass through ``site`` ("buffer": an ndarray's buffer export,
-    "observer": making an OOM observer's exception, "ndarray_init": kiln.ndarray.__init__ called itself, with
-    "bad_alloc" only) throws a C++ exception of ``kind`` once, which must reach Python as
+    "observer": making an OOM observer's exception) throws a C++ exception of ``kind`` once, which must reach Python as
     HostOutOfMemoryError or RuntimeFaultError; "none" disarms. Errors: InvalidUsageError for an
     unknown site or kind."""
 
@@ -646,11 +649,6 @@ def _executor_generation(device: Device | str | None = None, open: bool = True) 
     """Which executor ``device`` (the current device by default, opened if need be; with open
     False a closed device gives 0) has now: a number unique in the process to each executor made. kiln.testing compares it before and after
     a workload to tell that the workload replaced the executor; the kernel cache keys on it."""
-
-
-def _registered_instances() -> int:
-    """How many objects pybind11's table of registered instances holds (tests: an array made
-    through pybind11's __init__ is registered there and must leave it when it goes)."""
 
 
 def _shutdown() -> None:
