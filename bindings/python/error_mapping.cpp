@@ -10,6 +10,8 @@
 
 #include <pybind11/stl.h>
 
+#include <fmt/format.h>
+
 #include <array>
 #include <future>
 #include <new>
@@ -39,9 +41,19 @@ PyObject *g_recast = nullptr;
 // for invalid_usage failures with kernel_compile set. Kept like the classes above.
 PyObject *g_kernel_compile_class = nullptr;
 
-/// The knobs a Python user sets: the advice of every exception names these.
-constexpr InterfaceKnobs kPythonKnobs{"kiln.init(budget_bytes=...)", "kiln.init(reserve_bytes=...)",
-                                      "kiln.init(device_heap_bytes=...)"};
+/// The knobs a Python user sets for device `device` ("cuda:1"): the advice of every exception
+/// names that device's configure (kiln.init configures only the current device). Without a
+/// device name, kiln.init's.
+struct PythonKnobs {
+  std::string budget, reserve, heap;
+  explicit PythonKnobs(const std::string &device) {
+    const std::string call = device.empty() ? "kiln.init(" : fmt::format("kiln.device(\"{}\").configure(", device);
+    budget = call + "budget_bytes=...)";
+    reserve = call + "reserve_bytes=...)";
+    heap = call + "device_heap_bytes=...)";
+  }
+  [[nodiscard]] InterfaceKnobs view() const { return InterfaceKnobs{budget, reserve, heap}; }
+};
 
 // The thread-locals every call reads are constant-initialized and initial-exec: a
 // thread-pointer-relative load, not a __tls_get_addr call (as thread_cache_front.cpp's).
@@ -162,7 +174,7 @@ void register_error_mapping(py::module_ & /*m*/) {
 
 py::object make_exception(const Failure &unadvised) {
   Failure failure = unadvised;
-  advise(failure, kPythonKnobs);
+  advise(failure, PythonKnobs(failure.device).view());
   const ErrorKind kind = classify(failure);
   if (kind == ErrorKind::invalid_usage && failure.kernel_compile)
     return py::handle(g_kernel_compile_class)(failure.message(), py::arg("line") = failure.source_line,

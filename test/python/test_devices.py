@@ -317,6 +317,10 @@ def test_two_gpus_hold_arrays_and_budgets_of_their_own(backend, block):
         with pytest.raises(kiln.BudgetExceededError) as info:
             kiln.ndarray(kiln.f32, (16 * MiB,), device=d1)  # 64 MiB: over cuda:1's 60
         assert info.value.device == str(d1) and info.value.limit_bytes == 60 * MiB
+        # The advice names the configure of the device that refused, not kiln.init's (the current
+        # device's).
+        assert f'kiln.device("{d1}").configure(budget_bytes=...)' in info.value.advice
+        assert "kiln.init" not in info.value.advice
         held = kiln.ndarray(kiln.f32, (16 * MiB,), device=d0)  # fits cuda:0's 100
         assert held.device is d0
         with pytest.raises(kiln.InvalidUsageError, match="different devices"):

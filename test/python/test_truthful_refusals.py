@@ -79,7 +79,7 @@ def test_a_limit_refusal_names_its_site_check_and_the_python_knob():
     e = info.value
     assert e.budget_check == "limit"
     assert e.site == "DeviceMemory::refused_outright"
-    assert "kiln.init(budget_bytes=...)" in str(e) and "KILN_POOL_LIMIT_MB" in str(e)
+    assert "kiln.device(\"cpu\").configure(budget_bytes=...)" in str(e) and "KILN_POOL_LIMIT_MB" in str(e)
     assert "--budget-mb" not in str(e) and "BudgetConfig" not in str(e)
     assert e.advice in str(e)
     back = pickle.loads(pickle.dumps(e))

@@ -85,7 +85,7 @@ def budget_refusal() -> None:
         advice: str = e.advice
         assert requested == 4 << 40 and limit == 64 * MiB and check == "limit"
         assert in_use is not None and in_use["runtime_heap"] > 0
-        assert "kiln.init(budget_bytes=...)" in advice
+        assert "kiln.device(\"cpu\").configure(budget_bytes=...)" in advice
         assert_type(e.free_bytes, int | None)
         assert_type(e.context, tuple[str, ...])
         assert isinstance(e, MemoryError) and e.oom_source == "budget" and e.site != ""

@@ -122,7 +122,7 @@ class BudgetExceededError(OutOfMemoryError):
 
 
 class DeviceHeapExhaustedError(OutOfMemoryError):
-    """A kernel exhausted the device-side heap (kiln.init(device_heap_bytes=...))."""
+    """A kernel exhausted the device-side heap (the device's configure(device_heap_bytes=...))."""
 
 
 class HostOutOfMemoryError(OutOfMemoryError):
