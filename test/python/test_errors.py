@@ -103,6 +103,35 @@ def test_a_real_budget_refusal_survives_pickle_with_its_memory_picture():
         assert back.live_age_ms == e.live_age_ms and back.total_bytes == e.total_bytes > 0
 
 
+@pytest.mark.parametrize("result,source,cls", MAPPING)
+def test_every_class_rebuilds_from_the_call_dask_shortens_errors_with(result, source, cls):
+    # distributed.utils.truncate_exception: type(e)("Long error message", str(e)[:n])
+    e = kiln.testing.make_error(result, source, device="cuda:0", detail="d")
+    short = type(e)("Long error message", str(e)[:20])
+    assert type(short) is cls and str(short) == "Long error message: " + str(e)[:20]
+    assert type(pickle.loads(pickle.dumps(short))) is cls
+
+
+def test_a_message_longer_than_the_cap_keeps_its_head_and_tail_and_says_what_was_cut():
+    cap = kiln._errors.MAX_MESSAGE_CHARS
+    assert cap < 10000  # distributed.admin.max-error-length's default: kiln's errors stay whole
+    with pytest.raises(kiln.InvalidUsageError) as info:
+        kiln.device("tpu" + "x" * 20000)          # the name is quoted in the message
+    message = str(info.value)
+    assert len(message) == cap and message.startswith("kiln: unknown backend 'tpux")
+    assert message.endswith(str(info.value.site) + "]") and "characters cut]" in message
+    for length in (cap - 1, cap, cap + 1, cap + 9, cap + 99, 10 * cap):
+        text = "".join(chr(65 + i % 26) for i in range(length))
+        shortened = str(kiln.Error(text))
+        assert len(shortened) == min(length, cap)
+        if length > cap:
+            cut = int(shortened.split(" ... [")[1].split(" characters cut]")[0])
+            marker = f" ... [{cut} characters cut] ... "
+            head, tail = shortened.split(marker)
+            assert len(head) + cut + len(tail) == length
+            assert text.startswith(head) and text.endswith(tail)
+
+
 def test_exceptions_can_be_made_by_hand_with_defaults():
     e = kiln.DeviceLostError("gone", device="cuda:0")
     assert str(e) == "gone" and e.device == "cuda:0" and e.requested_bytes == 0

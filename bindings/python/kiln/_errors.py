@@ -17,8 +17,11 @@ to exactly one of them (bindings/python/error_mapping.cpp, the only place that d
     +-- RuntimeFaultError(Error, RuntimeError)
 
 Every instance carries the failure detail as attributes (``FIELDS``); sizes are in bytes and are
-``None`` where the failure had no memory picture. ``str(e)`` is the full message. Instances
-survive ``pickle`` with their class and attributes. The attributes are typed on ``Error`` (for
+``None`` where the failure had no memory picture. ``str(e)`` is the message, at most
+``MAX_MESSAGE_CHARS`` characters (a longer one keeps its head and tail; the attributes keep
+everything). Instances survive ``pickle`` with their class and attributes, and rebuild from
+``type(e)("Long error message", text)``, the call Dask's distributed makes to shorten an error
+(``distributed.utils.truncate_exception``). The attributes are typed on ``Error`` (for
 mypy: ``except kiln.BudgetExceededError as e: e.requested_bytes`` is an ``int``).
 """
 
@@ -57,6 +60,26 @@ FIELDS: dict[str, Any] = {
 
 _E = TypeVar("_E", bound="Error")
 
+# The longest str(e): under distributed's default distributed.admin.max-error-length (10,000
+# characters), so Dask never shortens a kiln error and its attributes cross with it. A longer
+# message (a user kernel's line quoted in a compile error, a device name given by a caller)
+# keeps its first and last characters, the advice being at the end.
+MAX_MESSAGE_CHARS = 8000
+_TAIL_CHARS = 2000
+
+
+def _capped(message: str) -> str:
+    """`message`, or its head and tail with the number of characters cut between them, when it
+    is longer than MAX_MESSAGE_CHARS (the result is then exactly that long)."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    cut, marker = 0, ""
+    while cut != len(message) - MAX_MESSAGE_CHARS + len(marker):  # the marker is cut's too
+        cut = len(message) - MAX_MESSAGE_CHARS + len(marker)
+        marker = f" ... [{cut} characters cut] ... "
+    head = MAX_MESSAGE_CHARS - _TAIL_CHARS - len(marker)
+    return message[:head] + marker + message[len(message) - _TAIL_CHARS:]
+
 
 def _rebuild(cls: type[_E], message: str, fields: dict[str, Any]) -> _E:
     """Unpickles an Error: the same class, message and attributes."""
@@ -64,7 +87,8 @@ def _rebuild(cls: type[_E], message: str, fields: dict[str, Any]) -> _E:
 
 
 class Error(Exception):
-    """Base of every kiln exception. ``str(e)`` is the full message.
+    """Base of every kiln exception. ``str(e)`` is the message (at most MAX_MESSAGE_CHARS
+    characters; the positional arguments joined by ": " when there are several).
 
     The attributes (set on every instance; sizes in bytes, None where the failure had no memory
     picture) are those of ``FIELDS``, typed here."""
@@ -89,7 +113,10 @@ class Error(Exception):
     advice: str                          # what to do, naming kiln.init's arguments
     injected: bool                       # a fault plan made it, not the device
 
-    def __init__(self, message: str = "", **fields: Any) -> None:
+    def __init__(self, message: str = "", *more: object, **fields: Any) -> None:
+        # More than one positional argument is how Exception subclasses are often rebuilt
+        # (distributed: type(e)("Long error message", text)): the parts joined by ": ".
+        message = _capped(": ".join(str(part) for part in (message, *more)))
         super().__init__(message)
         unknown = set(fields) - set(FIELDS)
         if unknown:
@@ -158,9 +185,9 @@ class KernelCompileError(InvalidUsageError):
     line: int
     column: int
 
-    def __init__(self, message: str = "", *, line: int = 0, column: int = 0,
+    def __init__(self, message: str = "", *more: object, line: int = 0, column: int = 0,
                  **fields: Any) -> None:
-        super().__init__(message, **fields)
+        super().__init__(message, *more, **fields)
         self.line = int(line)
         self.column = int(column)
 
