@@ -1,0 +1,236 @@
+"""kiln inside the workers of Dask's distributed (Debian 12: python3-distributed 2022.12).
+
+    from distributed import Client, LocalCluster
+    import kiln, kiln.dask
+
+    client = Client(LocalCluster(n_workers=2, processes=True))
+    client.register_worker_plugin(kiln.dask.KilnPlugin(arch="cuda", budget_bytes=8 << 30))
+    client.run(kiln.dask.worker_device)     # {address: "cuda:0", address: "cuda:1"}
+    client.submit(work, 1 << 20).result()   # a kiln error arrives as its own class, figures and all
+
+- KilnPlugin opens one kiln device per worker process and makes it the process's current device
+  (kiln.init); arrays a task makes, and arrays that arrive from elsewhere, live there.
+- Errors: a kiln error a task raises reaches the client as the same class with every attribute
+  (kiln's messages stay under distributed.admin.max-error-length, and the classes rebuild from
+  the call distributed makes to shorten an error). After a kiln error the plugin collects the
+  garbage the failed task left (distributed keeps the exception in a reference cycle with the
+  task's frames, and so its arrays), so a refusal never holds the worker's memory.
+- A DeviceLostError of the worker's device ends the worker process before the error is
+  reported: its nanny starts a clean process and the scheduler reschedules the task (counted
+  against distributed.scheduler.allowed-failures), instead of a worker that serves errors.
+
+See docs/dask.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import logging
+import os
+import pickle
+import zlib
+from typing import Any, Callable, Mapping
+
+from distributed import WorkerPlugin
+
+from . import _kernels, _kiln
+from ._errors import DeviceLostError, Error, InvalidTypeError, NotSupportedError
+
+__all__ = ["KilnPlugin", "worker_device", "choose_device"]
+
+logger = logging.getLogger("kiln.dask")
+
+# The variable a GPU worker started by dask-cuda's way (one process per GPU) has: the driver
+# then numbers the listed devices from 0, so the worker's device is ordinal 0.
+_VISIBLE_DEVICES = {"cuda": "CUDA_VISIBLE_DEVICES", "amdgpu": "HIP_VISIBLE_DEVICES"}
+
+# The exit status of a worker process ended for a lost device (EX_SOFTWARE would say "a bug";
+# this is the device's fault): the nanny restarts a process that exits, whatever the status.
+LOST_DEVICE_EXIT_STATUS = 75  # EX_TEMPFAIL, sysexits.h: try again
+
+
+class _WorkerState:
+    """What the plugin set up in this process (one plugin per worker process)."""
+
+    device: str | None = None  # the kiln device's name, "cuda:1"
+
+
+_state = _WorkerState()
+
+
+def worker_device() -> str | None:
+    """The name of the kiln device KilnPlugin opened in this process ("cpu", "cuda:1"), or None
+    where no plugin is set up (or after its teardown). Made for client.run:
+    ``client.run(kiln.dask.worker_device)`` gives {worker address: device name}."""
+    return _state.device
+
+
+def _worker_index(name: object) -> int:
+    """Worker k's k: its name when that is an int or a decimal str (LocalCluster names its
+    workers 0, 1, ...), else a CRC-32 of the name (deterministic, spread over the devices)."""
+    if isinstance(name, int) and not isinstance(name, bool) and name >= 0:
+        return name
+    text = str(name)
+    if text.isdecimal():
+        return int(text)
+    return zlib.crc32(text.encode())
+
+
+def _gpu_device_count(backend: str) -> int:
+    """How many devices the driver kiln would load reports (cuDeviceGetCount after cuInit;
+    hipGetDeviceCount after hipInit), asked with ctypes of the library kiln's loader opens
+    (KILN_CUDA_DRIVER / KILN_HIP_RUNTIME, else the driver's usual name): no context is made.
+    Errors: NotSupportedError (no driver, or it refused)."""
+    if backend == "cuda":
+        names, init, count_fn = [os.environ.get("KILN_CUDA_DRIVER") or "libcuda.so.1"], \
+            "cuInit", "cuDeviceGetCount"
+    else:
+        override = os.environ.get("KILN_HIP_RUNTIME")
+        names = [override] if override else ["libamdhip64.so", "libamdhip64.so.6",
+                                             "libamdhip64.so.5"]
+        init, count_fn = "hipInit", "hipGetDeviceCount"
+    for library in names:
+        try:
+            driver = ctypes.CDLL(library)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        status = getattr(driver, init)(ctypes.c_uint(0))
+        if status == 0:
+            status = getattr(driver, count_fn)(ctypes.byref(count))
+        if status != 0:
+            raise NotSupportedError(
+                f"kiln.dask: {library} answered status {status} to {init}/{count_fn}; pass "
+                f"arch='{backend}:N' to pick a device without asking", result="not_supported",
+                site="kiln.dask.choose_device", device=backend)
+        return count.value
+    raise NotSupportedError(f"kiln.dask: no {backend} driver loads here (tried "
+                            f"{', '.join(names)})", result="not_supported",
+                            site="kiln.dask.choose_device", device=backend)
+
+
+def choose_device(arch: str, worker_name: object, environ: Mapping[str, str] | None = None,
+                  device_count: Callable[[str], int] = _gpu_device_count) -> str:
+    """The kiln device a worker named `worker_name` gets for `arch`:
+
+    - "cpu", "mock", or a GPU device with its ordinal ("cuda:1"): that device, on every worker;
+    - "cuda" / "amdgpu" in a process started with CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES
+      set and not empty (dask-cuda's way: each worker lists its own GPU first): ordinal 0,
+      which the driver maps to the first listed device;
+    - else worker k of n gets ordinal k mod the driver's device count (k: the worker's name,
+      0, 1, ... in a LocalCluster; a name that is no number is hashed, CRC-32).
+
+    environ: the environment to read (default os.environ). device_count: asked for the number of
+    devices of "cuda" / "amdgpu" (default: the driver, through ctypes; no context is made).
+    Errors: InvalidTypeError (arch not a str), InvalidUsageError (an unknown arch),
+    NotSupportedError (no driver, or it reports no device)."""
+    if not isinstance(arch, str):
+        raise InvalidTypeError(f"kiln.dask: arch must be a str such as 'cuda', not "
+                               f"{type(arch).__name__}", result="invalid_usage",
+                               site="kiln.dask.choose_device")
+    device = _kiln.device(arch)  # validates the name; opens nothing
+    if device.type not in _VISIBLE_DEVICES or ":" in arch:
+        return str(device)
+    environ = os.environ if environ is None else environ
+    if environ.get(_VISIBLE_DEVICES[device.type], "").strip():
+        return f"{device.type}:0"
+    count = device_count(device.type)
+    if count < 1:
+        raise NotSupportedError(f"kiln.dask: the {device.type} driver reports no device",
+                                result="not_supported", site="kiln.dask.choose_device",
+                                device=device.type)
+    return f"{device.type}:{_worker_index(worker_name) % count}"
+
+
+class KilnPlugin(WorkerPlugin):
+    """A distributed WorkerPlugin (``client.register_worker_plugin(KilnPlugin(...))``) that opens
+    one kiln device per worker process: ``kiln.init(choose_device(arch, worker.name),
+    **device_options)``, so it is the process's current device (tasks, and arrays arriving
+    from elsewhere, use it). device_options are kiln.init's (budget_bytes, reserve_bytes,
+    live_check, caching, device_heap_bytes, num_threads, ...), checked when the plugin is made
+    by kiln.init's rules only on the workers (an error there fails the registration).
+
+    While set up, after a task fails with a kiln error (a refusal above all) it collects
+    Python's garbage: distributed holds the failed task's exception in a reference cycle with
+    the task's frames, so without a collection their arrays stay allocated until the next
+    automatic one, and a retry of the task may be refused for memory nobody uses. After a
+    DeviceLostError of the worker's device it ends the worker process at once (os._exit,
+    status LOST_DEVICE_EXIT_STATUS), before the error is reported: the nanny starts a clean
+    process, the plugin sets it up again, and the scheduler reschedules the task, counting it
+    against distributed.scheduler.allowed-failures (KilledWorker when they are spent). A
+    worker without a nanny is closed instead (the error is then reported as the task's).
+
+    Teardown (unregistering the plugin, the worker closing) closes the device's executor and
+    drops the compiled user kernels: the worker's kiln state is freed. Its hooks run on the
+    worker's event-loop thread; one plugin per worker (name "kiln": registering another
+    replaces it)."""
+
+    name = "kiln"
+
+    def __init__(self, arch: str = "cpu", **device_options: Any) -> None:
+        if not isinstance(arch, str):
+            raise InvalidTypeError(f"KilnPlugin: arch must be a str such as 'cuda', not "
+                                   f"{type(arch).__name__}", result="invalid_usage",
+                                   site="KilnPlugin")
+        self.arch = arch
+        self.device_options = device_options
+        self._worker: Any = None
+
+    def setup(self, worker: Any) -> None:
+        """Opens the worker's device (Errors: those of choose_device and kiln.init)."""
+        name = choose_device(self.arch, worker.name)
+        _kiln.init(name, **self.device_options)
+        self._worker = worker
+        _state.device = name
+        logger.info("kiln: worker %s uses %s", worker.name, name)
+
+    def teardown(self, worker: Any) -> None:
+        """Closes the device's executor and forgets it (worker_device() is None again)."""
+        name, _state.device, self._worker = _state.device, None, None
+        if name is None:
+            return
+        _kernels._clear_cache()  # compiled user kernels hold the device's context
+        gc.collect()  # arrays that failed tasks left in reference cycles go first
+        _kiln._close_devices(_kiln.device(name).type)
+
+    def transition(self, key: str, start: str, finish: str, **kwargs: Any) -> None:
+        """After a task erred with a kiln error: a lost device ends the process, any other
+        error has the garbage collected."""
+        if finish != "error" or start not in ("executing", "long-running", "resumed"):
+            return
+        worker = self._worker
+        if worker is None or _state.device is None:
+            return
+        task = worker.state.tasks.get(key)
+        error = _task_exception(task)
+        if not isinstance(error, Error):
+            return
+        if isinstance(error, DeviceLostError) and error.device == _state.device:
+            self._restart_for_lost_device(worker, key, error)
+            return
+        gc.collect()
+
+    def _restart_for_lost_device(self, worker: Any, key: str, error: DeviceLostError) -> None:
+        if worker.nanny:
+            logger.error("kiln: %s is lost (task %s: %s); ending this worker process so its "
+                         "nanny starts a clean one and the task is rescheduled",
+                         error.device, key, error)
+            logging.shutdown()
+            os._exit(LOST_DEVICE_EXIT_STATUS)
+        logger.error("kiln: %s is lost (task %s); closing the worker (it has no nanny to "
+                     "restart it)", error.device, key)
+        worker.loop.add_callback(worker.close)
+
+
+def _task_exception(task: Any) -> BaseException | None:
+    """The exception of an erred task, as the worker keeps it (pickled, for the scheduler)."""
+    serialized = getattr(task, "exception", None)
+    data = getattr(serialized, "data", None)
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        return None
+    try:
+        error = pickle.loads(data)
+    except Exception:  # an exception that does not unpickle is no kiln error
+        return None
+    return error if isinstance(error, BaseException) else None
