@@ -252,6 +252,77 @@ def test_a_hundred_refusals_leave_the_workers_and_their_memory_as_they_were(setu
 
 
 # ------------------------------------------------------------------------------------------------
+# 4. Retry by error type
+
+
+def two_arrays(n):
+    """Holds n f32 elements, then asks for n more; their sum's elements are 1."""
+    first = kiln.zeros((n,))
+    second = kiln.from_numpy(np.ones(n, dtype=np.float32))
+    kiln.axpy(1.0, first, second)
+    return n, kiln.reduce_sum(second)
+
+
+def halve(error, attempt, args, kwargs):
+    assert isinstance(error, kiln.BudgetExceededError)
+    return (args[0] // 2,), kwargs
+
+
+def test_retry_halves_the_batch_on_a_refusal_until_it_fits(setup):
+    step = kiln.dask.retry(two_arrays, retry_on=(kiln.OutOfMemoryError,), retries=3,
+                           backoff=halve)
+    n, total = setup.client.submit(step, 8 * MiB, pure=False).result()  # 2 x 32 MiB: refused
+    assert n == 4 * MiB and total == 4 * MiB
+
+
+def count_attempts(raised_kind, retry_on, retries):
+    """Runs a function that raises `raised_kind` through kiln.dask.retry on the worker; returns
+    (the class that came out, how many times the function ran)."""
+    calls = []
+
+    def work():
+        calls.append(1)
+        if raised_kind == "budget":
+            kiln.ndarray(kiln.f32, (32 * MiB,))
+        if raised_kind == "driver":
+            with kiln.testing.fail_allocation(at=1):
+                kiln.zeros((4,))
+        raise ValueError("not kiln's")
+
+    try:
+        kiln.dask.retry(work, retry_on=tuple(retry_on), retries=retries)()
+    except Exception as e:
+        return type(e).__name__, len(calls)
+
+
+def test_retry_retries_only_the_listed_kiln_errors(setup):
+    client = setup.client
+    # (lists: dask would run a tuple that starts with a callable as a task)
+    cases = [("budget", [kiln.BudgetExceededError], ("BudgetExceededError", 4)),
+             ("driver", [kiln.BudgetExceededError], ("DeviceOutOfMemoryError", 1)),
+             ("driver", [kiln.OutOfMemoryError], ("DeviceOutOfMemoryError", 4)),
+             ("python", [kiln.OutOfMemoryError], ("ValueError", 1))]
+    futures = [client.submit(count_attempts, kind, on, 3, pure=False) for kind, on, _ in cases]
+    assert client.gather(futures) == [want for _, _, want in cases]
+    # and what is let through reaches the client at once, as itself
+    step = kiln.dask.retry(raise_case, retry_on=(kiln.BudgetExceededError,), retries=3)
+    error = client.submit(step, "driver", pure=False).exception()
+    assert type(error) is kiln.DeviceOutOfMemoryError and error.injected
+
+
+def test_retry_refuses_what_it_cannot_use():
+    with pytest.raises(kiln.InvalidTypeError):
+        kiln.dask.retry(two_arrays, retry_on=(MemoryError,))
+    with pytest.raises(kiln.InvalidTypeError):
+        kiln.dask.retry(two_arrays, retries=1.5)
+    with pytest.raises(kiln.InvalidUsageError):
+        kiln.dask.retry(two_arrays, retries=-1)
+    with pytest.raises(kiln.InvalidTypeError):
+        kiln.dask.retry(3)
+    assert kiln.dask.retry(two_arrays).__name__ == "two_arrays"
+
+
+# ------------------------------------------------------------------------------------------------
 # 5. A lost device restarts the worker (last: it replaces worker processes)
 
 

@@ -6,7 +6,9 @@
     client = Client(LocalCluster(n_workers=2, processes=True))
     client.register_worker_plugin(kiln.dask.KilnPlugin(arch="cuda", budget_bytes=8 << 30))
     client.run(kiln.dask.worker_device)     # {address: "cuda:0", address: "cuda:1"}
-    client.submit(work, 1 << 20).result()   # a kiln error arrives as its own class, figures and all
+    step = kiln.dask.retry(work, retry_on=(kiln.OutOfMemoryError,), retries=3,
+                           backoff=lambda error, attempt, args, kwargs: ((args[0] // 2,), kwargs))
+    client.submit(step, 1 << 20).result()   # a kiln error arrives as its own class, figures and all
 
 - KilnPlugin opens one kiln device per worker process and makes it the process's current device
   (kiln.init); arrays a task makes, and arrays that arrive from elsewhere, live there.
@@ -18,6 +20,7 @@
 - A DeviceLostError of the worker's device ends the worker process before the error is
   reported: its nanny starts a clean process and the scheduler reschedules the task (counted
   against distributed.scheduler.allowed-failures), instead of a worker that serves errors.
+- retry(fn, ...) runs fn again on the listed kiln errors only.
 
 See docs/dask.md.
 """
@@ -25,21 +28,26 @@ See docs/dask.md.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import logging
 import os
 import pickle
 import zlib
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Generic, Mapping, ParamSpec, Sequence, TypeVar
 
 from distributed import WorkerPlugin
 
 from . import _kernels, _kiln
-from ._errors import DeviceLostError, Error, InvalidTypeError, NotSupportedError
+from ._errors import DeviceLostError, Error, InvalidTypeError, InvalidUsageError, \
+    NotSupportedError, OutOfMemoryError
 
-__all__ = ["KilnPlugin", "worker_device", "choose_device"]
+__all__ = ["KilnPlugin", "worker_device", "retry", "Retry", "choose_device"]
 
 logger = logging.getLogger("kiln.dask")
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 # The variable a GPU worker started by dask-cuda's way (one process per GPU) has: the driver
 # then numbers the listed devices from 0, so the worker's device is ordinal 0.
@@ -234,3 +242,94 @@ def _task_exception(task: Any) -> BaseException | None:
     except Exception:  # an exception that does not unpickle is no kiln error
         return None
     return error if isinstance(error, BaseException) else None
+
+
+class Retry(Generic[_P, _R]):
+    """The callable retry() returns (picklable when fn and backoff are)."""
+
+    def __init__(self, fn: Callable[_P, _R], retry_on: tuple[type[Error], ...], retries: int,
+                 backoff: Callable[[Error, int, tuple[Any, ...], dict[str, Any]],
+                                   tuple[Sequence[Any], Mapping[str, Any]] | None] | None):
+        self.fn = fn
+        self.retry_on = retry_on
+        self.retries = retries
+        self.backoff = backoff
+        functools.update_wrapper(self, fn)  # dask names the task's key after fn
+
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        call_args: tuple[Any, ...] = args
+        call_kwargs: dict[str, Any] = kwargs
+        for attempt in range(1, self.retries + 2):
+            try:
+                return self.fn(*call_args, **call_kwargs)
+            except self.retry_on as error:
+                if attempt > self.retries:
+                    raise
+                # The failed attempt's frames hold its arrays; free them before the next one.
+                _clear_frames(error)
+                if self.backoff is not None:
+                    changed = self.backoff(error, attempt, call_args, call_kwargs)
+                    if changed is not None:
+                        call_args, call_kwargs = tuple(changed[0]), dict(changed[1])
+                logger.info("kiln.dask.retry: %s raised %s (attempt %d of %d); retrying",
+                            getattr(self.fn, "__name__", self.fn), type(error).__name__,
+                            attempt, self.retries + 1)
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+    def __repr__(self) -> str:
+        names = ", ".join(cls.__name__ for cls in self.retry_on)
+        return f"kiln.dask.retry({self.fn!r}, retry_on=({names},), retries={self.retries})"
+
+
+def _clear_frames(error: BaseException) -> None:
+    """Clears the local variables of the finished frames of `error`'s traceback (and of its
+    causes'), so the arrays they hold are freed now rather than with the exception."""
+    import traceback
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
+
+
+def retry(fn: Callable[_P, _R], *,
+          retry_on: tuple[type[Error], ...] = (OutOfMemoryError,), retries: int = 3,
+          backoff: Callable[[Error, int, tuple[Any, ...], dict[str, Any]],
+                            tuple[Sequence[Any], Mapping[str, Any]] | None] | None = None,
+          ) -> Retry[_P, _R]:
+    """`fn` wrapped to run again, up to `retries` more times, when it raises one of the kiln
+    error classes `retry_on` (subclasses included; default: every out-of-memory kind). Every
+    other exception, and the last attempt's error, goes through at once, unchanged (a kiln
+    error with its class and attributes). Use it as the function of client.submit / client.map:
+    ``client.map(kiln.dask.retry(work, retries=3), batches)``.
+
+    Before an attempt is retried the local variables of its finished frames are cleared (the
+    arrays it held are freed), then ``backoff(error, attempt, args, kwargs)`` is called, if
+    given: attempt is the 1-based number of the attempt that failed, args and kwargs those it
+    was called with; it may sleep, free memory, or return (args, kwargs) for the next attempt
+    (e.g. half the batch), or None to call fn as before.
+
+    Lists no DeviceLostError in retry_on on a worker of KilnPlugin: the plugin restarts the
+    worker instead (a lost device does not come back in the same process).
+    Errors: InvalidTypeError (fn not callable, retry_on not a tuple of kiln error classes,
+    retries not an int), InvalidUsageError (retries < 0). Thread-safe when fn is."""
+    site = "kiln.dask.retry"
+    if not callable(fn):
+        raise InvalidTypeError(f"{site}: fn must be callable, not {type(fn).__name__}",
+                               result="invalid_usage", site=site)
+    if not isinstance(retry_on, tuple) or not retry_on or not all(
+            isinstance(cls, type) and issubclass(cls, Error) for cls in retry_on):
+        raise InvalidTypeError(f"{site}: retry_on must be a non-empty tuple of kiln error "
+                               f"classes (kiln.OutOfMemoryError, kiln.BudgetExceededError, ...), "
+                               f"not {retry_on!r}", result="invalid_usage", site=site)
+    if isinstance(retries, bool) or not isinstance(retries, int):
+        raise InvalidTypeError(f"{site}: retries must be an int, not {type(retries).__name__}",
+                               result="invalid_usage", site=site)
+    if retries < 0:
+        raise InvalidUsageError(f"{site}: retries must be >= 0, not {retries}",
+                                result="invalid_usage", site=site)
+    if backoff is not None and not callable(backoff):
+        raise InvalidTypeError(f"{site}: backoff must be callable or None, not "
+                               f"{type(backoff).__name__}", result="invalid_usage", site=site)
+    return Retry(fn, retry_on, retries, backoff)
