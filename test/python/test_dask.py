@@ -323,6 +323,44 @@ def test_retry_refuses_what_it_cannot_use():
 
 
 # ------------------------------------------------------------------------------------------------
+# 6. Arrays cross the wire
+
+
+def make_array(n):
+    return kiln.from_numpy(np.arange(n, dtype=np.float32))
+
+
+def look_at(array):
+    return type(array).__name__, str(array.device), array.to_numpy().tolist()
+
+
+def result_nbytes(key, dask_worker):
+    return dask_worker.state.tasks[key].nbytes
+
+
+def test_arrays_cross_between_client_and_workers_onto_the_receivers_device(setup):
+    client = setup.client
+    devices = expected_devices(setup.arch)
+    header, frames = distributed.protocol.serialize(make_array(3))
+    assert header["serializer"] == "dask"                       # the family, not pickle
+    # client -> worker, on the worker's device
+    sent = kiln.from_numpy(np.array([1, 2, 3], dtype=np.float32))
+    name, device, values = client.submit(look_at, sent, pure=False,
+                                         workers=[setup.address_of(1)]).result()
+    assert (name, device, values) == ("ndarray", devices[1], [1, 2, 3])
+    # worker 0 -> worker 1 (get_data between the workers), onto worker 1's device
+    made = client.submit(make_array, 5, pure=False, workers=[setup.address_of(0)])
+    seen = client.submit(look_at, made, pure=False, workers=[setup.address_of(1)]).result()
+    assert seen == ("ndarray", devices[1], [0, 1, 2, 3, 4])
+    # worker -> client, onto the client's current device; dask counts its bytes
+    back = made.result()
+    assert isinstance(back, kiln.ndarray) and back.device == "cpu"
+    assert back.to_numpy().tolist() == [0, 1, 2, 3, 4]
+    nbytes = client.run(result_nbytes, made.key, workers=[setup.address_of(0)])
+    assert list(nbytes.values()) == [5 * 4]
+
+
+# ------------------------------------------------------------------------------------------------
 # 5. A lost device restarts the worker (last: it replaces worker processes)
 
 

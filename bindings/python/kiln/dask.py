@@ -21,6 +21,8 @@
   reported: its nanny starts a clean process and the scheduler reschedules the task (counted
   against distributed.scheduler.allowed-failures), instead of a worker that serves errors.
 - retry(fn, ...) runs fn again on the listed kiln errors only.
+- kiln.ndarray crosses the wire through the "dask" serialization family (a header and the host
+  bytes) and arrives on the receiving process's current device; dask's sizeof is its nbytes.
 
 See docs/dask.md.
 """
@@ -36,7 +38,10 @@ import pickle
 import zlib
 from typing import Any, Callable, Generic, Mapping, ParamSpec, Sequence, TypeVar
 
+import numpy as np
+from dask.sizeof import sizeof
 from distributed import WorkerPlugin
+from distributed.protocol.serialize import dask_deserialize, dask_serialize
 
 from . import _kernels, _kiln
 from ._errors import DeviceLostError, Error, InvalidTypeError, InvalidUsageError, \
@@ -333,3 +338,31 @@ def retry(fn: Callable[_P, _R], *,
         raise InvalidTypeError(f"{site}: backoff must be callable or None, not "
                                f"{type(backoff).__name__}", result="invalid_usage", site=site)
     return Retry(fn, retry_on, retries, backoff)
+
+
+# ------------------------------------------------------------------------------------------------
+# kiln.ndarray on the wire: dask's "dask" serialization family, and its size for the worker's
+# memory accounting.
+
+
+@dask_serialize.register(_kiln.ndarray)  # type: ignore[misc,no-untyped-call]
+def _serialize_ndarray(array: _kiln.ndarray) -> tuple[dict[str, Any], list[memoryview]]:
+    """A header (dtype, shape) and one frame, the array's bytes in C order, copied to the host
+    (a.to_numpy()). Errors: those of to_numpy (a freed array, a lost device)."""
+    host = np.ascontiguousarray(array.to_numpy())
+    header = {"dtype": host.dtype.str, "shape": list(host.shape)}
+    return header, [host.data.cast("B")]
+
+
+@dask_deserialize.register(_kiln.ndarray)  # type: ignore[misc,no-untyped-call]
+def _deserialize_ndarray(header: dict[str, Any], frames: list[Any]) -> _kiln.ndarray:
+    """A new kiln.ndarray on this process's current device (a worker's: KilnPlugin's) with the
+    frame's bytes. Errors: an OutOfMemoryError subclass when it does not fit there."""
+    host = np.frombuffer(frames[0] if frames else b"", dtype=np.dtype(header["dtype"]))
+    return _kiln.from_numpy(host.reshape(tuple(header["shape"])))
+
+
+@sizeof.register(_kiln.ndarray)  # type: ignore[misc,no-untyped-call]
+def _sizeof_ndarray(array: _kiln.ndarray) -> int:
+    """The array's bytes (as dask counts numpy's and CuPy's), 0 once it is freed."""
+    return 0 if array.is_freed else int(array.nbytes)
