@@ -88,16 +88,18 @@ def expected_devices(arch):
 
 
 def where_arrays_go():
-    return str(kiln.zeros((4,)).device), kiln.dask.worker_device()
+    # get_worker() reads the thread state distributed sets around a task: the plugin's executor
+    # keeps it
+    return str(kiln.zeros((4,)).device), kiln.dask.worker_device(), distributed.get_worker().name
 
 
 def test_each_worker_opens_its_device_and_tasks_use_it(setup):
     devices = setup.by_name(setup.client.run(kiln.dask.worker_device))
     assert devices == expected_devices(setup.arch)
     for name, device in devices.items():
-        made, reported = setup.client.submit(where_arrays_go, pure=False,
-                                             workers=[setup.address_of(name)]).result()
-        assert made == reported == device
+        made, reported, worker = setup.client.submit(where_arrays_go, pure=False,
+                                                     workers=[setup.address_of(name)]).result()
+        assert made == reported == device and worker == name
 
 
 def test_choose_device_follows_visible_devices_else_worker_k_mod_count():
@@ -398,15 +400,17 @@ def test_a_lost_device_restarts_its_worker_and_the_task_is_rescheduled(setup, tm
 # 1. (teardown) The plugin's teardown frees the worker's kiln state
 
 
-def kiln_state():
-    return kiln.dask.worker_device(), sorted(kiln._kiln._open_devices())
+def kiln_state(dask_worker):
+    return (kiln.dask.worker_device(), sorted(kiln._kiln._open_devices()),
+            type(dask_worker.executors["default"]).__module__)
 
 
 def test_unregistering_the_plugin_closes_the_workers_device(setup):
     client = setup.client
-    assert all(device for device, _ in client.run(kiln_state).values())
+    assert all(device for device, _, _ in client.run(kiln_state).values())
     client.unregister_worker_plugin("kiln")
-    try:
-        assert list(client.run(kiln_state).values()) == [(None, [])] * 2
+    try:   # no device, and the worker's own executor back
+        assert list(client.run(kiln_state).values()) == \
+            [(None, [], "distributed.threadpoolexecutor")] * 2
     finally:
         client.register_worker_plugin(kiln.dask.KilnPlugin(arch=setup.arch, budget_bytes=BUDGET))

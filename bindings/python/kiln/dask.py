@@ -14,9 +14,11 @@
   (kiln.init); arrays a task makes, and arrays that arrive from elsewhere, live there.
 - Errors: a kiln error a task raises reaches the client as the same class with every attribute
   (kiln's messages stay under distributed.admin.max-error-length, and the classes rebuild from
-  the call distributed makes to shorten an error). After a kiln error the plugin collects the
-  garbage the failed task left (distributed keeps the exception in a reference cycle with the
-  task's frames, and so its arrays), so a refusal never holds the worker's memory.
+  the call distributed makes to shorten an error). When a task fails with a kiln error the plugin
+  clears the local variables of its finished frames, in the task's thread, before the failure
+  is reported: distributed keeps the exception in a reference cycle with those frames, which
+  would hold the task's arrays until Python's collector ran, so a refusal never holds the
+  worker's memory.
 - A DeviceLostError of the worker's device ends the worker process before the error is
   reported: its nanny starts a clean process and the scheduler reschedules the task (counted
   against distributed.scheduler.allowed-failures), instead of a worker that serves errors.
@@ -164,18 +166,21 @@ class KilnPlugin(WorkerPlugin):
     live_check, caching, device_heap_bytes, num_threads, ...), checked when the plugin is made
     by kiln.init's rules only on the workers (an error there fails the registration).
 
-    While set up, after a task fails with a kiln error (a refusal above all) it collects
-    Python's garbage: distributed holds the failed task's exception in a reference cycle with
-    the task's frames, so without a collection their arrays stay allocated until the next
-    automatic one, and a retry of the task may be refused for memory nobody uses. After a
+    While set up, the tasks of the worker's default executor run through it: when one fails
+    with a kiln error (a refusal above all), the local variables of its finished frames are
+    cleared in the task's thread before the failure is reported (distributed holds the
+    exception in a reference cycle with those frames, so their arrays would stay allocated
+    until Python's collector next ran, and a retry could be refused for memory nobody uses).
+    After a
     DeviceLostError of the worker's device it ends the worker process at once (os._exit,
     status LOST_DEVICE_EXIT_STATUS), before the error is reported: the nanny starts a clean
     process, the plugin sets it up again, and the scheduler reschedules the task, counting it
     against distributed.scheduler.allowed-failures (KilledWorker when they are spent). A
     worker without a nanny is closed instead (the error is then reported as the task's).
 
-    Teardown (unregistering the plugin, the worker closing) closes the device's executor and
-    drops the compiled user kernels: the worker's kiln state is freed. Its hooks run on the
+    Teardown (unregistering the plugin, the worker closing) gives the worker its executor back,
+    closes the device's executor and drops the compiled user kernels: the worker's kiln state
+    is freed. Its hooks run on the
     worker's event-loop thread; one plugin per worker (name "kiln": registering another
     replaces it)."""
 
@@ -196,20 +201,25 @@ class KilnPlugin(WorkerPlugin):
         _kiln.init(name, **self.device_options)
         self._worker = worker
         _state.device = name
+        executor = worker.executors.get("default")
+        if executor is not None and not isinstance(executor, _KilnThreadPoolExecutor):
+            worker.executors["default"] = _KilnThreadPoolExecutor(executor)
         logger.info("kiln: worker %s uses %s", worker.name, name)
 
     def teardown(self, worker: Any) -> None:
         """Closes the device's executor and forgets it (worker_device() is None again)."""
         name, _state.device, self._worker = _state.device, None, None
+        executor = worker.executors.get("default")
+        if isinstance(executor, _KilnThreadPoolExecutor):
+            worker.executors["default"] = executor.executor
         if name is None:
             return
         _kernels._clear_cache()  # compiled user kernels hold the device's context
-        gc.collect()  # arrays that failed tasks left in reference cycles go first
+        gc.collect()  # arrays in reference cycles (a user's own) go before their device
         _kiln._close_devices(_kiln.device(name).type)
 
     def transition(self, key: str, start: str, finish: str, **kwargs: Any) -> None:
-        """After a task erred with a kiln error: a lost device ends the process, any other
-        error has the garbage collected."""
+        """After a task erred with a DeviceLostError of the worker's device: ends the process."""
         if finish != "error" or start not in ("executing", "long-running", "resumed"):
             return
         worker = self._worker
@@ -221,8 +231,6 @@ class KilnPlugin(WorkerPlugin):
             return
         if isinstance(error, DeviceLostError) and error.device == _state.device:
             self._restart_for_lost_device(worker, key, error)
-            return
-        gc.collect()
 
     def _restart_for_lost_device(self, worker: Any, key: str, error: DeviceLostError) -> None:
         if worker.nanny:
@@ -234,6 +242,33 @@ class KilnPlugin(WorkerPlugin):
         logger.error("kiln: %s is lost (task %s); closing the worker (it has no nanny to "
                      "restart it)", error.device, key)
         worker.loop.add_callback(worker.close)
+
+
+class _KilnThreadPoolExecutor:
+    """The worker's default executor, its submissions run through _release_failed_task. The name
+    ends in ThreadPoolExecutor because distributed's Worker.execute looks for that in the
+    executor's type to call apply_function (the worker's thread state, which get_worker() and
+    secede() use) rather than apply_function_simple. Everything else goes to the executor."""
+
+    def __init__(self, executor: Any) -> None:
+        self.executor = executor
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        return self.executor.submit(_release_failed_task, fn, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.executor, name)
+
+
+def _release_failed_task(run: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Runs distributed's apply_function; when the task failed with a kiln error, clears the
+    local variables of the finished frames of its traceback (the task's arrays are freed now,
+    and the reference cycle distributed's message makes with them is gone)."""
+    message = run(*args, **kwargs)
+    error = message.get("actual-exception") if isinstance(message, dict) else None
+    if isinstance(error, Error):
+        _clear_frames(error)
+    return message
 
 
 def _task_exception(task: Any) -> BaseException | None:
