@@ -7,6 +7,8 @@ worker process to come back (a bounded wait, not a measured time)."""
 import gc
 import logging
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -17,6 +19,8 @@ import kiln
 distributed = pytest.importorskip("distributed")
 import dask  # noqa: E402  (distributed brings it)
 import kiln.dask  # noqa: E402
+
+from conftest import SOURCE_DIR  # noqa: E402
 
 MiB = 1 << 20
 BUDGET = 64 * MiB  # the device heap (16 MiB) is charged to it: 48 MiB left for arrays
@@ -414,3 +418,18 @@ def test_unregistering_the_plugin_closes_the_workers_device(setup):
             [(None, [], "distributed.threadpoolexecutor")] * 2
     finally:
         client.register_worker_plugin(kiln.dask.KilnPlugin(arch=setup.arch, budget_bytes=BUDGET))
+
+
+# ------------------------------------------------------------------------------------------------
+# 7. The example
+
+
+def test_the_dask_example_retries_refused_batches_and_matches_numpy():
+    # on cpu here (no fake driver given); ctest python_dask_example runs it on 2 fake CUDA devices
+    env = {k: v for k, v in os.environ.items() if k != "KILN_FAKE_CUDA_LIBRARY"}
+    out = subprocess.run([sys.executable, os.path.join(SOURCE_DIR, "examples", "dask",
+                                                       "batched_scores.py")],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "devices: ['cpu', 'cpu']" in out.stdout and "results OK" in out.stdout
+    assert int(out.stdout.split(" refused batch(es) retried")[0].split()[-1]) >= 1
