@@ -163,16 +163,15 @@ class KilnPlugin(WorkerPlugin):
     one kiln device per worker process: ``kiln.init(choose_device(arch, worker.name),
     **device_options)``, so it is the process's current device (tasks, and arrays arriving
     from elsewhere, use it). device_options are kiln.init's (budget_bytes, reserve_bytes,
-    live_check, caching, device_heap_bytes, num_threads, ...), checked when the plugin is made
-    by kiln.init's rules only on the workers (an error there fails the registration).
+    live_check, caching, device_heap_bytes, num_threads, ...); kiln.init checks them on the
+    workers, and its error (typed) is what client.register_worker_plugin raises.
 
     While set up, the tasks of the worker's default executor run through it: when one fails
     with a kiln error (a refusal above all), the local variables of its finished frames are
     cleared in the task's thread before the failure is reported (distributed holds the
     exception in a reference cycle with those frames, so their arrays would stay allocated
     until Python's collector next ran, and a retry could be refused for memory nobody uses).
-    After a
-    DeviceLostError of the worker's device it ends the worker process at once (os._exit,
+    After a DeviceLostError of the worker's device it ends the worker process at once (os._exit,
     status LOST_DEVICE_EXIT_STATUS), before the error is reported: the nanny starts a clean
     process, the plugin sets it up again, and the scheduler reschedules the task, counting it
     against distributed.scheduler.allowed-failures (KilledWorker when they are spent). A
@@ -180,9 +179,8 @@ class KilnPlugin(WorkerPlugin):
 
     Teardown (unregistering the plugin, the worker closing) gives the worker its executor back,
     closes the device's executor and drops the compiled user kernels: the worker's kiln state
-    is freed. Its hooks run on the
-    worker's event-loop thread; one plugin per worker (name "kiln": registering another
-    replaces it)."""
+    is freed. Its hooks run on the worker's event-loop thread; one plugin per worker (name
+    "kiln": registering another replaces it)."""
 
     name = "kiln"
 
