@@ -1,13 +1,14 @@
 # The two set-up commands (see README.md):
 #   make run   installs what is missing, builds into build/, runs kiln-ops on the CPU
 #   make test  installs what is missing, builds, runs every test (and again under sanitizers)
+# make docs builds the documentation (Sphinx, warnings are errors) into build/docs/html.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps build run test test-fast test-sanitize test-tsan bench clean
+.PHONY: all deps build run test test-fast test-sanitize test-tsan bench docs clean
 
 all: build
 
@@ -46,6 +47,12 @@ test-tsan: deps
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target kiln_unit_tests
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 $$TSAN_OPTIONS" \
 	  $(TSAN_BUILD)/bin/kiln_unit_tests '$(TSAN_TESTS)'
+
+# The user guide, the design and the API reference (autodoc over the built package), with
+# warnings as errors; ctest's docs_html runs the same build in make test.
+docs: build
+	PYTHONPATH=$(BUILD)/python /usr/bin/python3 -m sphinx -W --keep-going -q -b html docs $(BUILD)/docs/html
+	@echo "docs: $(BUILD)/docs/html/index.html"
 
 bench: build
 	$(BUILD)/bin/kiln-bench

@@ -22,6 +22,7 @@ packages=(
   # the Python package built and installed as a user would (pyproject.toml, setup.py)
   python3-setuptools python3-wheel python3-pip python3-venv python3-build
   python3-mypy  # ctest python_mypy: mypy --strict over the stubs, examples and typed usage
+  python3-sphinx python3-myst-parser  # make docs and ctest docs_html: the docs/ site
   python3-distributed  # kiln.dask: Dask's distributed (2022.12 on Debian 12), its tests and example
 )
 
