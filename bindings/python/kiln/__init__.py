@@ -42,7 +42,9 @@ from ._kiln import (  # noqa: F401
     memory_stats, memory_summary, empty_cache, reset_peak_memory_stats, mem_get_info,
     add_oom_observer, remove_oom_observer,
 )
-from ._kernels import Kernel, ElementwiseKernel, ReductionKernel  # noqa: F401
+from ._kernels import Kernel  # noqa: F401
+from ._elementwise import ElementwiseKernel  # noqa: F401
+from ._reduction import ReductionKernel  # noqa: F401
 from . import _kernels
 from . import _kiln, testing  # noqa: F401
 from ._typed import typed_arguments as _typed_arguments

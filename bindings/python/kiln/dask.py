@@ -374,8 +374,7 @@ def retry(fn: Callable[_P, _R], *,
 
 
 # ------------------------------------------------------------------------------------------------
-# kiln.ndarray on the wire: dask's "dask" serialization family, and its size for the worker's
-# memory accounting.
+# kiln.ndarray on the wire: dask's "dask" serialization family, and its size for memory accounting.
 
 
 @dask_serialize.register(_kiln.ndarray)  # type: ignore[misc,no-untyped-call]
