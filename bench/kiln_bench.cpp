@@ -45,7 +45,7 @@
 // asserted: nothing here fails on a number.
 //
 // Usage: kiln-bench [Google Benchmark flags]. Each case runs for --benchmark_min_time seconds
-// (default here 0.5; the whole run takes ~15 s). --benchmark_filter, --benchmark_repetitions
+// (default here 0.5). --benchmark_filter, --benchmark_repetitions
 // (the summary uses the mean), --benchmark_out etc. pass through; with a --benchmark_format other
 // than console the table is printed in that format and the summary is left out.
 // Exit status: 0, 1 when the executor cannot be created, 2 on an unrecognized argument.

@@ -33,7 +33,7 @@
 // Ratios are printed, never asserted: nothing here fails on a number.
 //
 // Usage: kiln-memory-bench [Google Benchmark flags]. Each case runs for --benchmark_min_time
-// seconds (default here 0.2; the whole run takes ~8 s). --benchmark_filter, --benchmark_repetitions
+// seconds (default here 0.2). --benchmark_filter, --benchmark_repetitions
 // (the summary uses the median), --benchmark_out etc. pass through; with a --benchmark_format other
 // than console the table is printed in that format and the summary is left out.
 // Exit status: 0, 1 when a device or its memory cannot be set up, 2 on an unrecognized argument.

@@ -6,7 +6,7 @@ Each case times a kiln call and its numpy counterpart on the CPU backend with 1,
 elements. The two are timed in pairs, one timeit loop of each, the order swapped from one pair to
 the next, so both sides of a pair see the same load (this VM is shared and its speed drifts); a
 case prints the median ns per call of each side and the median of the pairs' ratios kiln / numpy,
-with its target (issue 16): allocation + release of a small array at most 1.5x np.empty's, an
+with its target: allocation + release of a small array at most 1.5x np.empty's, an
 operation no slower than numpy's (1.0x). Ratios are printed, never asserted. --quick runs a few
 iterations only (a smoke test).
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The timing section of the GPU check, for a real NVIDIA machine (issue 16, item 1).
+"""The timing section of the GPU check, for a real NVIDIA machine.
 
     PYTHONPATH=<dir holding the kiln package> python3 scripts/gpu_timing.py [RESULTS_FILE]
     scripts/gpu-check.sh timing [OUT_DIR]     # the same, writing OUT_DIR/gpu-timing.txt

@@ -35,8 +35,8 @@ inline std::atomic<bool> g_closing{false};
 /// Adds `delta` (wrapping: pass 0 - n to subtract) to `counter`, a figure that every thread
 /// changes with the GIL held until kiln._shutdown (after it, threads that CPython ends unwind
 /// through kiln without the GIL and change it too): a plain load and store while the GIL orders
-/// the changes, an atomic read-modify-write after. A lock-prefixed instruction costs about 6 ns
-/// on x86 (a full barrier) and the hottest calls change such figures several times. Readers
+/// the changes, an atomic read-modify-write after. A lock-prefixed instruction is a full barrier
+/// on x86, and the hottest calls change such figures several times. Readers
 /// without the GIL (kiln._shutdown's wait) read the counter atomically.
 template <class T>
 void add_with_gil(std::atomic<T> &counter, T delta) {

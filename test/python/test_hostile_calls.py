@@ -1,4 +1,4 @@
-"""Hostile and odd input to kiln's calls and settings (issue 11, section 5): kiln.init keywords of
+"""Hostile and odd input to kiln's calls and settings: kiln.init keywords of
 the wrong type or range, OOM observers, the buffer protocol, kiln.testing's hooks, a numpy bool
 where an integer is needed, __index__ / __float__ / array-likes that raise (interrupts and
 MemoryError passed on, anything else InvalidTypeError with the error as its cause), wrong arity.

@@ -1,4 +1,4 @@
-"""Hostile and odd input (issue 11, section 5): every public entry point refuses what it cannot
+"""Hostile and odd input: every public entry point refuses what it cannot
 use with a named kiln error before it touches memory; a wrong *type* is kiln.InvalidTypeError,
 which is both a kiln.InvalidUsageError (a ValueError) and a TypeError. Here: ndarrays never
 initialized, copy and pickle, dtypes, shapes, scalars, arrays where an ndarray is needed, odd numpy

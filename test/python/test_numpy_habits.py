@@ -1,4 +1,4 @@
-"""What numpy users try first (issue 15 item 6): a kiln dtype compares with numpy's and converts
+"""What numpy users try first: a kiln dtype compares with numpy's and converts
 with numpy.dtype(); numpy dtypes are accepted where kiln takes a dtype; kiln.empty / kiln.zeros in
 numpy's argument order; bool(a) as numpy's (one element, or ValueError)."""
 import numpy as np

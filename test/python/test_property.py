@@ -24,7 +24,7 @@ Configuration (environment):
   KILN_PROPERTY_SHRINK    0: no shrinking, the first failure as found (scripts/mutation-check)
   KILN_PROPERTY_REPORT    a file to which the operation count is appended (every 10,000 and at
                           the end of each backend's run)
-A long run (issue 11: at least 1,000,000 operations over the four backends), e.g.:
+A long run (at least 1,000,000 operations over the four backends), e.g.:
   KILN_PROPERTY_EXAMPLES=2500 KILN_PROPERTY_STEPS=200 KILN_PROPERTY_SEED=20261201 \
   KILN_PROPERTY_REPORT=/tmp/property.txt KILN_TEST_FAKE_CUDA=... KILN_TEST_FAKE_HIP=... \
   PYTHONPATH=build/python python3 -m pytest -q -s test/python/test_property.py

@@ -1,4 +1,4 @@
-"""Refusals that tell the truth (issue 11, sections 3 and 4): the caching pool never refuses what
+"""Refusals that tell the truth: the caching pool never refuses what
 fits unrounded and charges what it holds; which budget check refused is an attribute
 (``budget_check``) and each is worded with its own figures; ``site`` names the function that
 refused; advice names ``kiln.init``'s arguments; an out-of-memory answer to a copy, a launch or a

@@ -1,4 +1,4 @@
-"""Validation before reservation (issue 11, section 2): every op checks a call whole (types,
+"""Validation before reservation: every op checks a call whole (types,
 dtypes, shapes, aliasing, sizes) before it allocates or copies anything, so a usage mistake is
 InvalidUsageError, never an out-of-memory error, under a tiny budget and with an injected fault
 armed at the very first allocation."""

@@ -1,6 +1,6 @@
-// CLOCK_MONOTONIC_COARSE in nanoseconds: the clock kiln dates reused readings with. It costs a few
-// ns to read (a vDSO load, where steady_clock costs ~20 ns on a VM) and advances once per kernel
-// tick (1 to 10 ms, depending on the kernel's HZ).
+// CLOCK_MONOTONIC_COARSE in nanoseconds: the clock kiln dates reused readings with. Reading it is
+// a load from the vDSO's page (steady_clock may have to read a hardware or paravirtual clock, far
+// slower on a VM); it advances once per kernel tick (1 to 10 ms, depending on the kernel's HZ).
 #ifndef KILN_RHI_COARSE_CLOCK_H_
 #define KILN_RHI_COARSE_CLOCK_H_
 

@@ -13,10 +13,10 @@ namespace kiln {
 
 /// The host CPU as a device. Memory info is the system's: total = MemTotal, free = MemAvailable
 /// from /proc/meminfo (sysinfo(2) where that cannot be read), both capped by the process's
-/// cgroup limit. Reading them costs about 10 us, so a reading younger than kReadingReuse is
-/// reused, less what kiln itself allocated since: only other processes' growth within that time
-/// goes unseen. The age is measured on CLOCK_MONOTONIC_COARSE (a few ns to read, where
-/// steady_clock costs ~20 ns on a VM), which advances once per kernel tick: a reading is reused
+/// cgroup limit. Reading them means opening and parsing files, so a reading younger than
+/// kReadingReuse is reused, less what kiln itself allocated since: only other processes' growth
+/// within that time goes unseen. The age is measured on CLOCK_MONOTONIC_COARSE (coarse_clock.h:
+/// a load from the vDSO's page), which advances once per kernel tick: a reading is reused
 /// until that clock has moved kReadingReuse past it, i.e. for at most one tick (1 to 10 ms,
 /// depending on the kernel's HZ). A reused reading is
 /// read without a lock (MemoryReadingCache); one thread at a time refreshes it.

@@ -150,8 +150,8 @@ class [[nodiscard]] RhiExpected : public std::expected<T, Failure> {
   using base::base;
   /// Success (RhiStatus) or a value-initialized T. User-provided on purpose: with `= default`,
   /// `return {};` value-initializes, which zero-fills the whole object (the Failure's ~300 bytes
-  /// of storage) before constructing it, on every successful return (measured: ~10 ns a call on
-  /// the memory layer's locked path).
+  /// of storage) before constructing it, on every successful return (the memory layer's locked
+  /// path returns one per call).
   constexpr RhiExpected() noexcept(std::is_nothrow_default_constructible_v<base>)
     requires std::is_default_constructible_v<base>
       : base() {}
