@@ -1,5 +1,5 @@
-// The module's global state (see executor_state.h): the devices (kiln.Device, kiln.device,
-// Device.configure, kiln.init), the current device, the observers and fault blocks tied to each
+// The module's global state (see executor_state.h): the devices (kiln.Device; their
+// configuration is device_config.cpp's), the current device, the observers and fault blocks tied to each
 // executor, and interpreter exit while other threads are inside kiln.
 //
 // Threading: the executor and its lists are guarded by the GIL; the count of calls inside kiln is
@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "conversions.h"
+#include "device_config.h"
 #include "fast_entry.h"
 #include "ndarray.h"
 #include "error_mapping.h"
@@ -83,9 +84,8 @@ uint64_t g_last_generation = 0;          // the generation the last executor mad
 PyObject *g_current_var = nullptr;       // the context variable of `with kiln.device(...)`
 bool g_with_used = false;  // a `with` block was ever entered: only then is the variable read
 
-/// Replaces `state`'s executor. The old one's Python observers are removed first: its device
-/// may live on (arrays keep it), and an observer that refers to such an array would otherwise
-/// make a cycle through C++ that the garbage collector cannot see.
+}  // namespace
+
 void replace_executor(DeviceState &state, std::shared_ptr<LlvmRuntimeExecutor> fresh) {
   if (state.executor)
     for (uint64_t id : state.observer_ids) (void)state.executor->memory().remove_oom_observer(id);
@@ -97,131 +97,9 @@ void replace_executor(DeviceState &state, std::shared_ptr<LlvmRuntimeExecutor> f
   state.executor = std::move(fresh);
 }
 
-/// The most entries a mock_other_process_bytes script holds (one is read per memory query).
-constexpr std::size_t kMaxScriptEntries = 1 << 20;
+DeviceState *process_default_device() { return g_default_state; }
 
-/// init's mock_other_process_bytes: an int or a list, tuple or 1-D array of at most
-/// kMaxScriptEntries ints. Errors: InvalidTypeError, InvalidUsageError (a value out of range, too
-/// many entries).
-std::vector<uint64_t> to_bytes_script(const py::object &value, const char *site) {
-  if (is_integer(value)) return {to_bytes(value, "mock_other_process_bytes", site)};
-  const bool int_vector = py::isinstance<py::array>(value) &&
-                          py::reinterpret_borrow<py::array>(value).ndim() == 1;
-  if (!int_vector && !py::isinstance<py::list>(value) && !py::isinstance<py::tuple>(value))
-    raise_invalid_type(site, fmt::format("{}: mock_other_process_bytes must be an int or a "
-                                         "list of ints, got {} {}",
-                                         site, type_name(value), std::string(py::repr(value))));
-  std::vector<uint64_t> script;
-  for (py::handle item : value) {
-    if (script.size() == kMaxScriptEntries)  // a list subclass whose __iter__ never ends, too
-      raise_invalid_usage("kiln", site,
-                          fmt::format("{}: mock_other_process_bytes has more than {} entries", site,
-                                      kMaxScriptEntries));
-    script.push_back(to_bytes(item, "mock_other_process_bytes", site));
-  }
-  return script;
-}
-
-/// The device `arch` names (init's and kiln.device's argument). Errors: InvalidTypeError (not a
-/// str), InvalidUsageError (no device name).
-DeviceName to_device_name(py::handle arch, const char *site) {
-  if (!py::isinstance<py::str>(arch))
-    raise_invalid_type(site, fmt::format("{}: the device must be a str (\"cpu\", \"mock\", \"cuda\", "
-                                         "\"amdgpu\", or \"cuda:1\" ...) or a kiln.Device, got {} {}",
-                                         site, type_name(arch), std::string(py::repr(arch))));
-  const DeviceName name = check(parse_device_name(to_text(arch, "arch", site)));
-  if ((name.backend == Backend::cpu || name.backend == Backend::mock) && name.ordinal != 0)
-    raise_invalid_usage("kiln", site,  // as the backend itself says when asked to open it
-                        fmt::format("{}: the {} backend has one device, {}:0; there is no ordinal {}", site,
-                                    to_string(name.backend), to_string(name.backend), name.ordinal));
-  return name;
-}
-
-/// The device options of init / kiln.device / Device.configure, each None for its default.
-struct DeviceOptions {
-  py::object budget_bytes, reserve_bytes, live_check, caching, device_heap_bytes,
-      mock_capacity_bytes, mock_other_process_bytes, num_threads, fault_at, fail_sizes_at_least;
-};
-
-/// The executor configuration of `options` for device `name`, checked in the order they are
-/// declared.
-ExecutorConfig to_config(const DeviceName &name, const DeviceOptions &o, const char *site) {
-  ExecutorConfig config;
-  config.backend = name.backend;
-  config.device_ordinal = name.ordinal;
-  config.budget.limit_bytes = to_optional_bytes(o.budget_bytes, "budget_bytes", site);
-  config.budget.reserve_bytes = to_optional_bytes(o.reserve_bytes, "reserve_bytes", site);
-  config.budget.live_check = o.live_check.is_none() || to_flag(o.live_check, "live_check", site);
-  config.budget.caching = o.caching.is_none() || to_flag(o.caching, "caching", site);
-  if (auto heap = to_optional_bytes(o.device_heap_bytes, "device_heap_bytes", site)) config.device_heap_bytes = *heap;
-  if (auto cap = to_optional_bytes(o.mock_capacity_bytes, "mock_capacity_bytes", site))
-    config.mock.capacity_bytes = *cap;
-  if (!o.mock_other_process_bytes.is_none())
-    config.mock.other_process_bytes_script = to_bytes_script(o.mock_other_process_bytes, site);
-  if (auto threads = to_optional_bytes(o.num_threads, "num_threads", site))
-    config.num_threads = static_cast<unsigned>(std::min<uint64_t>(*threads, 1024));
-  return config;
-}
-
-/// Makes the executor of `config` for `state` (the JIT runs without the GIL). A lost device
-/// recovers only once its driver context is released: the old executor goes first (its arrays,
-/// if any still live, keep the context and the new one fails as lost).
-std::shared_ptr<LlvmRuntimeExecutor> create_executor(DeviceState &state, ExecutorConfig config) {
-  std::weak_ptr<DeviceContext> lost_context;
-  if (state.executor && state.executor->device().is_lost()) {
-    lost_context = state.executor->context();
-    replace_executor(state, nullptr);
-  }
-  // The first executor JIT-compiles the kernels.
-  RhiExpected<std::unique_ptr<LlvmRuntimeExecutor>> created =
-      without_gil([&] { return LlvmRuntimeExecutor::create(std::move(config)); });
-  if (!created && created.error().result == RhiResult::device_lost && !lost_context.expired())
-    created.error().add_context(
-        "arrays of the executor whose device was lost still hold its driver context: free or "
-        "delete them, then call kiln.init again");  // recreate_executor's rule, for a shared_ptr
-  return check(std::move(created));
-}
-
-/// Each device teardown that failed since the last call (teardown_failures.h: a release the driver
-/// refused, so memory stays held on the device) as a RuntimeWarning. Errors: the warning itself
-/// when a filter makes it an error; the failures not yet warned of are recorded again, for the
-/// next call.
-void warn_teardown_failures() {
-  const std::vector<std::string> failures = take_teardown_failures();
-  for (std::size_t i = 0; i < failures.size(); ++i) {
-    if (PyErr_WarnEx(PyExc_RuntimeWarning, failures[i].c_str(), 1) == 0) continue;
-    for (std::size_t rest = i + 1; rest < failures.size(); ++rest) record_teardown_failure(failures[rest]);
-    throw py::error_already_set();
-  }
-}
-
-/// Opens `state`'s executor anew with `options` (kiln.init's rules: the old executor goes, its
-/// arrays keep its device and can only be freed); with `only_if_closed`, only when it is not
-/// open once this thread holds the device's open_mutex (another thread may have opened it
-/// meanwhile). Errors: those of init.
-void configure(DeviceState &state, const DeviceOptions &options, const char *site, bool only_if_closed = false) {
-  check_not_in_observer(site);
-  ExecutorConfig config = to_config(state.name, options, site);
-  const std::optional<uint64_t> fault = to_optional_bytes(options.fault_at, "fault_at", site);
-  const std::optional<uint64_t> fail_size = to_optional_bytes(options.fail_sizes_at_least, "fail_sizes_at_least", site);
-  std::unique_lock lock(state.open_mutex, std::defer_lock);
-  without_gil([&lock] {  // never wait for it holding the GIL: its holder may need the GIL back
-    lock.lock();
-    return 0;
-  });
-  if (only_if_closed && state.executor) return;
-  // Compiled user kernels hold the old executor's device context: a lost device recovers only
-  // once they are gone (kiln/_kernels.py compiles them again for the new one).
-  py::module_::import("kiln._kernels").attr("_clear_cache")();
-  std::shared_ptr<LlvmRuntimeExecutor> fresh = create_executor(state, std::move(config));
-  // Faults count from after the executor's own set-up, as kiln-ops --fault-at does.
-  if (fault && *fault != 0) fresh->memory().fault_plan().fail_nth_allocation(*fault);
-  if (fail_size) fresh->memory().fault_plan().fail_sizes_at_least(*fail_size);
-  replace_executor(state, std::move(fresh));  // the old one goes; its arrays keep its device alive
-  warn_teardown_failures();
-}
-
-}  // namespace
+void set_process_default_device(DeviceState *state) { g_default_state = state; }
 
 py::object device_object(DeviceState &state) {
   if (state.handle == nullptr)
@@ -229,70 +107,12 @@ py::object device_object(DeviceState &state) {
   return py::reinterpret_borrow<py::object>(state.handle);
 }
 
-namespace {
-
-DeviceState &state_of_device(py::handle value);
-
-/// The device `value` names: a kiln.Device or a device name ("cuda:1"). Errors: InvalidTypeError,
-/// InvalidUsageError.
 DeviceState &to_device_state(py::handle value, const char *site) {
   if (py::isinstance<DeviceState>(value)) return state_of_device(value);
   return device_state(to_device_name(value, site));
 }
 
-#define KILN_DEVICE_OPTION_ARGS                                                                   \
-  const py::object &budget_bytes, const py::object &reserve_bytes, const py::object &live_check,  \
-      const py::object &caching, const py::object &device_heap_bytes,                             \
-      const py::object &mock_capacity_bytes, const py::object &mock_other_process_bytes,          \
-      const py::object &num_threads, const py::object &fault_at,                                  \
-      const py::object &fail_sizes_at_least
-#define KILN_DEVICE_OPTIONS                                                                        \
-  DeviceOptions {                                                                                  \
-    budget_bytes, reserve_bytes, live_check, caching, device_heap_bytes, mock_capacity_bytes,      \
-        mock_other_process_bytes, num_threads, fault_at, fail_sizes_at_least                       \
-  }
-
-/// Whether any option is given (not None).
-bool any_option(const DeviceOptions &o) {
-  for (const py::object *v : {&o.budget_bytes, &o.reserve_bytes, &o.live_check, &o.caching, &o.device_heap_bytes,
-                              &o.mock_capacity_bytes, &o.mock_other_process_bytes, &o.num_threads, &o.fault_at,
-                              &o.fail_sizes_at_least})
-    if (!v->is_none()) return true;
-  return false;
-}
-
-/// Closes `state`'s executor (its arrays can only be freed from now on).
-void close_device(DeviceState &state) {
-  if (!state.executor) return;
-  py::module_::import("kiln._kernels").attr("_clear_cache")();  // they hold its device context
-  replace_executor(state, nullptr);
-}
-
-/// kiln.init: configures `arch` and makes it the process's current device. The executor of the
-/// device that was current before (kiln.init's or the default cpu) is replaced as it always
-/// was: when it is another device, it is closed. Devices opened through kiln.device stay open.
-void init(py::handle arch, KILN_DEVICE_OPTION_ARGS) {
-  check_not_in_observer("init");
-  DeviceState &state = to_device_state(arch, "init");
-  (void)to_flag(live_check, "live_check", "init");  // init's flags are bools, None included
-  (void)to_flag(caching, "caching", "init");
-  DeviceState *previous = g_default_state != nullptr ? g_default_state : g_cpu_state;
-  configure(state, KILN_DEVICE_OPTIONS, "init");
-  g_default_state = &state;
-  if (previous != nullptr && previous != &state) {
-    close_device(*previous);
-    warn_teardown_failures();
-  }
-}
-
-/// kiln.device(name=None, **options): the Device `name` names (the current one without a name),
-/// configured with `options` when any is given.
-py::object device(py::handle name, KILN_DEVICE_OPTION_ARGS) {
-  DeviceState &state = name.is_none() ? current_device() : to_device_state(name, "device");
-  const DeviceOptions options = KILN_DEVICE_OPTIONS;
-  if (any_option(options)) configure(state, options, "device");
-  return device_object(state);
-}
+namespace {
 
 /// kiln._shutdown (run by atexit): closes the door to other threads, waits for the calls inside.
 void shutdown() {
@@ -318,14 +138,16 @@ DeviceState &state_in_variable(const py::object &value, const char *site) {
                                   site, type_name(value)));
 }
 
-/// The DeviceState of kiln.Device `value`. Errors: InvalidTypeError for an instance kiln did not
-/// make (Device.__new__ is refused; this is the last guard).
+}  // namespace
+
 DeviceState &state_of_device(py::handle value) {
   auto *state = py::cast<DeviceState *>(value);
   for (DeviceState *s : states())
     if (s == state) return *s;
   raise_invalid_type("Device", "a kiln.Device that kiln.device() did not return");
 }
+
+namespace {
 
 /// Device.__enter__: makes the device current in this context until __exit__. The variable holds
 /// (state address, Device, the value it replaced).
@@ -457,16 +279,6 @@ DeviceState &device_argument(py::handle value, const char *site) {
 void register_executor_state(py::module_ &m) {
   g_current_var = PyContextVar_New("kiln.current_device", nullptr);  // never released
   if (g_current_var == nullptr) throw py::error_already_set();
-#define KILN_DEVICE_OPTION_PYARGS                                                                  \
-  py::arg("budget_bytes") = py::none(), py::arg("reserve_bytes") = py::none(),                     \
-      py::arg("live_check") = py::none(), py::arg("caching") = py::none(),                         \
-      py::arg("device_heap_bytes") = py::none(), py::arg("mock_capacity_bytes") = py::none(),      \
-      py::arg("mock_other_process_bytes") = py::none(), py::arg("num_threads") = py::none(),       \
-      py::arg("fault_at") = py::none(), py::arg("fail_sizes_at_least") = py::none()
-#define KILN_DEVICE_OPTION_SIGNATURE                                                               \
-  "budget_bytes=None, reserve_bytes=None, live_check=True, caching=True, "                         \
-  "device_heap_bytes=None, mock_capacity_bytes=None, mock_other_process_bytes=None, "              \
-  "num_threads=None, fault_at=None, fail_sizes_at_least=None"
   py::class_<DeviceState, std::unique_ptr<DeviceState, py::nodelete>> cls(m, "Device", doc("Device"), py::is_final());
   // Instances come from kiln.device() only (pybind11 makes them without tp_new): Device.__new__
   // would make one without a device.
@@ -503,17 +315,7 @@ void register_executor_state(py::module_ &m) {
                              doc("Device.is_open"))
       .def("__enter__", &enter_device, doc("Device.__enter__"), guarded())
       .def("__exit__", [](py::object self, py::args) { exit_device(std::move(self)); }, doc("Device.__exit__"),
-           guarded())
-      .def("configure", [](DeviceState &s, KILN_DEVICE_OPTION_ARGS) { configure(s, KILN_DEVICE_OPTIONS, "configure"); },
-           doc("Device.configure"), py::kw_only(), KILN_DEVICE_OPTION_PYARGS, guarded());
-  def_typed(m, "init", "(arch='cpu', *, " KILN_DEVICE_OPTION_SIGNATURE ")", &init, doc("init"),
-            py::arg("arch") = "cpu", py::kw_only(), py::arg("budget_bytes") = py::none(),
-            py::arg("reserve_bytes") = py::none(), py::arg("live_check") = true, py::arg("caching") = true,
-            py::arg("device_heap_bytes") = py::none(), py::arg("mock_capacity_bytes") = py::none(),
-            py::arg("mock_other_process_bytes") = py::none(), py::arg("num_threads") = py::none(),
-            py::arg("fault_at") = py::none(), py::arg("fail_sizes_at_least") = py::none(), guarded());
-  def_typed(m, "device", "(name=None, *, " KILN_DEVICE_OPTION_SIGNATURE ")", &device, doc("device"),
-            py::arg("name") = py::none(), py::kw_only(), KILN_DEVICE_OPTION_PYARGS, guarded());
+           guarded());
   def_typed(m, "current_device", "()", [] { return device_object(current_device()); }, doc("current_device"),
             guarded());
   def_typed(m, "_shutdown", "()", &shutdown);
@@ -524,12 +326,6 @@ void register_executor_state(py::module_ &m) {
     if (open) (void)executor_of(state);
     return state.generation;
   }, py::arg("device") = py::none(), py::arg("open") = true, guarded());
-  // The device a name means, as "backend:ordinal" ("cuda" -> "cuda:0"): kiln.init's parser, for
-  // the pytest plugin's options. Errors: InvalidTypeError (not a str), InvalidUsageError.
-  def_typed(m, "_device_key", "(name)", [](py::handle name) {
-    const DeviceName device = check(parse_device_name(to_text(name, "name", "_device_key")));
-    return fmt::format("{}:{}", to_string(device.backend), device.ordinal);
-  }, py::arg("name"), guarded());
   // The names of the devices whose executor is open (kiln.testing's fake blocks).
   def_typed(m, "_open_devices", "()", [] {
     py::list names;
@@ -537,21 +333,6 @@ void register_executor_state(py::module_ &m) {
       if (s->executor) names.append(s->key);
     return names;
   });
-  // Closes every device of `backend` ("cuda"): their executors go (their arrays keep what they
-  // hold), and a current device among them gives way to cpu (opened as kiln.init(arch="cpu")
-  // would). For kiln.testing's fake blocks: no executor outlives the block on the fake.
-  def_typed(m, "_close_devices", "(backend)", [](py::handle backend_name) {
-    check_not_in_observer("_close_devices");
-    const Backend backend = check(parse_backend(to_text(backend_name, "backend", "_close_devices")));
-    bool current_closed = false;
-    for (DeviceState *s : states()) {
-      if (s->name.backend != backend || !s->executor) continue;
-      current_closed = current_closed || s == g_default_state;
-      close_device(*s);
-    }
-    if (current_closed) g_default_state = nullptr;  // cpu, opened on its next use
-    warn_teardown_failures();
-  }, py::arg("backend"), guarded());
 }
 
 }  // namespace kiln::python

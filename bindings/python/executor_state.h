@@ -156,6 +156,24 @@ DeviceState &device_argument(py::handle value, const char *site);
 /// Every device state made so far, in the order they were made.
 const std::vector<DeviceState *> &device_states();
 
+/// The device `value` names: a kiln.Device or a device name ("cuda:1"). Errors: InvalidTypeError,
+/// InvalidUsageError.
+DeviceState &to_device_state(py::handle value, const char *site);
+
+/// The DeviceState of kiln.Device `value`. Errors: InvalidTypeError for an instance kiln did not
+/// make (Device.__new__ is refused; this is the last guard).
+DeviceState &state_of_device(py::handle value);
+
+/// Replaces `state`'s executor by `fresh` (null: closes it), with the next generation. The old
+/// one's Python observers are removed first: its device may live on (arrays keep it), and an
+/// observer that refers to such an array would otherwise make a cycle through C++ that the
+/// garbage collector cannot see. Its fault blocks go too (they armed its plan).
+void replace_executor(DeviceState &state, std::shared_ptr<LlvmRuntimeExecutor> fresh);
+
+/// The device kiln.init made the process's current one, or nullptr (cpu, the default).
+DeviceState *process_default_device();
+void set_process_default_device(DeviceState *state);
+
 /// Refuses what an OOM observer must not do: allocate or launch on the device whose allocation
 /// is failing (DeviceMemory's contract; a launch would also re-enter the launcher's lock).
 /// Errors: InvalidUsageError naming kiln.`site`.

@@ -22,6 +22,7 @@ PYBIND11_MODULE(_kiln, m) {
   register_dtype(m);
   register_conversions(m);
   register_executor_state(m);
+  register_device_config(m);
   register_ndarray(m);
   register_dlpack(m);
   register_cuda_array_interface(m);

@@ -21,8 +21,11 @@ void register_dtype(py::module_ &m);
 /// complexfloating types and the dtype values kiln.f32 ... i64 (conversions.cpp); after
 /// register_dtype. Registers nothing.
 void register_conversions(py::module_ &m);
-/// kiln.init, kiln.device, kiln._shutdown (executor_state.cpp).
+/// kiln.Device, kiln.current_device, kiln._shutdown (executor_state.cpp).
 void register_executor_state(py::module_ &m);
+/// kiln.init, kiln.device, Device.configure, kiln._close_devices (device_config.cpp); after
+/// register_executor_state.
+void register_device_config(py::module_ &m);
 /// kiln.ndarray (buffer protocol included) and kiln.from_numpy (ndarray.cpp).
 void register_ndarray(py::module_ &m);
 /// Makes kiln.ndarray immutable once every part added its methods (ndarray.cpp). Last.
