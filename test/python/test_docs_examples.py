@@ -1,4 +1,4 @@
-"""Every ```python block of docs/*.md runs as written (each block in a fresh namespace, on the
+"""Every ```python block of README.md and docs/*.md runs as written (each block in a fresh namespace, on the
 CPU): an example that goes stale fails here."""
 import pathlib
 import re
@@ -7,7 +7,7 @@ import pytest
 
 from conftest import SOURCE_DIR
 
-DOCS = sorted(pathlib.Path(SOURCE_DIR, "docs").glob("*.md"))
+DOCS = [pathlib.Path(SOURCE_DIR, "README.md")] + sorted(pathlib.Path(SOURCE_DIR, "docs").glob("*.md"))
 BLOCKS = [(page, k, code) for page in DOCS
           for k, code in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S))]
 
