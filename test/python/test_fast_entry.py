@@ -152,6 +152,34 @@ def test_a_subclass_instance_is_an_array_made_before_its_init_runs():
         Sub(kiln.f32)
 
 
+def test_a_subclass_call_that_matches_no_signature_or_is_refused_leaves_nothing():
+    """The subclass path (tp_new, with an argument tuple and a keyword dict): too many
+    arguments, a keyword given twice, a refused shape, a budget refusal and an injected driver
+    failure are each kiln's named error, and no array or instance is left behind."""
+    import sys
+
+    class Sub(kiln.ndarray):
+        pass
+    live = kiln._kiln._live_array_bytes()
+    before = sys.getrefcount(Sub)
+    with pytest.raises(BAD_TYPE, match="does not take the arguments"):
+        Sub(kiln.f32, (2,), 1, 2)
+    with pytest.raises(BAD_TYPE, match="does not take the arguments"):
+        kiln.ndarray.__new__(Sub, dtype=kiln.f32, shape=(2,), device=None, extra=1)
+    with pytest.raises(BAD_TYPE, match="does not take the arguments"):
+        Sub(kiln.f32, shape=(2,), dtype=kiln.f32)
+    with pytest.raises(kiln.InvalidUsageError):
+        Sub(kiln.f32, (-1,))
+    with pytest.raises(kiln.BudgetExceededError):
+        Sub(kiln.f32, (1 << 40,))
+    with kiln.testing.fail_allocation(at=1), pytest.raises(kiln.DeviceOutOfMemoryError):
+        Sub(kiln.f32, (8,))
+    after = sys.getrefcount(Sub)  # not in the assert: pytest's rewriting holds one
+    assert after == before
+    assert kiln._kiln._live_array_bytes() == live
+    assert Sub(kiln.f32, (2,)).shape == (2,)
+
+
 def test_a_refused_array_leaves_no_instance_behind():
     """kiln.ndarray(dtype, shape) makes the array, then the instance: when the array is refused
     no instance exists (an instance would hold a reference to its class)."""
