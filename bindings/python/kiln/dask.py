@@ -45,7 +45,7 @@ from dask.sizeof import sizeof
 from distributed import WorkerPlugin
 from distributed.protocol.serialize import dask_deserialize, dask_serialize
 
-from . import _kernels, _kiln
+from . import _kiln
 from ._errors import DeviceLostError, Error, InvalidTypeError, InvalidUsageError, \
     NotSupportedError, OutOfMemoryError
 
@@ -212,8 +212,8 @@ class KilnPlugin(WorkerPlugin):
             worker.executors["default"] = executor.executor
         if name is None:
             return
-        _kernels._clear_cache()  # compiled user kernels hold the device's context
         gc.collect()  # arrays in reference cycles (a user's own) go before their device
+        # Closing drops the compiled user kernels first (they hold the device's context).
         _kiln._close_devices(_kiln.device(name).type)
 
     def transition(self, key: str, start: str, finish: str, **kwargs: Any) -> None:
