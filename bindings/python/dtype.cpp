@@ -110,11 +110,16 @@ void register_dtype(py::module_ &m) {
   // Replaces enum_'s own __str__ ("dtype.f32"): str(kiln.f32) == "f32".
   dtype_enum.attr("__str__") = py::cpp_function([](DataType d) { return std::string(to_string(d)); },
                                                 py::is_method(dtype_enum), doc("dtype.__str__"));
+  // Pickled by name at every protocol, as the module's global kiln._kiln.f32 (the same object
+  // back): protocols 0 and 1 would otherwise call copyreg's reconstructor, which makes a
+  // pybind11 base object and ends the process.
+  dtype_enum.attr("__reduce__") = py::cpp_function([](DataType d) { return std::string(to_string(d)); },
+                                                   py::is_method(dtype_enum), doc("dtype.__reduce__"));
   // Wrong arity (kiln.f32.__eq__(), kiln.dtype.__int__()): InvalidTypeError, as for kiln.ndarray.
   typed_mismatch_for_existing(dtype_enum, "kiln.dtype",
                               {{"__eq__", "(other)"}, {"__ne__", "(other)"}, {"__str__", "()"},
                                {"__repr__", "()"}, {"__int__", "()"}, {"__index__", "()"},
-                               {"__hash__", "()"}, {"__getstate__", "()"}});
+                               {"__hash__", "()"}, {"__getstate__", "()"}, {"__reduce__", "()"}});
 }
 
 }  // namespace kiln::python

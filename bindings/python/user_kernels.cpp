@@ -19,6 +19,7 @@
 
 #include "conversions.h"
 #include "error_mapping.h"
+#include "fast_entry.h"
 #include "executor_state.h"
 #include "kiln/executor/operation_kernels.h"
 #include "kiln/executor/user_kernel.h"
@@ -253,13 +254,27 @@ py::list describe_params(const PyUserKernel &k) {
 }  // namespace
 
 void register_user_kernels(py::module_ &m) {
-  py::class_<PyUserKernel>(m, "_UserKernel", doc("_UserKernel"))
+  py::class_<PyUserKernel> cls(m, "_UserKernel", doc("_UserKernel"));
+  // Instances come from the _compile_* functions only (pybind11 makes them without tp_new):
+  // _UserKernel.__new__ would make one without a kernel.
+  reinterpret_cast<PyTypeObject *>(cls.ptr())->tp_new = [](PyTypeObject *, PyObject *, PyObject *) -> PyObject * {
+    return run_guarded([]() -> PyObject * {
+      raise_invalid_type("_UserKernel", "kiln._UserKernel cannot be made: the kernel classes compile it");
+    });
+  };
+  cls
       .def_property_readonly("entry", [](const PyUserKernel &k) { return k.kernel->entry(); }, doc("_UserKernel.entry"))
       .def_property_readonly("code_size_bytes", [](const PyUserKernel &k) { return k.kernel->code_size_bytes(); },
                              doc("_UserKernel.code_size_bytes"))
       .def_property_readonly("params", &describe_params, doc("_UserKernel.params"))
       .def("__repr__", [](const PyUserKernel &k) { return "<kiln._UserKernel " + k.kernel->describe() + ">"; },
-           doc("_UserKernel.__repr__"));
+           doc("_UserKernel.__repr__"))
+      // Compiled code for one device context: not picklable (pickle the kernel object that made
+      // it). Without this, pickle's protocols 0 and 1 end the process in pybind11.
+      .def("__reduce__", [](py::handle) -> py::object {
+        raise_invalid_type("_UserKernel", "a compiled kernel cannot be pickled: pickle the kiln.Kernel, "
+                                          "ElementwiseKernel or ReductionKernel that made it");
+      }, doc("_UserKernel.__reduce__"));
   m.def("_compile_ir", &compile_ir, doc("_compile_ir"), py::arg("ir"), py::arg("entry"), py::arg("params"), guarded());
   m.def("_compile_elementwise", &compile_elementwise_kernel, doc("_compile_elementwise"), py::arg("name"),
         py::arg("operation"), py::arg("params"), py::arg("shape"), py::arg("type_names"), guarded());

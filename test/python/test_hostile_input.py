@@ -264,3 +264,39 @@ def test_a_masked_array_is_refused_rather_than_its_mask_ignored():
     with pytest.raises(BAD_TYPE) as info:
         kiln.from_numpy(masked)
     assert "mask" in str(info.value)
+
+
+PICKLE_EVERY_PROTOCOL = r"""
+import pickle, kiln
+for proto in range(pickle.HIGHEST_PROTOCOL + 1):
+    for d in (kiln.f32, kiln.f64, kiln.i32, kiln.i64):
+        assert pickle.loads(pickle.dumps(d, proto)) is d, (proto, d)
+kernel = kiln.ElementwiseKernel("T x", "T y", "y = x", "ident")
+kernel(kiln.zeros((2,)))
+compiled = next(iter(kiln._kernels._cache.values()))
+for proto in range(pickle.HIGHEST_PROTOCOL + 1):
+    try:
+        pickle.dumps(compiled, proto)
+    except kiln.InvalidTypeError:
+        continue
+    raise AssertionError(f"a compiled kernel pickled at protocol {proto}")
+print("ok")
+"""
+
+
+def test_dtypes_pickle_at_every_protocol_and_compiled_kernels_refuse_to():
+    """Protocols 0 and 1 used to end the process (copyreg's reconstructor made a pybind11 base
+    object): a dtype comes back as itself, a compiled kernel is InvalidTypeError. In a
+    subprocess, so that a regression fails this test rather than the run."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", PICKLE_EVERY_PROTOCOL], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_a_compiled_kernel_is_made_by_the_kernel_classes_only():
+    with pytest.raises(kiln.InvalidTypeError, match="cannot be made"):
+        kiln._kiln._UserKernel()
+    with pytest.raises(TypeError):  # pybind11's own refusal of its base's __new__: no instance
+        kiln._kiln._UserKernel.__new__(kiln._kiln._UserKernel)

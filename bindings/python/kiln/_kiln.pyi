@@ -94,6 +94,9 @@ class dtype:
         """The hash of the dtype's value."""
     def __getstate__(self) -> int:
         """Pickle support: the dtype's value."""
+    def __reduce__(self) -> str:
+        """Pickle support, every protocol: by name, the module's own kiln.f32 ... i64 (the same
+        object comes back)."""
     def __setstate__(self, value: _DtypeLike | _Int) -> None:
         """Pickle support: accepts what the constructor accepts, with the same errors."""
     def __repr__(self) -> str:
@@ -681,6 +684,10 @@ class _UserKernel:
 
     def __repr__(self) -> str:
         """<kiln._UserKernel entry(in f32 x, ...)>."""
+
+    def __reduce__(self) -> Any:
+        """Refused: a compiled kernel is not picklable (InvalidTypeError); pickle the kernel
+        object that made it."""
 
 
 def _compile_ir(ir: str | bytes, entry: str, params: list[tuple[str, str, dtype, bool]]) -> _UserKernel:
