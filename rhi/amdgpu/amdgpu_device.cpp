@@ -58,8 +58,8 @@ class AmdgpuDevice final : public GpuDevice {
   RhiStatus driver_copy_device(uint64_t dst, uint64_t src, uint64_t size_bytes) override;
   RhiStatus driver_memset_zero(uint64_t dst, uint64_t size_bytes) override;
 
-  RhiStatus to_status(int code, const char *site) override {
-    return hip::to_rhi(runtime_, code, site, name());
+  RhiStatus to_status(int code, const char *site, const AllocationFigures *allocation) override {
+    return hip::to_rhi(runtime_, code, site, name(), allocation);
   }
   // HIP's current device is per thread, so every call that reaches the runtime sets it first.
   RhiStatus make_current() override { return check(runtime_->hipSetDevice(ordinal_), "hipSetDevice"); }

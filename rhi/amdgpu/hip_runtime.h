@@ -29,7 +29,7 @@ struct HipRuntime {
 /// not_supported for no device / invalid device / not initialized / insufficient driver / no
 /// binary for the GPU; invalid_usage for invalid value; error with the name for anything else.
 [[nodiscard]] RhiStatus to_rhi(const HipRuntime *runtime, hipError_t result, const char *site,
-                               std::string device);
+                               std::string device, const AllocationFigures *allocation = nullptr);
 /// The runtime's name for a code ("hipErrorOutOfMemory"); a static string.
 [[nodiscard]] const char *error_name(const HipRuntime *runtime, hipError_t result);
 

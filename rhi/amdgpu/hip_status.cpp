@@ -65,12 +65,13 @@ const char *error_name(const HipRuntime *runtime, hipError_t result) {
   return "unrecognized hipError_t";
 }
 
-RhiStatus to_rhi(const HipRuntime *runtime, hipError_t result, const char *site, std::string device) {
+RhiStatus to_rhi(const HipRuntime *runtime, hipError_t result, const char *site, std::string device,
+                 const AllocationFigures *allocation) {
   if (result == kSuccess) return {};
   const Code *code = find(result);
   return std::unexpected(driver_call_failure(code != nullptr ? code->result : RhiResult::error,
                                              std::move(device), site, error_name(runtime, result),
-                                             static_cast<int>(result)));
+                                             static_cast<int>(result), allocation));
 }
 
 }  // namespace kiln::hip

@@ -14,7 +14,7 @@ RhiExpected<uint64_t> HostMemoryDevice::driver_allocate(const LlvmRuntimeAllocPa
   void *ptr = rounded < params.size_bytes ? nullptr : std::aligned_alloc(alignment, rounded);
   if (ptr == nullptr) {
     return std::unexpected(
-        driver_out_of_memory(name(), "aligned_alloc", "ENOMEM", params.category, params.size_bytes));
+        driver_out_of_memory(name(), "aligned_alloc", "ENOMEM", params.figures()));
   }
   return reinterpret_cast<uint64_t>(ptr);
 }

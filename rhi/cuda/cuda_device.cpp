@@ -38,8 +38,8 @@ class CudaDevice final : public GpuDevice {
   RhiStatus driver_copy_device(uint64_t dst, uint64_t src, uint64_t size_bytes) override;
   RhiStatus driver_memset_zero(uint64_t dst, uint64_t size_bytes) override;
 
-  RhiStatus to_status(int code, const char *site) override {
-    return cuda::to_rhi(driver_, code, site, name());
+  RhiStatus to_status(int code, const char *site, const AllocationFigures *allocation) override {
+    return cuda::to_rhi(driver_, code, site, name(), allocation);
   }
   RhiStatus make_current() override { return check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent"); }
   RhiStatus validate_image(std::span<const std::byte> image) override;

@@ -27,7 +27,7 @@ struct CudaDriver {
 /// the sticky faults; not_supported for no device / not initialized / stub / old driver;
 /// invalid_usage for invalid value; error with the name for anything else.
 [[nodiscard]] RhiStatus to_rhi(const CudaDriver *driver, CUresult result, const char *site,
-                               std::string device);
+                               std::string device, const AllocationFigures *allocation = nullptr);
 /// The driver's name for a code ("CUDA_ERROR_OUT_OF_MEMORY"); a static string.
 [[nodiscard]] const char *error_name(const CudaDriver *driver, CUresult result);
 

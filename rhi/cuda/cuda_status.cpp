@@ -71,12 +71,13 @@ const char *error_name(const CudaDriver *driver, CUresult result) {
   return "unrecognized CUresult";
 }
 
-RhiStatus to_rhi(const CudaDriver *driver, CUresult result, const char *site, std::string device) {
+RhiStatus to_rhi(const CudaDriver *driver, CUresult result, const char *site, std::string device,
+                 const AllocationFigures *allocation) {
   if (result == kSuccess) return {};
   const Code *code = find(result);
   return std::unexpected(driver_call_failure(code != nullptr ? code->result : RhiResult::error,
                                              std::move(device), site, error_name(driver, result),
-                                             static_cast<int>(result)));
+                                             static_cast<int>(result), allocation));
 }
 
 }  // namespace kiln::cuda

@@ -49,8 +49,7 @@ RhiExpected<uint64_t> MockDevice::driver_allocate(const LlvmRuntimeAllocParams &
     if (params.size_bytes > capacity_bytes_ || held + others > capacity_bytes_ - params.size_bytes) {
       driver_oom_count_.fetch_add(1);
       return std::unexpected(driver_out_of_memory(name(), "MockDevice::driver_allocate",
-                                                  "MOCK_ERROR_OUT_OF_MEMORY", params.category,
-                                                  params.size_bytes));
+                                                  "MOCK_ERROR_OUT_OF_MEMORY", params.figures()));
     }
   } while (!held_bytes_.compare_exchange_weak(held, held + params.size_bytes));
   uint64_t high = high_water_bytes_.load();

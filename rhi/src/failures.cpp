@@ -7,14 +7,19 @@ namespace kiln {
 
 namespace {
 
+// The figures of the request a failure is about: set here, by the factories, and nowhere else.
+void set_request(Failure &f, const AllocationFigures &figures) {
+  f.category = figures.category;
+  f.requested_bytes = figures.requested_bytes;
+  f.class_bytes = figures.class_bytes;
+}
+
 // The fields every out-of-memory failure about an allocation has.
 Failure out_of_memory(OomSource source, std::string device, const char *site,
-                      MemoryCategory category, uint64_t requested_bytes,
-                      std::source_location where) {
+                      const AllocationFigures &figures, std::source_location where) {
   Failure f = make_failure(RhiResult::out_of_memory, std::move(device), site, "", where);
+  set_request(f, figures);
   f.oom_source = source;
-  f.category = category;
-  f.requested_bytes = requested_bytes;
   return f;
 }
 
@@ -36,32 +41,53 @@ Failure invalid_usage(std::string device, const char *site, std::string detail,
   return make_failure(RhiResult::invalid_usage, std::move(device), site, std::move(detail), where);
 }
 
+Failure invalid_request(std::string device, const char *site, std::string detail,
+                        const AllocationFigures &figures, std::source_location where) {
+  Failure f = invalid_usage(std::move(device), site, std::move(detail), where);
+  set_request(f, figures);
+  return f;
+}
+
 Failure driver_out_of_memory(std::string device, const char *site, const char *driver_status,
                              MemoryCategory category, uint64_t requested_bytes,
                              std::source_location where) {
-  Failure f = out_of_memory(OomSource::driver, std::move(device), site, category,
-                            requested_bytes, where);
+  return driver_out_of_memory(std::move(device), site, driver_status,
+                              AllocationFigures{category, requested_bytes, 0}, where);
+}
+
+Failure driver_out_of_memory(std::string device, const char *site, const char *driver_status,
+                             const AllocationFigures &figures, std::source_location where) {
+  Failure f = out_of_memory(OomSource::driver, std::move(device), site, figures, where);
   f.driver_status = driver_status;
   return f;
 }
 
 Failure driver_call_failure(RhiResult result, std::string device, const char *site,
-                            const char *driver_status, int code, std::source_location where) {
-  Failure f = make_failure(result, std::move(device), site, "", where);
+                            const char *driver_status, int code,
+                            const AllocationFigures *allocation, std::source_location where) {
+  // Only an allocation site says it allocated (GpuDevice::allocated), so a copy, launch or
+  // module load that runs out of memory is never worded as an allocation of 0 bytes.
+  Failure f = allocation != nullptr
+                  ? out_of_memory(OomSource::driver, std::move(device), site, *allocation, where)
+                  : make_failure(result, std::move(device), site, "", where);
+  f.result = result;
   f.oom_source = result == RhiResult::out_of_memory ? OomSource::driver : OomSource::none;
   f.driver_status = driver_status;
-  // Which call this was is known here, not whether it allocated: an allocation site says so
-  // (DriverGpuDevice::allocated), so a copy, launch or module load that runs out of memory is
-  // never worded as an allocation of 0 bytes.
-  f.allocating = false;
+  f.allocating = allocation != nullptr;
   if (result != RhiResult::out_of_memory) f.detail = fmt::format("{} failed with code {}", site, code);
   return f;
 }
 
 Failure injected_fault(std::string device, const char *site, MemoryCategory category,
                        uint64_t requested_bytes, std::source_location where) {
-  Failure f = driver_out_of_memory(std::move(device), site, "injected fault (FaultPlan)", category,
-                                   requested_bytes, where);
+  return injected_fault(std::move(device), site, AllocationFigures{category, requested_bytes, 0},
+                        where);
+}
+
+Failure injected_fault(std::string device, const char *site, const AllocationFigures &figures,
+                       std::source_location where) {
+  Failure f = driver_out_of_memory(std::move(device), site, "injected fault (FaultPlan)", figures,
+                                   where);
   f.injected = true;
   return f;
 }
@@ -73,8 +99,7 @@ Failure injected_device_lost(std::string device, const char *site, MemoryCategor
       fmt::format("injected device loss (fault spec kind=lost) while allocating {} for {}",
                   format_bytes(requested_bytes), to_string(category)),
       where);
-  f.category = category;
-  f.requested_bytes = requested_bytes;
+  set_request(f, AllocationFigures{category, requested_bytes, 0});
   f.injected = true;
   return f;
 }
@@ -104,7 +129,15 @@ Failure injected_heap_exhaustion(std::string device, const char *site, std::stri
 Failure budget_refusal(BudgetCheck check, const char *site, MemoryCategory category,
                        uint64_t requested_bytes, const MemorySnapshot &memory,
                        std::source_location where) {
-  Failure f = out_of_memory(OomSource::budget, "", site, category, requested_bytes, where);
+  return budget_refusal(check, site, AllocationFigures{category, requested_bytes, 0}, memory, {},
+                        where);
+}
+
+Failure budget_refusal(BudgetCheck check, const char *site, const AllocationFigures &figures,
+                       const MemorySnapshot &memory, std::string_view detail,
+                       std::source_location where) {
+  Failure f = out_of_memory(OomSource::budget, "", site, figures, where);
+  if (!detail.empty()) f.detail = detail;
   f.budget_check = check;
   f.has_memory = true;
   f.memory = memory;
@@ -114,7 +147,8 @@ Failure budget_refusal(BudgetCheck check, const char *site, MemoryCategory categ
 Failure device_heap_exhausted(std::string device, const char *site, uint64_t requested_bytes,
                               std::string detail, std::source_location where) {
   Failure f = out_of_memory(OomSource::device_heap, std::move(device), site,
-                            MemoryCategory::runtime_heap, requested_bytes, where);
+                            AllocationFigures{MemoryCategory::runtime_heap, requested_bytes, 0},
+                            where);
   f.detail = std::move(detail);
   return f;
 }
@@ -122,8 +156,8 @@ Failure device_heap_exhausted(std::string device, const char *site, uint64_t req
 Failure host_out_of_memory(std::string device, const char *site, uint64_t requested_bytes,
                            std::string detail, const char *driver_status,
                            std::source_location where) {
-  Failure f = out_of_memory(OomSource::host, std::move(device), site, MemoryCategory::ndarray,
-                            requested_bytes, where);
+  Failure f = out_of_memory(OomSource::host, std::move(device), site,
+                            AllocationFigures{MemoryCategory::ndarray, requested_bytes, 0}, where);
   f.detail = std::move(detail);
   f.driver_status = driver_status;
   return f;

@@ -4,8 +4,8 @@
 
 namespace kiln {
 
-RhiStatus GpuDevice::check(int code, const char *site) {
-  auto status = to_status(code, site);
+RhiStatus GpuDevice::check(int code, const char *site, const AllocationFigures *allocation) {
+  auto status = to_status(code, site, allocation);
   if (!status && status.error().result == RhiResult::device_lost) mark_lost(status.error());
   return status;
 }
@@ -31,14 +31,9 @@ RhiStatus GpuDevice::enter_to_release(const char *site) {
 }
 
 RhiExpected<uint64_t> GpuDevice::allocated(int code, const char *site, uint64_t address,
-                                                 const LlvmRuntimeAllocParams &params) {
-  auto status = check(code, site);
-  if (!status) {
-    status.error().allocating = true;
-    status.error().category = params.category;
-    status.error().requested_bytes = params.size_bytes;
-    return std::unexpected(std::move(status).error());
-  }
+                                           const LlvmRuntimeAllocParams &params) {
+  const AllocationFigures figures = params.figures();
+  KILN_RETURN_IF_ERROR(check(code, site, &figures));
   return address;
 }
 

@@ -46,20 +46,14 @@ RhiStatus LlvmDevice::check_alive(const char *site) const {
 RhiExpected<DeviceAllocation> LlvmDevice::allocate_runtime(const LlvmRuntimeAllocParams &params) {
   constexpr const char *kSite = "LlvmDevice::allocate_runtime";
   KILN_RETURN_IF_ERROR(check_alive(kSite));
-  const auto refuse = [&](RhiResult result, std::string detail) {
-    Failure f = failure(result, kSite, std::move(detail));  // invalid_usage
-    f.category = params.category;
-    f.requested_bytes = params.size_bytes;
-    return std::unexpected(std::move(f));
+  const auto refuse = [&](std::string detail) {
+    return std::unexpected(invalid_request(name(), kSite, std::move(detail), params.figures()));
   };
-  if (params.size_bytes == 0)
-    return refuse(RhiResult::invalid_usage,
-                  "allocation of 0 bytes (zero-size ndarrays allocate nothing)");
+  if (params.size_bytes == 0) return refuse("allocation of 0 bytes (zero-size ndarrays allocate nothing)");
   if (!std::has_single_bit(params.alignment_bytes))
-    return refuse(RhiResult::invalid_usage,
-                  fmt::format("alignment {} is not a power of two", params.alignment_bytes));
+    return refuse(fmt::format("alignment {} is not a power of two", params.alignment_bytes));
   if (fault_plan_.should_fail(params.size_bytes))
-    return std::unexpected(injected_fault(name(), kSite, params.category, params.size_bytes));
+    return std::unexpected(injected_fault(name(), kSite, params.figures()));
   KILN_ASSIGN_OR_RETURN(const uint64_t address, driver_allocate(params));
   if (params.zero_fill) {
     if (auto cleared = driver_memset_zero(address, params.size_bytes); !cleared) {

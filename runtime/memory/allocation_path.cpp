@@ -1,10 +1,9 @@
 // DeviceMemory's one locked allocation path, for a single request and a group alike: admitted
 // requests are served from the caches where they can be; the misses grow together, all or
-// nothing (growth.cpp), or are refused outright when no eviction or observer could help; an
-// out-of-memory failure goes to the OOM observers, and is tried once more if they freed memory.
+// nothing, or are refused outright when no eviction or observer could help (both decided by the
+// budget adaptor); an out-of-memory failure goes to the OOM observers, and is tried once more if
+// they freed memory.
 #include "kiln/runtime/memory/device_memory.h"
-
-#include <fmt/format.h>
 
 #include "thread_cache.h"
 
@@ -36,13 +35,13 @@ Result DeviceMemory::allocate_admitted(std::span<const AllocRequest> requests,
   annotate(result.error());
   // An out-of-memory failure goes to the observers; if they freed memory, once more.
   if (result.error().result == RhiResult::out_of_memory && notify_observers(result.error())) {
-    retries_.fetch_add(1, std::memory_order_relaxed);
+    adaptor_.counters().retries.fetch_add(1, std::memory_order_relaxed);
     result = try_requests<Result>(cache, requests, slots, growth, outright);
     // Outright this time too when the observers are gone by now (one removed itself).
     if (result || outright) return result;
     annotate(result.error());
   }
-  count_refusal(result.error());
+  adaptor_.count_refusal(result.error());
   return result;
 }
 
@@ -50,10 +49,8 @@ template <class Result>
 Result DeviceMemory::try_requests(Cache *cache, std::span<const AllocRequest> requests,
                                   std::span<Slot> slots, std::span<CategoryRequest> growth,
                                   bool &outright) {
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    slots[i] = Slot{};
-    slots[i].class_bytes = class_of(requests[i].size_bytes);
-  }
+  for (std::size_t i = 0; i < requests.size(); ++i)
+    slots[i] = Slot{class_of(requests[i].size_bytes), 0, nullptr, {}};
   // 1. Reuse: cached blocks need no budget growth and no driver call.
   const std::size_t hits = take_cached(cache, requests, slots);
   for (std::size_t i = 0; i < requests.size(); ++i) {
@@ -66,17 +63,18 @@ Result DeviceMemory::try_requests(Cache *cache, std::span<const AllocRequest> re
   // 2. Growth for the misses, or their refusal. A failure holds nothing: the hits go back to the
   // cache before anyone (observers, the caller) sees its picture.
   if (hits < requests.size()) {
-    const Misses m = misses(requests, slots);
-    // Outright only when even the exact sizes do not fit (rounding never refuses) and nothing
-    // was reused (nothing to hand back, and the misses are the whole request).
-    if (CategoryBytes in_use{}; hits == 0 && refuses_outright(m.size_bytes, in_use)) {
+    // Outright only when nothing was reused (nothing to hand back, and the misses are the whole
+    // request) and no observer could free memory.
+    const auto misses = BudgetAdaptor::Misses::of(requests, slots);
+    if (CategoryBytes held{};
+        hits == 0 && adaptor_.refuses_outright(misses, !observers_.empty(), held)) {
       outright = true;
-      return Result(std::unexpect, refused_outright(m, in_use));
+      return Result(std::unexpect, adaptor_.refused_outright(misses, held));
     }
-    if (auto grown = grow(requests, slots, growth, m); !grown) {
-      Failure f = whole_group_refusal(std::move(grown).error(), requests, slots);
+    if (auto grown = adaptor_.grow(requests, slots, growth, misses, reused_blocks(requests, slots));
+        !grown) {
       give_back_hits(cache, requests, slots);
-      return Result(std::unexpect, std::move(f));
+      return Result(std::unexpect, std::move(grown).error());
     }
     std::lock_guard lock(mutex_);
     for (std::size_t i = 0; i < requests.size(); ++i)
@@ -117,7 +115,7 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_group(
 [[gnu::always_inline]] inline std::size_t DeviceMemory::take_cached(
     Cache *cache, std::span<const AllocRequest> requests, std::span<Slot> slots) {
   if (!caching_) return 0;
-  const uint64_t held_bytes = budget_.in_use_bytes();  // no cached block is larger
+  const uint64_t held_bytes = in_use_bytes();  // no cached block is larger
   bool any = false;
   for (const AllocRequest &r : requests) any |= r.size_bytes <= held_bytes;
   if (!any) return 0;
@@ -141,46 +139,17 @@ void DeviceMemory::give_back_hits(Cache *cache, std::span<const AllocRequest> re
     if (slots[i].hit != nullptr) cache_freed_locked(cache, slots[i].hit, requests[i].category);
 }
 
-DeviceMemory::Misses DeviceMemory::misses(std::span<const AllocRequest> requests,
-                                          std::span<const Slot> slots) {
-  Misses m;
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    if (slots[i].hit != nullptr) continue;
-    if (m.size_bytes == 0) m.category = requests[i].category;
-    m.size_bytes = saturating_add(m.size_bytes, requests[i].size_bytes);
-    m.class_bytes = saturating_add(m.class_bytes, slots[i].class_bytes);
-  }
-  return m;
-}
-
-// A group is granted whole or not at all, so its refusal reports the whole group: the blocks it
-// reused from the cache count too (they go back there, and the snapshot shows them as cache).
-// Reporting only the misses would refuse less than the room the message shows. Only the budget's
-// refusals are about the group; a driver's refusal (or an injected fault) is about the one block
-// it refused, and keeps that block's figures.
-Failure DeviceMemory::whole_group_refusal(Failure f, std::span<const AllocRequest> requests,
-                                          std::span<const Slot> slots) {
-  if (f.result != RhiResult::out_of_memory || !f.allocating || f.oom_source != OomSource::budget)
-    return f;
-  uint64_t reused_bytes = 0, reused_class_bytes = 0;
-  std::size_t reused = 0;
+ReusedBlocks DeviceMemory::reused_blocks(std::span<const AllocRequest> requests,
+                                         std::span<const Slot> slots) {
+  ReusedBlocks reused;
   for (std::size_t i = 0; i < requests.size(); ++i) {
     if (slots[i].hit == nullptr) continue;
-    ++reused;
-    reused_bytes = saturating_add(reused_bytes, requests[i].size_bytes);
-    reused_class_bytes = saturating_add(
-        reused_class_bytes, slots[i].hit->class_bytes.load(std::memory_order_relaxed));
+    ++reused.count;
+    reused.size_bytes = saturating_add(reused.size_bytes, requests[i].size_bytes);
+    reused.class_bytes = saturating_add(reused.class_bytes,
+                                        slots[i].hit->class_bytes.load(std::memory_order_relaxed));
   }
-  if (reused == 0) return f;
-  f.requested_bytes = saturating_add(f.requested_bytes, reused_bytes);
-  if (f.class_bytes != 0) {  // the misses' rounding was refused too: the class of the group
-    const uint64_t class_total = saturating_add(f.class_bytes, reused_class_bytes);
-    f.class_bytes = class_total > f.requested_bytes ? class_total : 0;
-  }
-  const std::string what = f.detail.empty() ? std::string(to_string(f.category)) : f.detail;
-  f.detail = fmt::format("{} ({} buffers granted together, {} of them, {}, reusable from the "
-                         "pool's cache)", what, requests.size(), reused, format_bytes(reused_bytes));
-  return f;
+  return reused;
 }
 
 }  // namespace kiln::runtime

@@ -4,47 +4,6 @@
 
 namespace kiln::runtime {
 
-uint64_t LedgerStats::current_total_bytes() const {
-  uint64_t total = 0;
-  for (uint64_t b : current_bytes) total += b;
-  return total;
-}
-
-Reservation::Reservation(Reservation &&other) noexcept
-    : budget_(std::exchange(other.budget_, nullptr)), bytes_(std::exchange(other.bytes_, {})) {}
-
-Reservation &Reservation::operator=(Reservation &&other) noexcept {
-  if (this != &other) {
-    if (budget_ != nullptr) budget_->give_back(bytes_);
-    budget_ = std::exchange(other.budget_, nullptr);
-    bytes_ = std::exchange(other.bytes_, {});
-  }
-  return *this;
-}
-
-Reservation::~Reservation() {
-  if (budget_ != nullptr) budget_->give_back(bytes_);
-}
-
-void Reservation::commit() {
-  budget_ = nullptr;
-  bytes_ = {};
-}
-
-void Reservation::release_part(MemoryCategory category, uint64_t size_bytes) {
-  auto &held = bytes_[static_cast<std::size_t>(category)];
-  const uint64_t n = std::min(held, size_bytes);
-  if (budget_ == nullptr || n == 0) return;
-  held -= n;
-  budget_->release(category, n);
-}
-
-uint64_t Reservation::total_bytes() const {
-  uint64_t total = 0;
-  for (uint64_t b : bytes_) total += b;
-  return total;
-}
-
 namespace {
 std::size_t index(MemoryCategory category) { return static_cast<std::size_t>(category); }
 constexpr auto kRelaxed = std::memory_order_relaxed;
@@ -52,10 +11,16 @@ constexpr auto kRelaxed = std::memory_order_relaxed;
 
 Failure MemoryBudget::refusal(uint64_t requested_bytes, MemoryCategory category, const char *site,
                               const CategoryBytes *in_use, std::source_location where) {
+  const RefusalReport report{AllocationFigures{category, requested_bytes, 0}, {}};
+  return refusal(report, site, in_use, where);
+}
+
+Failure MemoryBudget::refusal(const RefusalReport &report, const char *site,
+                              const CategoryBytes *in_use, std::source_location where) {
   MemorySnapshot memory;
   memory.limit_bytes = limit_bytes_.load(kRelaxed);
   memory.in_use_bytes = in_use != nullptr ? *in_use : in_use_by_category();
-  return budget_refusal(BudgetCheck::limit, site, category, requested_bytes, memory, where);
+  return budget_refusal(BudgetCheck::limit, site, report.figures, memory, report.detail, where);
 }
 
 bool MemoryBudget::fits_after_reclaim(uint64_t size_bytes, uint64_t unreclaimable_bytes) const {
@@ -65,18 +30,21 @@ bool MemoryBudget::fits_after_reclaim(uint64_t size_bytes, uint64_t unreclaimabl
 }
 
 RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> requests,
-                                               ReclaimHook &hook) {
-  auto reservation = reserve(requests);
+                                               ReclaimHook &hook, const RefusalReport *report) {
+  auto reservation = reserve(requests, report);
+  if (reservation || reservation.error().result != RhiResult::out_of_memory) return reservation;
+  uint64_t total_bytes = 0;  // what must fit (saturating: a sum that wraps never fits)
+  for (const CategoryRequest &r : requests)
+    total_bytes = r.size_bytes > UINT64_MAX - total_bytes ? UINT64_MAX : total_bytes + r.size_bytes;
   // Reclaimable bytes never cause a refusal on their own: while reclaiming would make room,
   // reclaim and ask again. The retry happens even when this call reclaimed nothing itself
   // (another thread's reclaim may have finished meanwhile; the hook says whether to go on).
   for (int round = 0; round < kReclaimRounds && !reservation &&
                       reservation.error().result == RhiResult::out_of_memory &&
-                      fits_after_reclaim(reservation.error().requested_bytes,
-                                         hook.unreclaimable_bytes());
+                      fits_after_reclaim(total_bytes, hook.unreclaimable_bytes());
        ++round) {
     ignore_result(hook.reclaim(), "asked again whatever it says: the budget decides");
-    reservation = reserve(requests);
+    reservation = reserve(requests, report);
   }
   return reservation;
 }
@@ -91,7 +59,8 @@ RhiExpected<Reservation> MemoryBudget::reserve(MemoryCategory category, uint64_t
   return reserve(std::span<const CategoryRequest>(&request, 1));
 }
 
-RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> requests) {
+RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> requests,
+                                               const RefusalReport *report) {
   constexpr const char *kSite = "MemoryBudget::reserve";
   CategoryBytes bytes{};
   uint64_t total = 0;
@@ -104,18 +73,17 @@ RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> 
     total += r.size_bytes;
   }
   const MemoryCategory first = requests.empty() ? MemoryCategory::ndarray : requests[0].category;
+  const auto refused = [&](uint64_t total_bytes) {
+    refusals_.fetch_add(1, kRelaxed);
+    const RefusalReport own{AllocationFigures{first, total_bytes, 0}, {}};
+    return std::unexpected(refusal(report != nullptr ? *report : own, kSite));
+  };
   // A refusal is decided without the lock: the total only changes under it, and a request that
   // does not fit now did not fit at the moment of that load.
-  if (overflow || !fits(total)) {
-    refusals_.fetch_add(1, kRelaxed);
-    return std::unexpected(refusal(overflow ? UINT64_MAX : total, first, kSite));
-  }
+  if (overflow || !fits(total)) return refused(overflow ? UINT64_MAX : total);
   if (before_lock_hook_ != nullptr) before_lock_hook_(before_lock_context_);
   std::lock_guard lock(mutex_);
-  if (!fits(total)) {
-    refusals_.fetch_add(1, kRelaxed);
-    return std::unexpected(refusal(total, first, kSite));
-  }
+  if (!fits(total)) return refused(total);
   if (under_lock_hook_ != nullptr) under_lock_hook_(under_lock_context_);
   const uint64_t in_use = in_use_total_.load(kRelaxed) + total;
   in_use_total_.store(in_use, kRelaxed);

@@ -81,7 +81,7 @@ void DeviceMemory::release_charge_locked(const Record &record, MemoryCategory ca
   const uint64_t class_bytes = record.class_bytes.load(std::memory_order_relaxed);
   Cache::add(moves_[index(category)], -to_signed(class_bytes));
   Cache::add(moves_[index(record.charged)], to_signed(class_bytes));
-  budget_.release(record.charged, class_bytes);
+  adaptor_.budget().release(record.charged, class_bytes);
 }
 
 void DeviceMemory::register_block_locked(Cache *cache, DeviceAllocation block,

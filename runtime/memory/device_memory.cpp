@@ -20,7 +20,7 @@ RhiExpected<std::unique_ptr<DeviceMemory>> DeviceMemory::create(LlvmDevice &devi
 MemorySnapshot DeviceMemory::snapshot() {
   MemorySnapshot m;
   picture_.fill_live_figures(m, false, device_);
-  m.limit_bytes = budget_.limit_bytes();
+  m.limit_bytes = limit_bytes();
   m.in_use_bytes = in_use_by_category();
   return m;
 }
@@ -36,7 +36,7 @@ void DeviceMemory::fill_picture(Failure &failure, const CategoryBytes &in_use) {
   if (failure.device.empty()) failure.device = device_.name();
   if (!failure.has_memory || failure.memory.total_bytes == 0)
     picture_.fill_live_figures(failure.memory, failure.oom_source == OomSource::budget, device_);
-  failure.memory.limit_bytes = budget_.limit_bytes();
+  failure.memory.limit_bytes = limit_bytes();
   failure.memory.in_use_bytes = in_use;
   failure.has_memory = true;
 }
@@ -51,11 +51,9 @@ RhiStatus DeviceMemory::validate(MemoryCategory category, uint64_t size_bytes) c
   if (category == MemoryCategory::pool_cache) why = "pool_cache is the pool's own category";
   if (static_cast<std::size_t>(category) >= kNumMemoryCategories) why = "no such memory category";
   if (why == nullptr) return {};
-  Failure f = invalid_usage(device_.name(), "DeviceMemory::validate",
-                            fmt::format("{} (category {})", why, to_string(category)));
-  f.category = category;
-  f.requested_bytes = size_bytes;
-  return std::unexpected(std::move(f));
+  return std::unexpected(invalid_request(device_.name(), "DeviceMemory::validate",
+                                         fmt::format("{} (category {})", why, to_string(category)),
+                                         AllocationFigures{category, size_bytes, 0}));
 }
 
 uint64_t DeviceMemory::class_of(uint64_t size_bytes) const {
@@ -81,7 +79,7 @@ RhiStatus DeviceMemory::check_fault_plan(std::span<const AllocRequest> requests)
     device_.mark_lost(lost);
     return std::unexpected(std::move(lost));
   }
-  driver_ooms_.fetch_add(1, std::memory_order_relaxed);
+  adaptor_.counters().driver_ooms.fetch_add(1, std::memory_order_relaxed);
   return std::unexpected(injected_fault(device_.name(), "DeviceMemory::check_fault_plan",
                                         refused.request->category, refused.request->size_bytes));
 }
@@ -100,7 +98,11 @@ bool DeviceMemory::notify_observers(const Failure &failure) {
   // While they run, this thread's allocations here take the locked path, which refuses them
   // (check_not_observing): its fast path forgets this memory's cache until they return.
   forget_fast_binding();
-  return observers_.notify(failure, [this] { return unreclaimable_bytes(); });
+  const bool freed = observers_.notify(
+      failure, [this] { return BudgetAdaptor::unreclaimable_bytes(in_use_by_category()); });
+  ignore_result(my_cache(), "called to bind this thread's fast path to its cache again, now that "
+                            "the observers are done");
+  return freed;
 }
 
 RhiStatus DeviceMemory::admit(std::span<const AllocRequest> requests) {
@@ -112,7 +114,7 @@ RhiStatus DeviceMemory::admit(std::span<const AllocRequest> requests) {
   if (fault.error().result != RhiResult::out_of_memory) return fault;  // lost: no observer cures it
   annotate(fault.error());
   if (!notify_observers(fault.error())) return fault;
-  retries_.fetch_add(1, std::memory_order_relaxed);
+  adaptor_.counters().retries.fetch_add(1, std::memory_order_relaxed);
   return {};
 }
 
@@ -174,21 +176,11 @@ RhiStatus DeviceMemory::free_locked_path(DeviceAllocation alloc) {
 
 RhiStatus DeviceMemory::charge(MemoryCategory category, uint64_t size_bytes) {
   KILN_RETURN_IF_ERROR(check_not_observing());  // a charge is an allocation, too
-  if (category >= MemoryCategory::pool_cache) {  // the pool's own, or no category at all
-    Failure f = invalid_usage(device_.name(), "DeviceMemory::charge",
-                              fmt::format("cannot charge category {}", to_string(category)));
-    f.category = category;
-    f.requested_bytes = size_bytes;
-    return std::unexpected(std::move(f));
-  }
-  const CategoryRequest request{category, size_bytes};
-  auto reservation = budget_.reserve(std::span<const CategoryRequest>(&request, 1), *this);
-  if (!reservation) {
-    annotate(reservation.error());
-    count_refusal(reservation.error());
-    return std::unexpected(std::move(reservation).error());
-  }
-  reservation->commit();
+  if (category >= MemoryCategory::pool_cache)  // the pool's own, or no category at all
+    return std::unexpected(invalid_request(device_.name(), "DeviceMemory::charge",
+                                           fmt::format("cannot charge category {}", to_string(category)),
+                                           AllocationFigures{category, size_bytes, 0}));
+  KILN_RETURN_IF_ERROR(adaptor_.charge(category, size_bytes));
   Cache *cache = caching_ ? my_cache() : nullptr;
   std::lock_guard lock(mutex_);
   reclaim_headroom_locked(cache, category);
@@ -197,7 +189,7 @@ RhiStatus DeviceMemory::charge(MemoryCategory category, uint64_t size_bytes) {
 }
 
 void DeviceMemory::uncharge(MemoryCategory category, uint64_t size_bytes) {
-  if (category < MemoryCategory::pool_cache) budget_.release(category, size_bytes);
+  if (category < MemoryCategory::pool_cache) adaptor_.budget().release(category, size_bytes);
 }
 
 }  // namespace kiln::runtime

@@ -68,13 +68,13 @@ void DeviceMemory::move_locked(Cache *cache, MemoryCategory from, MemoryCategory
 void DeviceMemory::raise_peak_locked(MemoryCategory category) {
   const std::size_t k = index(category);
   int64_t bound =
-      to_signed(budget_.in_use_by_category()[k]) + moves_[k].load(std::memory_order_relaxed);
+      to_signed(adaptor_.budget().in_use_by_category()[k]) + moves_[k].load(std::memory_order_relaxed);
   for (const auto &cache : caches_) bound += cache->grant[k].load(std::memory_order_relaxed);
   peaks_[k] = std::max(peaks_[k], static_cast<uint64_t>(std::max<int64_t>(bound, 0)));
 }
 
 bool DeviceMemory::view_bytes(CategoryBytes &out, bool quiesced) const {
-  const CategoryBytes charged = budget_.in_use_by_category();
+  const CategoryBytes charged = adaptor_.budget().in_use_by_category();
   std::array<int64_t, kNumMemoryCategories> bytes{}, shares{};
   for (std::size_t k = 0; k < kNumMemoryCategories; ++k)
     bytes[k] = to_signed(charged[k]) + moves_[k].load(std::memory_order_relaxed);
@@ -119,7 +119,7 @@ void DeviceMemory::reset_peaks() {
   std::lock_guard lock(mutex_);
   for (std::size_t k = 0; k < kNumMemoryCategories; ++k)
     reclaim_headroom_locked(cache, static_cast<MemoryCategory>(k));
-  budget_.reset_peaks();
+  adaptor_.budget().reset_peaks();
   peaks_ = {};
   for (std::size_t k = 0; k < kNumMemoryCategories; ++k)
     raise_peak_locked(static_cast<MemoryCategory>(k));
@@ -138,8 +138,8 @@ uint64_t DeviceMemory::cache_request_count() const {
 
 MemoryStats DeviceMemory::stats() const {
   MemoryStats s;
-  s.ledger = budget_.stats();
-  s.reserve_bytes = reserve_bytes_;
+  s.ledger = adaptor_.budget().stats();
+  s.reserve_bytes = adaptor_.reserve_bytes();
   uint64_t fast_allocations = 0, fast_frees = 0;
   std::array<uint64_t, kNumCounters> counters{};
   {
@@ -166,11 +166,12 @@ MemoryStats DeviceMemory::stats() const {
   s.cache_hits = counters[kCacheHits] + fast_allocations;
   s.lock_free_hits = counters[kLockFreeHits] + fast_allocations;
   s.evictions = evictions_.load();
-  s.live_checks = counters[kLiveChecks];
-  s.live_refusals = live_refusals_.load();
-  s.driver_ooms = driver_ooms_.load();
-  s.retries = retries_.load();
-  s.ledger.refusals = counters[kBudgetRefusals];  // not the budget's: those include cured ones
+  const GrowthCounters &growth = adaptor_.counters();
+  s.live_checks = growth.live_checks.load();
+  s.live_refusals = growth.live_refusals.load();
+  s.driver_ooms = growth.driver_ooms.load();
+  s.retries = growth.retries.load();
+  s.ledger.refusals = growth.budget_refusals.load();  // not the budget's: those include cured ones
   return s;
 }
 

@@ -125,7 +125,7 @@ class ThreadCache {
   /// them itself while armed).
   std::atomic<uint64_t> requests{0};
   /// The locked path's counters for this thread (DeviceMemory::Counter indexes them).
-  std::array<std::atomic<uint64_t>, 6> counters{};
+  std::array<std::atomic<uint64_t>, 4> counters{};
   std::array<Bin, kCacheBins> bins{};
   /// The next cache of the same DeviceMemory (its lock-free list); set once, before publication.
   std::atomic<ThreadCache *> next{nullptr};

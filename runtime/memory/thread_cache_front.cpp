@@ -100,8 +100,7 @@ void DeviceMemory::install_fork_handler() {
           g_forked_child.store(true, std::memory_order_relaxed);
           for (const auto &[id, memory] : live_memories().by_id) {
             memory->fast_path_.store(false, std::memory_order_relaxed);
-            memory->growth_mutex_.~mutex();
-            new (&memory->growth_mutex_) std::mutex();
+            memory->adaptor_.reinit_after_fork();
             memory->evict_mutex_.~mutex();
             new (&memory->evict_mutex_) std::mutex();
             memory->mutex_.unlock();
@@ -115,9 +114,7 @@ DeviceMemory::DeviceMemory(LlvmDevice &device, uint64_t limit_bytes, uint64_t re
                            bool live_check, bool caching)
     : device_(device),
       id_(live_memories().next_id.fetch_add(1)),
-      budget_(limit_bytes),
-      reserve_bytes_(reserve_bytes),
-      live_check_(live_check),
+      adaptor_(device, *this, limit_bytes, reserve_bytes, live_check),
       caching_(caching),
       asymmetric_barrier_(detail::init_asymmetric_barrier()),
       blocks_(std::make_unique<detail::BlockRegistry>()),

@@ -37,7 +37,7 @@ def test_budget_refusal_names_the_budget_and_what_kiln_holds():
     e = info.value
     assert type(e) is kiln.BudgetExceededError
     assert e.requested_bytes == 32 * MiB and e.limit_bytes == 64 * MiB
-    assert e.in_use_bytes["ndarray"] >= 40 * MiB and e.site == "DeviceMemory::refused_outright"
+    assert e.in_use_bytes["ndarray"] >= 40 * MiB and e.site == "BudgetAdaptor::refused_outright"
     # The device's figures: a reading of this kernel tick (1 to 10 ms), its age in whole ms.
     assert e.total_bytes > 0 and 0 <= e.live_age_ms <= 10
     assert "64.00 MiB" in str(e) and "32.00 MiB" in str(e)
@@ -56,7 +56,7 @@ def test_live_free_memory_refusal_when_other_processes_hold_the_mock_device():
         kiln.ndarray(kiln.f64, (8 * MiB,))  # 64 MiB; about 40 MiB are free
     e = info.value
     assert type(e) is kiln.BudgetExceededError
-    assert e.site == "DeviceMemory::check_live_free" and e.device == "mock"
+    assert e.site == "BudgetAdaptor::check_live_free" and e.device == "mock"
     assert e.total_bytes == 256 * MiB and e.free_bytes < 64 * MiB
     assert allocated_bytes() == before
     assert kiln.memory_stats()["live_refusals"] == 1

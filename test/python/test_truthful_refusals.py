@@ -66,7 +66,7 @@ def test_a_live_refusal_is_worded_as_one_with_no_reserve():
         kiln.ndarray(kiln.f64, (8 * MiB,))  # 64 MiB
     e = info.value
     assert e.budget_check == "live_free"
-    assert e.site == "DeviceMemory::check_live_free"
+    assert e.site == "BudgetAdaptor::check_live_free"
     assert "live free device memory" in str(e) and "left" not in str(e)
     back = pickle.loads(pickle.dumps(e))
     assert back.budget_check == "live_free" and str(back) == str(e)
@@ -78,7 +78,7 @@ def test_a_limit_refusal_names_its_site_check_and_the_python_knob():
         kiln.ndarray(kiln.f32, (1 << 40,))  # the README's 4 TiB
     e = info.value
     assert e.budget_check == "limit"
-    assert e.site == "DeviceMemory::refused_outright"
+    assert e.site == "BudgetAdaptor::refused_outright"
     assert "kiln.device(\"cpu\").configure(budget_bytes=...)" in str(e) and "KILN_POOL_LIMIT_MB" in str(e)
     assert "--budget-mb" not in str(e) and "BudgetConfig" not in str(e)
     assert e.advice in str(e)

@@ -160,7 +160,7 @@ TEST_CASE("a group no eviction could fit is refused outright, named as a whole, 
   REQUIRE_FALSE(refused);
   const Failure &f = refused.error();
   INFO(f.message());
-  CHECK(std::string_view(f.site) == "DeviceMemory::refused_outright");
+  CHECK(std::string_view(f.site) == "BudgetAdaptor::refused_outright");
   CHECK(f.budget_check == kiln::BudgetCheck::limit);
   CHECK(f.category == MemoryCategory::staging);  // the first miss names the refusal
   CHECK(f.requested_bytes == 25_MiB + 1);

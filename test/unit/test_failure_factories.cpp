@@ -107,8 +107,8 @@ TEST_CASE("a memory failure's site is the function that built it", "[errors][fac
     CHECK(std::string_view(refused.error().site) == site);
     CHECK(site_is_builder(refused.error()));
   };
-  check(memory->allocate(MemoryCategory::ndarray, 4ull << 40), "DeviceMemory::refused_outright");
-  check(memory->allocate(MemoryCategory::ndarray, 16_MiB), "DeviceMemory::check_live_free");
+  check(memory->allocate(MemoryCategory::ndarray, 4ull << 40), "BudgetAdaptor::refused_outright");
+  check(memory->allocate(MemoryCategory::ndarray, 16_MiB), "BudgetAdaptor::check_live_free");
   check(memory->allocate(MemoryCategory::ndarray, 0), "DeviceMemory::validate");
   memory->fault_plan().fail_nth_allocation(1);
   check(memory->allocate(MemoryCategory::ndarray, 1_MiB), "DeviceMemory::check_fault_plan");

@@ -128,7 +128,7 @@ TEST_CASE("live check: growth that no longer fits in free - reserve is refused b
     CHECK(f.oom_source == OomSource::budget);
     CHECK(f.requested_bytes == kSize);
     CHECK(f.device == "mock");
-    CHECK(std::string_view(f.site) == "DeviceMemory::check_live_free");
+    CHECK(std::string_view(f.site) == "BudgetAdaptor::check_live_free");
     REQUIRE(f.has_memory);
     CHECK(f.memory.total_bytes == 1_GiB);
     CHECK(f.memory.free_bytes ==

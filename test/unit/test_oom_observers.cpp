@@ -182,7 +182,7 @@ TEST_CASE("a refusal is counted once when the retry after the observers is refus
   });
   auto refused = memory->allocate(MemoryCategory::ndarray, 100_MiB);
   REQUIRE_FALSE(refused);
-  CHECK(std::string_view(refused.error().site) == "DeviceMemory::refused_outright");
+  CHECK(std::string_view(refused.error().site) == "BudgetAdaptor::refused_outright");
   CHECK(memory->stats().retries == 1);
   CHECK(memory->stats().ledger.refusals == 1);
 }

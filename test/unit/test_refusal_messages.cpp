@@ -52,7 +52,7 @@ TEST_CASE("a refusal by live free memory is worded as one, also with no reserve"
   const Failure &f = refused.error();
   CHECK(f.oom_source == OomSource::budget);
   CHECK(f.budget_check == BudgetCheck::live_free);
-  CHECK(std::string_view(f.site) == "DeviceMemory::check_live_free");
+  CHECK(std::string_view(f.site) == "BudgetAdaptor::check_live_free");
   const std::string m = f.message();
   CAPTURE(m);
   CHECK(m.find("live free device memory 24.00 MiB minus the 0 B reserve leaves 24.00 MiB") !=
@@ -86,7 +86,7 @@ TEST_CASE("site names the function that refused", "[refusal][site]") {
   SECTION("a refusal decided before any reservation (the README's 4 TiB array)") {
     auto refused = memory->allocate(MemoryCategory::ndarray, 4ull << 40);
     REQUIRE_FALSE(refused);
-    CHECK(std::string_view(refused.error().site) == "DeviceMemory::refused_outright");
+    CHECK(std::string_view(refused.error().site) == "BudgetAdaptor::refused_outright");
   }
   SECTION("a refusal by MemoryBudget::reserve (an observer makes the allocation reserve)") {
     (void)memory->add_oom_observer([](const Failure &) {});

@@ -58,6 +58,15 @@ struct AllocParams {
   uint64_t size_bytes = 0;
   uint64_t alignment_bytes = 64;  ///< a power of two
   MemoryCategory category = MemoryCategory::ndarray;  ///< reported in failure details
+  /// What a failure reports as requested: the bytes the caller asked for, when the block is
+  /// larger (its size class); 0: size_bytes.
+  uint64_t requested_bytes = 0;
+  /// A size class refused before this size, reported by a failure (0: none).
+  uint64_t class_bytes = 0;
+  /// The request as its failure reports it.
+  [[nodiscard]] AllocationFigures figures() const {
+    return {category, requested_bytes != 0 ? requested_bytes : size_bytes, class_bytes};
+  }
 };
 
 /// Parameters of a runtime allocation (memory the LLVM runtime and its launchers use).

@@ -14,6 +14,15 @@
 
 namespace kiln {
 
+/// An allocation request as its failure reports it: the category, the bytes the caller asked for
+/// (a block may be larger: its size class) and, when a size class was refused before the exact
+/// size, the class's bytes (0 otherwise).
+struct AllocationFigures {
+  MemoryCategory category = MemoryCategory::ndarray;
+  uint64_t requested_bytes = 0;
+  uint64_t class_bytes = 0;
+};
+
 // Every factory records where it was called (`Failure::where`), so a test can check that the
 // `site` a failure names is the function that built it (kiln's own sites; a driver failure's
 // site names the driver call instead). `site` and `driver_status` must be string literals.
@@ -27,22 +36,37 @@ namespace kiln {
 /// invalid_usage: the caller passed something that can never work; `detail` says what.
 [[nodiscard]] Failure invalid_usage(std::string device, const char *site, std::string detail,
                                     std::source_location where = std::source_location::current());
+/// invalid_usage about an allocation request (`figures`): the caller asked for something that
+/// can never be allocated; `detail` says what.
+[[nodiscard]] Failure invalid_request(std::string device, const char *site, std::string detail,
+                                      const AllocationFigures &figures,
+                                      std::source_location where = std::source_location::current());
 /// out_of_memory, oom_source driver: the driver (or the mock's capacity, or the host allocator
 /// serving the cpu device) refused an allocation of `requested_bytes` of `category`.
 [[nodiscard]] Failure driver_out_of_memory(
     std::string device, const char *site, const char *driver_status, MemoryCategory category,
     uint64_t requested_bytes, std::source_location where = std::source_location::current());
+/// The same for an allocation described by `figures` (its class_bytes included).
+[[nodiscard]] Failure driver_out_of_memory(
+    std::string device, const char *site, const char *driver_status,
+    const AllocationFigures &figures, std::source_location where = std::source_location::current());
 /// A driver's answer to an operation that is not an allocation (a copy, a launch, a module
 /// load): `result` mapped from the driver's `code` (named `driver_status`). An out_of_memory
 /// answer has oom_source driver and names no size (allocating false); any other has the detail
-/// "<site> failed with code <code>".
+/// "<site> failed with code <code>". With `allocation`, the call was that allocation: the
+/// failure is about it (allocating, its category and figures), whatever the result.
 [[nodiscard]] Failure driver_call_failure(
     RhiResult result, std::string device, const char *site, const char *driver_status, int code,
+    const AllocationFigures *allocation = nullptr,
     std::source_location where = std::source_location::current());
 /// out_of_memory, oom_source driver, injected: a FaultPlan refused the request as a driver would
 /// (no memory setting cures it).
 [[nodiscard]] Failure injected_fault(std::string device, const char *site, MemoryCategory category,
                                      uint64_t requested_bytes,
+                                     std::source_location where = std::source_location::current());
+/// The same for an allocation described by `figures`.
+[[nodiscard]] Failure injected_fault(std::string device, const char *site,
+                                     const AllocationFigures &figures,
                                      std::source_location where = std::source_location::current());
 /// device_lost, injected: a fault spec (kind=lost) lost the device at a request of
 /// `requested_bytes` of `category`, as a sticky driver fault would. The caller marks the device
@@ -66,6 +90,12 @@ namespace kiln {
 /// The device is filled in by whoever annotates the failure (DeviceMemory::annotate).
 [[nodiscard]] Failure budget_refusal(BudgetCheck check, const char *site, MemoryCategory category,
                                      uint64_t requested_bytes, const MemorySnapshot &memory,
+                                     std::source_location where = std::source_location::current());
+/// The same for an allocation described by `figures`, with `detail` (what was refused, when more
+/// than its category: a group).
+[[nodiscard]] Failure budget_refusal(BudgetCheck check, const char *site,
+                                     const AllocationFigures &figures, const MemorySnapshot &memory,
+                                     std::string_view detail = {},
                                      std::source_location where = std::source_location::current());
 /// out_of_memory, oom_source device_heap: the device runtime's heap (runtime_heap) could not
 /// give `requested_bytes` to a running kernel; `detail` names the kernel and the heap's figures.

@@ -62,7 +62,9 @@ class GpuDevice : public LlvmDevice {
       : LlvmDevice(std::move(name)), names_(names), code_target_(std::move(code_target)) {}
 
   /// Maps a driver answer with the backend's status function; device_lost marks the device lost.
-  [[nodiscard]] RhiStatus check(int code, const char *site);
+  /// `allocation`: the call was that allocation (its failure reports it).
+  [[nodiscard]] RhiStatus check(int code, const char *site,
+                                const AllocationFigures *allocation = nullptr);
   /// Fails fast on a lost device, or with not_supported in a process forked after the device
   /// was made (a driver context does not cross fork()); then makes the device current on the
   /// calling thread.
@@ -82,8 +84,10 @@ class GpuDevice : public LlvmDevice {
   void unload_all_modules(const char *site);
 
   // --- the backend's driver ---------------------------------------------------------------------
-  /// The backend's ONE mapping of a driver code to an RhiResult (cuda::to_rhi, hip::to_rhi).
-  [[nodiscard]] virtual RhiStatus to_status(int code, const char *site) = 0;
+  /// The backend's ONE mapping of a driver code to an RhiResult (cuda::to_rhi, hip::to_rhi);
+  /// `allocation`: the call was that allocation (its failure reports it), or null.
+  [[nodiscard]] virtual RhiStatus to_status(int code, const char *site,
+                                            const AllocationFigures *allocation) = 0;
   /// Makes this device current on the calling thread (cuCtxSetCurrent, hipSetDevice), via check().
   [[nodiscard]] virtual RhiStatus make_current() = 0;
   /// invalid_usage when `image` cannot be this backend's code object (checked before the driver).

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "kiln/rhi/fork_hooks.h"
 #include "kiln/rhi/result.h"
@@ -21,6 +22,14 @@ class MemoryBudget;
 struct CategoryRequest {
   MemoryCategory category = MemoryCategory::ndarray;
   uint64_t size_bytes = 0;
+};
+
+/// How a refused reservation reports the allocation it was for, when that is not the reservation
+/// itself (growth reserves size classes for a request of fewer bytes, or a group's misses only):
+/// the allocation's figures and, for a group, a detail line. Not owned: it outlives the call.
+struct RefusalReport {
+  AllocationFigures figures;
+  std::string_view detail;
 };
 
 /// Bytes promised by the budget. Unless commit() is called, the destructor gives them back, so
@@ -57,7 +66,11 @@ struct LedgerStats {
   uint64_t peak_total_bytes = 0;
   uint64_t limit_bytes = 0;
   uint64_t refusals = 0;  ///< reservations the budget refused
-  [[nodiscard]] uint64_t current_total_bytes() const;
+  [[nodiscard]] uint64_t current_total_bytes() const {
+    uint64_t total = 0;
+    for (uint64_t b : current_bytes) total += b;
+    return total;
+  }
 };
 
 /// What a budget asks before it refuses for good (the reclaim hook: evict, then ask again): memory
@@ -86,14 +99,17 @@ class MemoryBudget {
   /// out_of_memory with oom_source budget (the
   /// failure carries the limit and the in-use bytes per category) when it does not fit.
   [[nodiscard]] RhiExpected<Reservation> reserve(MemoryCategory category, uint64_t size_bytes);
-  /// Reserves every request in one step: all of them, or none (the failure names the total).
-  [[nodiscard]] RhiExpected<Reservation> reserve(std::span<const CategoryRequest> requests);
+  /// Reserves every request in one step: all of them, or none. A refusal names the total and the
+  /// first request's category, or what `report` says.
+  [[nodiscard]] RhiExpected<Reservation> reserve(std::span<const CategoryRequest> requests,
+                                                 const RefusalReport *report = nullptr);
   /// As reserve(requests), but a limit refusal that reclaiming would cure (the request fits
   /// beside `hook`'s unreclaimable bytes) reclaims and asks again, for at most kReclaimRounds
   /// rounds (other threads may take the room each round made). The only place a reserve becomes
   /// "evict, then ask again". Errors: as reserve.
   [[nodiscard]] RhiExpected<Reservation> reserve(std::span<const CategoryRequest> requests,
-                                                 ReclaimHook &hook);
+                                                 ReclaimHook &hook,
+                                                 const RefusalReport *report = nullptr);
   static constexpr int kReclaimRounds = 8;
   /// Whether `size_bytes` would fit under the limit beside `unreclaimable_bytes` (what no
   /// reclaim can give back). No lock; a reservation decides for good.
@@ -103,6 +119,10 @@ class MemoryBudget {
   /// refusals: reserve() (which counts its refusals in stats()) and callers that decided with
   /// fits() alike.
   [[nodiscard]] Failure refusal(uint64_t requested_bytes, MemoryCategory category, const char *site,
+                                const CategoryBytes *in_use = nullptr,
+                                std::source_location where = std::source_location::current());
+  /// The same for an allocation described by `report`.
+  [[nodiscard]] Failure refusal(const RefusalReport &report, const char *site,
                                 const CategoryBytes *in_use = nullptr,
                                 std::source_location where = std::source_location::current());
   /// Gives back committed bytes (the memory was freed).

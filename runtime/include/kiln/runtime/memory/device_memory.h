@@ -1,6 +1,8 @@
 // DeviceMemory: the facade over a device's memory adaptors (RMM's resource-adaptor shape). Every
 // allocation kiln makes on a device goes through here, so every kind is charged to one ledger.
-// The parts, one file each under runtime/memory/: the budget and its reclaim hook (budget.h),
+// The parts, one file each under runtime/memory/: the budget adaptor, which decides every growth
+// (budget_adaptor.h: the limit, reclaim-and-retry, the live free-memory check, rounding), the
+// budget and ledger (budget.h),
 // the caching pool's size classes (caching_pool.h), the thread-cache front (thread_cache.h,
 // thread_cache_front.cpp, cache_eviction.cpp), the ledger view and stats (device_memory_ledger.cpp,
 // memory_stats.h), OOM observers (oom_observers.h), request fault injection
@@ -23,6 +25,7 @@
 #include "kiln/rhi/fork_hooks.h"
 #include "kiln/runtime/memory/alloc_request.h"
 #include "kiln/runtime/memory/budget.h"
+#include "kiln/runtime/memory/budget_adaptor.h"
 #include "kiln/runtime/memory/budget_config.h"
 #include "kiln/runtime/memory/caching_pool.h"
 #include "kiln/runtime/memory/failure_picture.h"
@@ -54,7 +57,7 @@ class ThreadCache;
 ///
 /// OOM observers may not allocate here: while one runs, its thread's allocations here are refused
 /// with invalid_usage (frees are fine: that is what observers are for).
-class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
+class DeviceMemory : private GrowthOwner, private RequestFaultPlan::Owner {
  public:
   /// Reads total memory from the device and sets the limit per `config`.
   /// Errors: what the device's memory_info answers; invalid_usage for a bad KILN_POOL_LIMIT_MB.
@@ -113,18 +116,18 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
   [[nodiscard]] RequestFaultPlan &fault_plan() { return fault_plan_; }
   [[nodiscard]] LlvmDevice &device() const { return device_; }
   /// The budget itself, for tests that need its hooks (MemoryBudget::set_before_lock_hook_...).
-  [[nodiscard]] MemoryBudget &budget_for_testing() { return budget_; }
+  [[nodiscard]] MemoryBudget &budget_for_testing() { return adaptor_.budget(); }
 
   /// The budget's limit in bytes.
-  [[nodiscard]] uint64_t limit_bytes() const { return budget_.limit_bytes(); }
+  [[nodiscard]] uint64_t limit_bytes() const { return adaptor_.budget().limit_bytes(); }
   /// Sets a new limit. Memory already held above it stays held; new growth is refused.
-  void set_limit_bytes(uint64_t limit_bytes) { budget_.set_limit_bytes(limit_bytes); }
+  void set_limit_bytes(uint64_t limit_bytes) { adaptor_.budget().set_limit_bytes(limit_bytes); }
   /// Bytes held on the device now (live and cached), as the budget counts them. O(1).
-  [[nodiscard]] uint64_t in_use_bytes() const { return budget_.in_use_bytes(); }
+  [[nodiscard]] uint64_t in_use_bytes() const { return adaptor_.budget().in_use_bytes(); }
   /// Bytes held now per category (cached blocks under pool_cache); they add up to the held
   /// bytes. Read without a lock unless locked operations or a thread's fast path keep moving
   /// the figures for a few tries: then under the lock, stopping the fast paths if need be.
-  [[nodiscard]] CategoryBytes in_use_by_category() const;
+  [[nodiscard]] CategoryBytes in_use_by_category() const override;
   /// Sets every peak to the current figure.
   void reset_peaks();
 
@@ -152,6 +155,7 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
  private:
   using Record = detail::BlockRecord;
   using Cache = detail::ThreadCache;
+  using Slot = AllocationSlot;
 
   DeviceMemory(LlvmDevice &device, uint64_t limit_bytes, uint64_t reserve_bytes, bool live_check,
                bool caching);
@@ -169,11 +173,6 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
   // RequestFaultPlan::Owner
   [[nodiscard]] uint64_t cache_request_count() const override;  // requests the caches counted
   void fault_plan_changed() override { update_fast_path(); }
-  // ReclaimHook: the budget's "evict, then ask again"
-  [[nodiscard]] uint64_t unreclaimable_bytes() const override;
-  /// The bytes of `in_use` that eviction cannot give back (every category but pool_cache).
-  [[nodiscard]] static uint64_t unreclaimable_bytes(const CategoryBytes &in_use);
-  bool reclaim() override;
   static void install_fork_handler();
   [[nodiscard]] Record *fast_allocate(Cache &cache, MemoryCategory category, uint64_t size_bytes);
   /// The lock-free hit: the block's alloc id, or 0 (ids start at 1) when it cannot serve it.
@@ -188,24 +187,10 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
       MemoryCategory category, uint64_t size_bytes, bool zero_fill);
   [[nodiscard, gnu::noinline]] RhiStatus free_locked_path(DeviceAllocation alloc);
   [[nodiscard]] RhiStatus admit(std::span<const AllocRequest> requests);
-  /// One request's bookkeeping on the allocation path.
-  struct Slot {
-    uint64_t class_bytes = 0;  ///< its size class: the block size growth asks for first
-    uint64_t block_bytes = 0;  ///< the block size grown for it (its class, or its exact size)
-    Record *hit = nullptr;     ///< the cached block that serves it, or null (a miss)
-    DeviceAllocation block;    ///< what it is given
-  };
-  /// The misses of an allocation: their exact and size-class bytes (saturating) and the category
-  /// of the first, as a refusal of them names it.
-  struct Misses {
-    uint64_t size_bytes = 0;
-    uint64_t class_bytes = 0;
-    MemoryCategory category = MemoryCategory::ndarray;
-  };
   /// The one locked allocation path, for a single request and a group alike: admit (validate,
   /// the fault plan), then cache hits, then the misses grow together or are refused; an
   /// out-of-memory failure is annotated, told to the observers (and tried once more if they
-  /// freed memory) and counted (count_refusal). `slots` and
+  /// freed memory) and counted (BudgetAdaptor::count_refusal). `slots` and
   /// `growth` have one element per request (the caller's storage: the single allocate keeps it
   /// on the stack). On failure nothing is held: hits go back to the cache, grown blocks to the
   /// device.
@@ -222,65 +207,29 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
   /// always inlined, in allocation_path.cpp, its only user.
   [[nodiscard]] inline std::size_t take_cached(Cache *cache, std::span<const AllocRequest> requests,
                                         std::span<Slot> slots);
+  /// The hits, as a refusal of the group reports them.
+  [[nodiscard]] static ReusedBlocks reused_blocks(std::span<const AllocRequest> requests,
+                                                  std::span<const Slot> slots);
   /// Hands the hits back to the cache (a failure path: not a free).
   void give_back_hits(Cache *cache, std::span<const AllocRequest> requests,
                       std::span<Slot> slots);
-  [[nodiscard]] static Misses misses(std::span<const AllocRequest> requests,
-                                     std::span<const Slot> slots);
   /// One try of allocate_requests (it calls this once more when OOM observers freed memory):
   /// sets `outright` when the misses were refused outright (annotated and counted already).
   template <class Result>
   [[nodiscard]] Result try_requests(Cache *cache, std::span<const AllocRequest> requests,
                                     std::span<Slot> slots, std::span<CategoryRequest> growth,
                                     bool &outright);
-  /// Whether `failure`, refusing `class_bytes`, was for want of what rounding added: the budget
-  /// (limit or live check) refused, or the driver did while the device's free memory lies
-  /// between `size_bytes` and `class_bytes`. Then the exact size is tried.
-  [[nodiscard]] bool rounding_refused(const Failure &failure, uint64_t size_bytes,
-                                      uint64_t class_bytes);
-  /// Grows the misses at their size classes; if rounding_refused, at their exact sizes (a
-  /// failure then names the classes too).
-  [[nodiscard]] RhiStatus grow(std::span<const AllocRequest> requests, std::span<Slot> slots,
-                               std::span<CategoryRequest> growth, const Misses &misses);
-  /// Reserves, live-checks and allocates a block of `block_bytes` for every miss; on failure
-  /// holds nothing (the blocks it got go back).
-  [[nodiscard]] RhiStatus grow_misses(std::span<const AllocRequest> requests,
-                                      std::span<Slot> slots, std::span<CategoryRequest> growth);
-  /// Gives the misses' grown blocks back to the device (a failure path).
-  void free_grown(std::span<const Slot> slots);
-  /// With the live check on, one growing thread at a time from the device's answer to the
-  /// driver's (else two could both fit in the same free memory); an empty lock otherwise.
-  [[nodiscard]] std::unique_lock<std::mutex> serialize_growth();
-  [[nodiscard]] RhiStatus check_live_with_eviction(uint64_t growth_bytes, MemoryCategory category,
-                                                   uint64_t requested_bytes);
   [[nodiscard]] RhiStatus check_fault_plan(std::span<const AllocRequest> requests);
   /// invalid_usage when the calling thread is inside an OOM observer of this memory.
   [[nodiscard]] RhiStatus check_not_observing() const;
   [[nodiscard]] RhiStatus validate(MemoryCategory category, uint64_t size_bytes) const;
   [[nodiscard]] uint64_t class_of(uint64_t size_bytes) const;
-  /// The budget refuses a growth of `size_bytes` (a request's exact size: its class may still be
-  /// refused and the exact size not) and no eviction could make room: true, with the bytes held
-  /// per category in `in_use`. (No observer registered: they take the general path.)
-  [[nodiscard]] bool refuses_outright(uint64_t size_bytes, CategoryBytes &in_use) const;
-  /// That refusal of the misses, built once where the caller returns it (no lock, no device
-  /// call), counted.
-  [[nodiscard]] Failure refused_outright(const Misses &misses, const CategoryBytes &in_use);
-  [[nodiscard]] RhiStatus check_live_free(uint64_t size_bytes, MemoryCategory category);
   /// Evicts every cache so that a refused request may be retried: true when this call released
   /// bytes, or when another thread's eviction was under way (this call waited for it to finish).
-  [[nodiscard]] bool evict_for_retry();
+  [[nodiscard]] bool evict_for_retry() override;
   [[nodiscard]] uint64_t release_cached_holding_evict_lock();
-  [[nodiscard]] RhiExpected<DeviceAllocation> allocate_block(const AllocRequest &request,
-                                                             uint64_t class_bytes);
   /// Tells the observers (this thread may not allocate here meanwhile); true if they freed memory.
   bool notify_observers(const Failure &failure);
-  /// Counts a refusal by the budget or by live free memory that is returned to the caller (one
-  /// a retry cured is not a refusal).
-  void count_refusal(const Failure &failure);
-  /// A budget refusal of a group, widened to the whole group (its cache hits included).
-  [[nodiscard]] static Failure whole_group_refusal(Failure f,
-                                                   std::span<const AllocRequest> requests,
-                                                   std::span<const Slot> slots);
 
   // Under mutex_.
   /// A cached block of `class_bytes`, or one of an exact size in [size_bytes, class_bytes].
@@ -317,14 +266,11 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
 
   LlvmDevice &device_;
   const uint64_t id_;  // never reused in the process: keys thread caches
-  MemoryBudget budget_;
-  const uint64_t reserve_bytes_;
-  const bool live_check_;
+  BudgetAdaptor adaptor_;  // every growth and charge: the budget, the live check, rounding
   const bool caching_;
   const bool asymmetric_barrier_;  // membarrier(2) works: the fast path may open
   // caching_ && asymmetric_barrier_ && no fault plan armed.
   std::atomic<bool> fast_path_{false};
-  std::mutex growth_mutex_;   // serialize_growth; taken before evict_mutex_ and mutex_
   std::mutex evict_mutex_;    // one eviction at a time, from draining to the ledger's release
   // Guards everything below it up to the counters. The ledger view (moves_, the caches' grants
   // and headroom, the cache list) is also read without it, under its sequence number.
@@ -344,7 +290,7 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
   RequestFaultPlan fault_plan_;
   FailurePicture picture_;
   /// annotate's work for an out-of-memory failure, with the bytes held per category given.
-  void fill_picture(Failure &failure, const CategoryBytes &in_use);
+  void fill_picture(Failure &failure, const CategoryBytes &in_use) override;
   OomObservers observers_;
   // The locked path's busiest counters: kept per thread in its cache (a plain add), here for
   // threads without one and for caches whose thread exited.
@@ -354,14 +300,12 @@ class DeviceMemory : private ReclaimHook, private RequestFaultPlan::Owner {
     kAllocations,
     kFrees,
     kCacheHits,
-    kLiveChecks,
     kLockFreeHits,
-    kBudgetRefusals,  // budget refusals returned to the caller (stats().ledger.refusals)
     kNumCounters
   };
   void count(Counter counter, uint64_t n = 1);
   std::array<std::atomic<uint64_t>, kNumCounters> counters_{};
-  std::atomic<uint64_t> evictions_{0}, driver_ooms_{0}, live_refusals_{0}, retries_{0};
+  std::atomic<uint64_t> evictions_{0};
 };
 
 }  // namespace kiln::runtime

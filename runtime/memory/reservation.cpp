@@ -1,0 +1,44 @@
+// Reservation: bytes the budget promised, given back unless committed (budget.h).
+#include "kiln/runtime/memory/budget.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace kiln::runtime {
+
+Reservation::Reservation(Reservation &&other) noexcept
+    : budget_(std::exchange(other.budget_, nullptr)), bytes_(std::exchange(other.bytes_, {})) {}
+
+Reservation &Reservation::operator=(Reservation &&other) noexcept {
+  if (this != &other) {
+    if (budget_ != nullptr) budget_->give_back(bytes_);
+    budget_ = std::exchange(other.budget_, nullptr);
+    bytes_ = std::exchange(other.bytes_, {});
+  }
+  return *this;
+}
+
+Reservation::~Reservation() {
+  if (budget_ != nullptr) budget_->give_back(bytes_);
+}
+
+void Reservation::commit() {
+  budget_ = nullptr;
+  bytes_ = {};
+}
+
+void Reservation::release_part(MemoryCategory category, uint64_t size_bytes) {
+  auto &held = bytes_[static_cast<std::size_t>(category)];
+  const uint64_t n = std::min(held, size_bytes);
+  if (budget_ == nullptr || n == 0) return;
+  held -= n;
+  budget_->release(category, n);
+}
+
+uint64_t Reservation::total_bytes() const {
+  uint64_t total = 0;
+  for (uint64_t b : bytes_) total += b;
+  return total;
+}
+
+}  // namespace kiln::runtime
