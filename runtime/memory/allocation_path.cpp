@@ -13,6 +13,20 @@ namespace {
 
 uint64_t saturating_add(uint64_t a, uint64_t b) { return b > UINT64_MAX - a ? UINT64_MAX : a + b; }
 
+// The hits, as a refusal of the group reports them.
+ReusedBlocks reused_blocks(std::span<const AllocRequest> requests,
+                           std::span<const AllocationSlot> slots) {
+  ReusedBlocks reused;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (slots[i].hit == nullptr) continue;
+    ++reused.count;
+    reused.size_bytes = saturating_add(reused.size_bytes, requests[i].size_bytes);
+    reused.class_bytes = saturating_add(reused.class_bytes,
+                                        slots[i].hit->class_bytes.load(std::memory_order_relaxed));
+  }
+  return reused;
+}
+
 }  // namespace
 
 template <class Result>
@@ -137,19 +151,6 @@ void DeviceMemory::give_back_hits(Cache *cache, std::span<const AllocRequest> re
   std::lock_guard lock(mutex_);  // charged as cache again
   for (std::size_t i = 0; i < requests.size(); ++i)
     if (slots[i].hit != nullptr) cache_freed_locked(cache, slots[i].hit, requests[i].category);
-}
-
-ReusedBlocks DeviceMemory::reused_blocks(std::span<const AllocRequest> requests,
-                                         std::span<const Slot> slots) {
-  ReusedBlocks reused;
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    if (slots[i].hit == nullptr) continue;
-    ++reused.count;
-    reused.size_bytes = saturating_add(reused.size_bytes, requests[i].size_bytes);
-    reused.class_bytes = saturating_add(reused.class_bytes,
-                                        slots[i].hit->class_bytes.load(std::memory_order_relaxed));
-  }
-  return reused;
 }
 
 }  // namespace kiln::runtime

@@ -1,8 +1,6 @@
 // DeviceMemory's cache operations under its mutex (taking a cached block, keeping a freed one,
 // the ledger's side of both) and eviction: quiescing other threads' caches (thread_cache.h) and
 // giving every cached block back to the device.
-#include <thread>
-
 #include "kiln/runtime/memory/device_memory.h"
 #include "thread_cache.h"
 
@@ -31,7 +29,7 @@ DeviceMemory::Record *DeviceMemory::take_cached_locked(Cache *cache, MemoryCateg
     record = blocks_->find(block->first.alloc_id);
   }
   record->category.store(category, std::memory_order_relaxed);
-  set_owner_locked(record, cache);
+  detail::set_owner(*record, cache);
   move_locked(cache, MemoryCategory::pool_cache, category,
               record->class_bytes.load(std::memory_order_relaxed));
   return record;
@@ -46,11 +44,11 @@ bool DeviceMemory::keep_cached_locked(Cache *cache, Record *record) {
         count < slot.depth) {
       slot.blocks[count] = record;
       slot.count.store(count + 1, std::memory_order_relaxed);
-      set_owner_locked(record, cache);
+      detail::set_owner(*record, cache);
       return true;
     }
   }
-  set_owner_locked(record, nullptr);
+  detail::set_owner(*record, nullptr);
   pool_.put(DeviceAllocation{&device_, record->alloc_id.load(std::memory_order_relaxed)},
             record->class_bytes.load(std::memory_order_relaxed));
   return false;
@@ -59,21 +57,11 @@ bool DeviceMemory::keep_cached_locked(Cache *cache, Record *record) {
 void DeviceMemory::cache_freed_locked(Cache *cache, Record *record, MemoryCategory category) {
   // pool_cache's peak is raised below wherever the block goes: first give up this thread's own
   // pool_cache headroom, else the bound counts it on top of what is held.
-  reclaim_headroom_locked(cache, MemoryCategory::pool_cache);
+  if (cache != nullptr) cache->reclaim_headroom(MemoryCategory::pool_cache);
   const bool kept_here = keep_cached_locked(cache, record);
   // Headroom is credited only to the cache that now holds the block.
   move_locked(kept_here ? cache : nullptr, category, MemoryCategory::pool_cache,
               record->class_bytes.load(std::memory_order_relaxed));
-}
-
-std::vector<DeviceMemory::Record *> DeviceMemory::take_bins_locked(Cache &cache) {
-  std::vector<Record *> records;
-  for (auto &slot : cache.bins) {
-    const uint32_t count = slot.count.load(std::memory_order_relaxed);
-    records.insert(records.end(), slot.blocks.begin(), slot.blocks.begin() + count);
-    slot.count.store(0, std::memory_order_relaxed);
-  }
-  return records;
 }
 
 void DeviceMemory::release_charge_locked(const Record &record, MemoryCategory category) {
@@ -87,47 +75,12 @@ void DeviceMemory::release_charge_locked(const Record &record, MemoryCategory ca
 void DeviceMemory::register_block_locked(Cache *cache, DeviceAllocation block,
                                          MemoryCategory category, uint64_t class_bytes) {
   Record *record = blocks_->add(block.alloc_id, class_bytes, category, nullptr);
-  set_owner_locked(record, cache);
-  reclaim_headroom_locked(cache, category);  // so the raised peak counts only what is held
+  detail::set_owner(*record, cache);
+  if (cache != nullptr) cache->reclaim_headroom(category);  // the raised peak: only what is held
   raise_peak_locked(category);
 }
 
 // --- eviction ----------------------------------------------------------------------------------
-
-void DeviceMemory::quiesce_caches_locked() const {
-  // Retired caches have no thread to stop: no barrier is needed for them alone.
-  bool any_bound = false;
-  for (const auto &cache : caches_) {
-    cache->drain_requested.store(1, std::memory_order_relaxed);
-    any_bound |= cache->bound;
-  }
-  if (!any_bound) return;
-  detail::heavy_barrier();  // now every owner either sees the request or is seen busy
-  for (const auto &cache : caches_) wait_not_busy(*cache);
-}
-
-void DeviceMemory::reopen_caches_locked() const {
-  for (const auto &cache : caches_) reopen_cache_locked(*cache);
-}
-
-void DeviceMemory::quiesce_cache_locked(Cache &cache) {
-  cache.drain_requested.store(1, std::memory_order_relaxed);
-  detail::heavy_barrier();
-  wait_not_busy(cache);
-}
-
-void DeviceMemory::wait_not_busy(const Cache &cache) {
-  // The owner leaves its fast path within a few instructions; after fork() it never will (it
-  // is gone), and no fast path runs in the child.
-  while (cache.busy.load(std::memory_order_acquire) % 2 != 0) {
-    if (detail::in_forked_child()) return;
-    std::this_thread::yield();
-  }
-}
-
-void DeviceMemory::reopen_cache_locked(Cache &cache) {
-  cache.drain_requested.store(0, std::memory_order_release);
-}
 
 bool DeviceMemory::evict_for_retry() {
   // Another thread evicting right now: wait until its bytes are back with the device and the
@@ -149,15 +102,15 @@ uint64_t DeviceMemory::release_cached_holding_evict_lock() {
   std::vector<Record *> records;
   {
     std::lock_guard lock(mutex_);
-    quiesce_caches_locked();
+    detail::quiesce_all(caches_);
     for (const auto &cache : caches_) {
-      for (Record *r : take_bins_locked(*cache)) {
-        set_owner_locked(r, nullptr);
+      for (Record *r : cache->take_bins()) {
+        detail::set_owner(*r, nullptr);
         records.push_back(r);
       }
-      trim_headroom_locked(cache.get());  // quiesced: its headroom may be written here
+      cache->trim_headroom();  // quiesced: its headroom may be written here
     }
-    reopen_caches_locked();
+    detail::reopen_all(caches_);
     for (const CachingPool::Block &b : pool_.drain())
       records.push_back(blocks_->find(b.alloc.alloc_id));
     for (Record *r : records) blocks_->remove(r);

@@ -97,7 +97,7 @@ bool DeviceMemory::notify_observers(const Failure &failure) {
   if (observers_.empty()) return false;
   // While they run, this thread's allocations here take the locked path, which refuses them
   // (check_not_observing): its fast path forgets this memory's cache until they return.
-  forget_fast_binding();
+  detail::forget_binding(id_);
   const bool freed = observers_.notify(
       failure, [this] { return BudgetAdaptor::unreclaimable_bytes(in_use_by_category()); });
   ignore_result(my_cache(), "called to bind this thread's fast path to its cache again, now that "
@@ -123,12 +123,12 @@ RhiStatus DeviceMemory::admit(std::span<const AllocRequest> requests) {
 class DeviceMemory::QuiescedCache {
  public:
   QuiescedCache(DeviceMemory &memory, Cache *cache) : memory_(memory), cache_(cache) {
-    if (cache_ != nullptr) memory_.quiesce_cache_locked(*cache_);
+    if (cache_ != nullptr) cache_->quiesce();
   }
   ~QuiescedCache() {
     if (cache_ == nullptr) return;
-    memory_.trim_headroom_locked(cache_);
-    memory_.reopen_cache_locked(*cache_);
+    cache_->trim_headroom();
+    cache_->reopen();
   }
   QuiescedCache(const QuiescedCache &) = delete;
   QuiescedCache &operator=(const QuiescedCache &) = delete;
@@ -141,7 +141,9 @@ class DeviceMemory::QuiescedCache {
 RhiStatus DeviceMemory::free_locked_path(DeviceAllocation alloc) {
   // Inside an OOM observer this thread's cache is not bound (its allocations are refused), but a
   // free still goes to it: no quiescing of its own cache, and the block stays this thread's.
-  Cache *cache = !caching_ ? nullptr : observers_.observing_here() ? owned_cache() : bind_cache();
+  Cache *cache = !caching_                      ? nullptr
+                 : observers_.observing_here() ? detail::owned_cache(id_)
+                                               : bind_cache();
   Record *record = nullptr;
   MemoryCategory category{};
   {
@@ -164,7 +166,7 @@ RhiStatus DeviceMemory::free_locked_path(DeviceAllocation alloc) {
       cache_freed_locked(cache, record, category);
       return {};
     }
-    set_owner_locked(record, nullptr);
+    detail::set_owner(*record, nullptr);
     blocks_->remove(record);
   }
   auto freed = device_.dealloc_memory(alloc);  // device first, then the ledger (see release_cached)
@@ -183,7 +185,7 @@ RhiStatus DeviceMemory::charge(MemoryCategory category, uint64_t size_bytes) {
   KILN_RETURN_IF_ERROR(adaptor_.charge(category, size_bytes));
   Cache *cache = caching_ ? my_cache() : nullptr;
   std::lock_guard lock(mutex_);
-  reclaim_headroom_locked(cache, category);
+  if (cache != nullptr) cache->reclaim_headroom(category);
   raise_peak_locked(category);
   return {};
 }

@@ -17,47 +17,15 @@ using detail::to_signed;
 // A category's figure = the budget's charge (by the category a block was grown for) + moves_ (the
 // locked path's moves made without a cache) + for every cache, grant - headroom.
 
-void DeviceMemory::reclaim_headroom_locked(Cache *cache, MemoryCategory category) {
-  // Only the cache's own thread calls this (or the cache is quiesced). Only the category about
-  // to be raised gives its headroom up: the others keep theirs for the fast path.
-  if (cache == nullptr) return;
-  auto &headroom = cache->headroom[index(category)];
-  Cache::add(cache->grant[index(category)], -headroom.load(std::memory_order_relaxed));
-  headroom.store(0, std::memory_order_relaxed);
-}
-
-void DeviceMemory::set_owner_locked(Record *record, Cache *owner) {
-  Cache *previous = record->owner.load(std::memory_order_relaxed);
-  if (previous == owner) return;
-  const uint64_t class_bytes = record->class_bytes.load(std::memory_order_relaxed);
-  if (previous != nullptr) Cache::add(previous->owned_bytes, -class_bytes);
-  if (owner != nullptr) Cache::add(owner->owned_bytes, class_bytes);
-  record->owner.store(owner, std::memory_order_relaxed);
-}
-
-void DeviceMemory::trim_headroom_locked(Cache *cache) {
-  // Headroom only serves lock-free allocations of blocks the cache owns: more than those is of
-  // no use and would only lift the peaks' bound. Only the owner thread calls this, or the cache
-  // is quiesced.
-  if (cache == nullptr) return;
-  const int64_t cap = to_signed(cache->owned_bytes.load(std::memory_order_relaxed));
-  for (std::size_t k = 0; k < kNumMemoryCategories; ++k) {
-    const int64_t excess = cache->headroom[k].load(std::memory_order_relaxed) - cap;
-    if (excess <= 0) continue;
-    Cache::add(cache->grant[k], -excess);
-    Cache::add(cache->headroom[k], -excess);
-  }
-}
-
 void DeviceMemory::move_locked(Cache *cache, MemoryCategory from, MemoryCategory to,
                                uint64_t size_bytes) {
   // `cache`: the calling thread's, when the block is (or comes from) its bins; else nullptr.
   if (cache != nullptr) {
     // Headroom first given up, so the raised peak counts only what is held.
-    reclaim_headroom_locked(cache, to);
+    cache->reclaim_headroom(to);
     Cache::add(cache->headroom[index(from)], to_signed(size_bytes));
     Cache::add(cache->grant[index(to)], to_signed(size_bytes));
-    trim_headroom_locked(cache);
+    cache->trim_headroom();
   } else {
     Cache::add(moves_[index(from)], -to_signed(size_bytes));
     Cache::add(moves_[index(to)], to_signed(size_bytes));
@@ -95,9 +63,9 @@ CategoryBytes DeviceMemory::in_use_by_category_locked() const {
   CategoryBytes out{};
   if (view_bytes(out)) return out;
   // An owner kept passing through its fast path: stop every fast path for one reading.
-  quiesce_caches_locked();
+  detail::quiesce_all(caches_);
   (void)view_bytes(out, true);
-  reopen_caches_locked();
+  detail::reopen_all(caches_);
   return out;
 }
 
@@ -117,8 +85,8 @@ CategoryBytes DeviceMemory::in_use_by_category() const {
 void DeviceMemory::reset_peaks() {
   Cache *cache = bind_cache();
   std::lock_guard lock(mutex_);
-  for (std::size_t k = 0; k < kNumMemoryCategories; ++k)
-    reclaim_headroom_locked(cache, static_cast<MemoryCategory>(k));
+  for (std::size_t k = 0; cache != nullptr && k < kNumMemoryCategories; ++k)
+    cache->reclaim_headroom(static_cast<MemoryCategory>(k));
   adaptor_.budget().reset_peaks();
   peaks_ = {};
   for (std::size_t k = 0; k < kNumMemoryCategories; ++k)

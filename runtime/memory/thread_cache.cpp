@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <mutex>
+#include <thread>
 
 namespace kiln::runtime::detail {
 
@@ -51,6 +52,74 @@ void ThreadCache::read_quiesced_shares(std::array<int64_t, kNumMemoryCategories>
   for (std::size_t k = 0; k < kNumMemoryCategories; ++k)
     shares[k] =
         grant[k].load(std::memory_order_relaxed) - headroom[k].load(std::memory_order_relaxed);
+}
+
+void ThreadCache::reclaim_headroom(MemoryCategory category) {
+  // Only the category about to be raised gives its headroom up: the others keep theirs for the
+  // fast path.
+  auto &room = headroom[index(category)];
+  add(grant[index(category)], -room.load(std::memory_order_relaxed));
+  room.store(0, std::memory_order_relaxed);
+}
+
+void ThreadCache::trim_headroom() {
+  const int64_t cap = to_signed(owned_bytes.load(std::memory_order_relaxed));
+  for (std::size_t k = 0; k < kNumMemoryCategories; ++k) {
+    const int64_t excess = headroom[k].load(std::memory_order_relaxed) - cap;
+    if (excess <= 0) continue;
+    add(grant[k], -excess);
+    add(headroom[k], -excess);
+  }
+}
+
+std::vector<BlockRecord *> ThreadCache::take_bins() {
+  std::vector<BlockRecord *> records;
+  for (auto &slot : bins) {
+    const uint32_t count = slot.count.load(std::memory_order_relaxed);
+    records.insert(records.end(), slot.blocks.begin(), slot.blocks.begin() + count);
+    slot.count.store(0, std::memory_order_relaxed);
+  }
+  return records;
+}
+
+void ThreadCache::quiesce() {
+  drain_requested.store(1, std::memory_order_relaxed);
+  heavy_barrier();
+  wait_not_busy();
+}
+
+void ThreadCache::wait_not_busy() const {
+  // The owner leaves its fast path within a few instructions; after fork() it never will (it
+  // is gone), and no fast path runs in the child.
+  while (busy.load(std::memory_order_acquire) % 2 != 0) {
+    if (in_forked_child()) return;
+    std::this_thread::yield();
+  }
+}
+
+void set_owner(BlockRecord &record, ThreadCache *owner) {
+  ThreadCache *previous = record.owner.load(std::memory_order_relaxed);
+  if (previous == owner) return;
+  const uint64_t class_bytes = record.class_bytes.load(std::memory_order_relaxed);
+  if (previous != nullptr) ThreadCache::add(previous->owned_bytes, -class_bytes);
+  if (owner != nullptr) ThreadCache::add(owner->owned_bytes, class_bytes);
+  record.owner.store(owner, std::memory_order_relaxed);
+}
+
+void quiesce_all(std::span<const std::unique_ptr<ThreadCache>> caches) {
+  // Retired caches have no thread to stop: no barrier is needed for them alone.
+  bool any_bound = false;
+  for (const auto &cache : caches) {
+    cache->drain_requested.store(1, std::memory_order_relaxed);
+    any_bound |= cache->bound;
+  }
+  if (!any_bound) return;
+  heavy_barrier();  // now every owner either sees the request or is seen busy
+  for (const auto &cache : caches) cache->wait_not_busy();
+}
+
+void reopen_all(std::span<const std::unique_ptr<ThreadCache>> caches) {
+  for (const auto &cache : caches) cache->reopen();
 }
 
 bool init_asymmetric_barrier() {

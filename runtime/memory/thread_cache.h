@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -159,7 +160,38 @@ class ThreadCache {
   /// Bytes and blocks in the bins now (racy snapshot for stats).
   [[nodiscard]] uint64_t cached_bytes() const;
   [[nodiscard]] uint64_t cached_blocks() const;
+
+  // The owner's fast path: no lock, no read-modify-write (defined below, always inlined).
+  /// A block of `size_bytes`'s class from the bins, now live in `category`; null when the bins
+  /// cannot serve it (a miss, a drain requested, too little headroom).
+  [[gnu::always_inline]] inline BlockRecord *try_take(MemoryCategory category, uint64_t size_bytes);
+  /// Keeps the live block `alloc_id` (`blocks` finds it) that this cache owns in its bins; false
+  /// when it cannot (not this cache's, no room, a drain requested).
+  [[gnu::always_inline]] inline bool try_keep(const BlockRegistry &blocks, uint64_t alloc_id);
+
+  // Under DeviceMemory's mutex, by the owner or after quiesce().
+  /// Gives `category`'s headroom up (so that the peak raised next counts only what is held).
+  void reclaim_headroom(MemoryCategory category);
+  /// Trims every category's headroom to the bytes this cache owns: the fast path needs no more,
+  /// and more would only lift the peaks' bound.
+  void trim_headroom();
+  /// Empties the bins; returns their records.
+  [[nodiscard]] std::vector<BlockRecord *> take_bins();
+  /// Stops the owner's fast path: a drain request, the heavy barrier, then until it is out.
+  void quiesce();
+  /// Waits until the owner is outside its fast path (never, after fork(): it is gone).
+  void wait_not_busy() const;
+  /// Lets the owner's fast path go on.
+  void reopen() { drain_requested.store(0, std::memory_order_release); }
 };
+
+/// Moves `record` to `owner` (null: no cache), keeping both caches' owned_bytes. Mutex held.
+void set_owner(BlockRecord &record, ThreadCache *owner);
+/// Stops the fast path of every cache in `caches` (one heavy barrier for all; none when no cache
+/// is bound to a thread). Mutex held.
+void quiesce_all(std::span<const std::unique_ptr<ThreadCache>> caches);
+/// Lets them all go on. Mutex held.
+void reopen_all(std::span<const std::unique_ptr<ThreadCache>> caches);
 
 [[nodiscard]] inline int64_t to_signed(uint64_t bytes) { return static_cast<int64_t>(bytes); }
 [[nodiscard]] inline std::size_t index(MemoryCategory category) {
@@ -180,6 +212,64 @@ void heavy_barrier();
 /// Whether this process is a child forked from a kiln process: its fast paths stay closed and
 /// nothing waits for a fast-path pass of a thread the child does not have.
 [[nodiscard]] bool in_forked_child();
+/// The calling thread's cache for the DeviceMemory `memory_id`, found without binding its fast
+/// path to it (a free made inside an OOM observer); null when it has none or is exiting.
+[[nodiscard]] ThreadCache *owned_cache(uint64_t memory_id);
+/// The calling thread's fast path forgets `memory_id`'s cache until DeviceMemory::my_cache()
+/// binds it again (while an OOM observer of that memory runs).
+void forget_binding(uint64_t memory_id);
+
+inline BlockRecord *ThreadCache::try_take(MemoryCategory category, uint64_t size_bytes) {
+  const auto [bin, class_bytes] = bin_of_size(size_bytes);
+  if (bin >= kCacheBins) return nullptr;
+  const uint32_t pass = enter_fast();
+  light_barrier();
+  BlockRecord *record = nullptr;
+  auto &slot = bins[bin];
+  const uint32_t count = slot.count.load(std::memory_order_relaxed);
+  auto &room = headroom[index(category)];
+  if (drain_requested.load(std::memory_order_acquire) == 0 && count > 0 &&
+      room.load(std::memory_order_relaxed) >= to_signed(class_bytes)) {
+    record = slot.blocks[count - 1];
+    slot.count.store(count - 1, std::memory_order_relaxed);
+    record->category.store(category, std::memory_order_relaxed);
+    add(room, -to_signed(class_bytes));
+    add(headroom[kPoolCache], to_signed(class_bytes));
+    add(fast_allocations, uint64_t{1});
+  }
+  leave_fast(pass);
+  return record;
+}
+
+inline bool ThreadCache::try_keep(const BlockRegistry &blocks, uint64_t alloc_id) {
+  const uint32_t pass = enter_fast();
+  light_barrier();
+  bool kept = false;
+  BlockRecord *record = blocks.find_fast(alloc_id);  // never null: an empty slot has a dummy
+  // Only a live block this cache owns: nobody else may change such a record.
+  if (drain_requested.load(std::memory_order_acquire) == 0 &&
+      record->owner.load(std::memory_order_relaxed) == this &&
+      record->alloc_id.load(std::memory_order_relaxed) == alloc_id) {
+    const MemoryCategory category = record->category.load(std::memory_order_relaxed);
+    const uint32_t bin = record->bin.load(std::memory_order_relaxed);
+    if (category != MemoryCategory::pool_cache && bin != kNoBin) {
+      auto &slot = bins[bin];
+      const uint32_t count = slot.count.load(std::memory_order_relaxed);
+      const int64_t class_bytes = to_signed(record->class_bytes.load(std::memory_order_relaxed));
+      if (count < slot.depth && headroom[kPoolCache].load(std::memory_order_relaxed) >= class_bytes) {
+        record->category.store(MemoryCategory::pool_cache, std::memory_order_relaxed);
+        slot.blocks[count] = record;
+        slot.count.store(count + 1, std::memory_order_relaxed);
+        add(headroom[index(category)], class_bytes);
+        add(headroom[kPoolCache], -class_bytes);
+        add(fast_frees, uint64_t{1});
+        kept = true;
+      }
+    }
+  }
+  leave_fast(pass);
+  return kept;
+}
 
 }  // namespace kiln::runtime::detail
 

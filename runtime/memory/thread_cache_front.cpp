@@ -38,6 +38,13 @@ struct FastBinding {
 };
 constinit thread_local FastBinding t_fast[2] __attribute__((tls_model("initial-exec"))) = {};
 
+// The cache the fast path binds to `memory_id`, or null.
+[[gnu::always_inline]] inline detail::ThreadCache *bound_cache(uint64_t memory_id) {
+  if (t_fast[0].memory_id == memory_id) [[likely]]
+    return t_fast[0].cache;
+  return t_fast[1].memory_id == memory_id ? t_fast[1].cache : nullptr;
+}
+
 void bind_fast(uint64_t memory_id, detail::ThreadCache *cache) {
   if (t_fast[0].memory_id != memory_id) t_fast[1] = t_fast[0];
   t_fast[0] = {memory_id, cache};
@@ -120,13 +127,13 @@ DeviceMemory::DeviceMemory(LlvmDevice &device, uint64_t limit_bytes, uint64_t re
       blocks_(std::make_unique<detail::BlockRegistry>()),
       fault_plan_(*this) {
   install_fork_handler();
-  update_fast_path();
+  fault_plan_changed();  // opens the fast path
   LiveMemories &live = live_memories();
   std::lock_guard lock(live.mutex);
   live.by_id.emplace(id_, this);
 }
 
-void DeviceMemory::update_fast_path() {
+void DeviceMemory::fault_plan_changed() {
   fast_path_.store(caching_ && asymmetric_barrier_ && !fault_plan_.armed() &&
                        !g_forked_child.load(std::memory_order_relaxed),
                    std::memory_order_relaxed);
@@ -153,15 +160,9 @@ DeviceMemory::~DeviceMemory() {
 
 // --- binding a thread to its cache -----------------------------------------------------------
 
-[[gnu::always_inline]] inline DeviceMemory::Cache *DeviceMemory::fast_cache() const {
-  if (t_fast[0].memory_id == id_) [[likely]]
-    return t_fast[0].cache;
-  return t_fast[1].memory_id == id_ ? t_fast[1].cache : nullptr;
-}
-
 void DeviceMemory::count(Counter counter, uint64_t n) {
   static_assert(std::tuple_size_v<decltype(Cache::counters)> == kNumCounters);
-  Cache *cache = fast_cache();  // the usual case, inline; else look the binding up
+  Cache *cache = bound_cache(id_);  // the usual case, inline; else look the binding up
   if (cache == nullptr) cache = my_cache();
   if (cache != nullptr)
     Cache::add(cache->counters[counter], n);  // only this thread writes its cache's counters
@@ -170,8 +171,8 @@ void DeviceMemory::count(Counter counter, uint64_t n) {
 }
 
 DeviceMemory::Cache *DeviceMemory::my_cache() const {
-  if (Cache *cache = fast_cache(); cache != nullptr) return cache;
-  if (t_exiting || observers_.observing_here()) return nullptr;  // see forget_fast_binding
+  if (Cache *cache = bound_cache(id_); cache != nullptr) return cache;
+  if (t_exiting || observers_.observing_here()) return nullptr;  // see detail::forget_binding
   for (const auto &[memory_id, cache] : t_binding.caches)
     if (memory_id == id_) {
       bind_fast(id_, cache);
@@ -203,16 +204,16 @@ DeviceMemory::Cache *DeviceMemory::bind_cache() {
   return cache;
 }
 
-DeviceMemory::Cache *DeviceMemory::owned_cache() const {
+detail::ThreadCache *detail::owned_cache(uint64_t memory_id) {
   if (t_exiting) return nullptr;
-  for (const auto &[memory_id, cache] : t_binding.caches)
-    if (memory_id == id_) return cache;
+  for (const auto &[id, cache] : t_binding.caches)
+    if (id == memory_id) return cache;
   return nullptr;
 }
 
-void DeviceMemory::forget_fast_binding() {
+void detail::forget_binding(uint64_t memory_id) {
   for (FastBinding &binding : t_fast)
-    if (binding.memory_id == id_) binding = {0, nullptr};
+    if (binding.memory_id == memory_id) binding = {0, nullptr};
 }
 
 void DeviceMemory::retire_cache(Cache *cache) {
@@ -225,7 +226,7 @@ void DeviceMemory::retire_cache(Cache *cache) {
     if (r->owner.load(std::memory_order_relaxed) == cache)
       r->owner.store(nullptr, std::memory_order_relaxed);
   cache->owned_bytes.store(0, std::memory_order_relaxed);
-  for (Record *r : take_bins_locked(*cache))
+  for (Record *r : cache->take_bins())
     pool_.put(DeviceAllocation{&device_, r->alloc_id.load(std::memory_order_relaxed)},
               r->class_bytes.load(std::memory_order_relaxed));
   for (std::size_t k = 0; k < kNumMemoryCategories; ++k) {
@@ -254,81 +255,22 @@ void DeviceMemory::retire_cache(Cache *cache) {
 // keeps its stack frame and its calls out of the fast path's way.
 
 
-[[gnu::always_inline]] inline bool DeviceMemory::fast_path_open(MemoryCategory category,
-                                                                uint64_t size_bytes) const {
-  return fast_path_.load(std::memory_order_relaxed) && size_bytes != 0 &&
-         category < MemoryCategory::pool_cache && !device_.is_lost();
-}
-
-[[gnu::always_inline]] inline DeviceMemory::Record *DeviceMemory::fast_allocate(
-    Cache &cache, MemoryCategory category, uint64_t size_bytes) {
-  const auto [bin, class_bytes] = detail::bin_of_size(size_bytes);
-  if (bin >= detail::kCacheBins) return nullptr;
-  const uint32_t pass = cache.enter_fast();
-  detail::light_barrier();
-  Record *record = nullptr;
-  auto &slot = cache.bins[bin];
-  const uint32_t count = slot.count.load(std::memory_order_relaxed);
-  auto &headroom = cache.headroom[index(category)];
-  if (cache.drain_requested.load(std::memory_order_acquire) == 0 && count > 0 &&
-      headroom.load(std::memory_order_relaxed) >= to_signed(class_bytes)) {
-    record = slot.blocks[count - 1];
-    slot.count.store(count - 1, std::memory_order_relaxed);
-    record->category.store(category, std::memory_order_relaxed);
-    Cache::add(headroom, -to_signed(class_bytes));
-    Cache::add(cache.headroom[kPoolCache], to_signed(class_bytes));
-    Cache::add(cache.fast_allocations, uint64_t{1});
-  }
-  cache.leave_fast(pass);
-  return record;
-}
-
-[[gnu::always_inline]] inline bool DeviceMemory::fast_free(Cache &cache, uint64_t alloc_id) {
-  const uint32_t pass = cache.enter_fast();
-  detail::light_barrier();
-  bool freed = false;
-  Record *record = blocks_->find_fast(alloc_id);  // never null: an empty slot has a dummy
-  // Only a live block this thread's cache owns: nobody else may change such a record.
-  if (cache.drain_requested.load(std::memory_order_acquire) == 0 &&
-      record->owner.load(std::memory_order_relaxed) == &cache &&
-      record->alloc_id.load(std::memory_order_relaxed) == alloc_id) {
-    const MemoryCategory category = record->category.load(std::memory_order_relaxed);
-    const uint32_t bin = record->bin.load(std::memory_order_relaxed);
-    if (category != MemoryCategory::pool_cache && bin != detail::kNoBin) {
-      auto &slot = cache.bins[bin];
-      const uint32_t count = slot.count.load(std::memory_order_relaxed);
-      const int64_t class_bytes = to_signed(record->class_bytes.load(std::memory_order_relaxed));
-      if (count < slot.depth &&
-          cache.headroom[kPoolCache].load(std::memory_order_relaxed) >= class_bytes) {
-        record->category.store(MemoryCategory::pool_cache, std::memory_order_relaxed);
-        slot.blocks[count] = record;
-        slot.count.store(count + 1, std::memory_order_relaxed);
-        Cache::add(cache.headroom[index(category)], class_bytes);
-        Cache::add(cache.headroom[kPoolCache], -class_bytes);
-        Cache::add(cache.fast_frees, uint64_t{1});
-        freed = true;
-      }
-    }
-  }
-  cache.leave_fast(pass);
-  return freed;
-}
-
 uint64_t DeviceMemory::try_allocate_lock_free(MemoryCategory category, uint64_t size_bytes) {
-  if (!fast_path_open(category, size_bytes)) [[unlikely]]
+  if (!fast_path_.load(std::memory_order_relaxed) || size_bytes == 0 ||
+      category >= MemoryCategory::pool_cache || device_.is_lost()) [[unlikely]]
     return 0;
-  Cache *cache = fast_cache();
+  Cache *cache = bound_cache(id_);
   if (cache == nullptr) [[unlikely]]
     return 0;
-  Record *record = fast_allocate(*cache, category, size_bytes);
+  Record *record = cache->try_take(category, size_bytes);
   return record != nullptr ? record->alloc_id.load(std::memory_order_relaxed) : 0;
 }
 
 bool DeviceMemory::try_free_lock_free(DeviceAllocation alloc) {
   if (alloc.device != &device_ || !fast_path_.load(std::memory_order_relaxed)) [[unlikely]]
     return false;
-  Cache *cache = fast_cache();
-  return cache != nullptr && fast_free(*cache, alloc.alloc_id);
+  Cache *cache = bound_cache(id_);
+  return cache != nullptr && cache->try_keep(*blocks_, alloc.alloc_id);
 }
 
 }  // namespace kiln::runtime

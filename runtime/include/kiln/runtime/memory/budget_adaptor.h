@@ -72,7 +72,8 @@ class BudgetAdaptor : private ReclaimHook {
   BudgetAdaptor(LlvmDevice &device, GrowthOwner &owner, uint64_t limit_bytes,
                 uint64_t reserve_bytes, bool live_check);
 
-  /// The misses of an allocation (the requests with no hit): their exact and class bytes (saturating) and the category of the first.
+  /// The misses of an allocation (the requests with no hit): their exact and class bytes
+  /// (saturating) and the category of the first.
   struct Misses {
     uint64_t size_bytes = 0;
     uint64_t class_bytes = 0;

@@ -107,7 +107,8 @@ class DeviceMemory : private GrowthOwner, private RequestFaultPlan::Owner {
 
   /// Charges bytes that live outside device allocations (e.g. JIT code objects) to `category`.
   /// Errors: out_of_memory (oom_source budget) as allocate; invalid_usage for pool_cache or a
-  /// value that is no category, or when called from an OOM observer of this memory. Release with uncharge() (which ignores such categories).
+  /// value that is no category, or when called from an OOM observer of this memory. Release
+  /// with uncharge() (which ignores such categories).
   [[nodiscard]] RhiStatus charge(MemoryCategory category, uint64_t size_bytes);
   void uncharge(MemoryCategory category, uint64_t size_bytes);
 
@@ -160,27 +161,22 @@ class DeviceMemory : private GrowthOwner, private RequestFaultPlan::Owner {
   DeviceMemory(LlvmDevice &device, uint64_t limit_bytes, uint64_t reserve_bytes, bool live_check,
                bool caching);
 
-  // The lock-free fast path (thread_cache.h).
-  [[nodiscard]] Cache *fast_cache() const;  // the cache t_fast binds to this object, or null
-  [[nodiscard]] Cache *my_cache() const;    // this thread's cache here, or null (rebinds t_fast)
+  // The lock-free fast path (thread_cache.h). The thread's own side of its bindings (which
+  // cache it uses here; forgetting it while an OOM observer runs) is thread-local state keyed
+  // by id_: bound_cache (thread_cache_front.cpp), detail::owned_cache, detail::forget_binding.
+  [[nodiscard]] Cache *my_cache() const;  // this thread's cache here, or null (binds the fast path)
   [[nodiscard]] Cache *bind_cache();  // my_cache(), made on first use (takes the mutex)
-  void forget_fast_binding();  // this thread's fast path forgets this memory until my_cache()
-  /// This thread's cache here, or null, found without binding the fast path to it (frees made
-  /// inside an OOM observer, while my_cache() answers null).
-  [[nodiscard]] Cache *owned_cache() const;
-  [[nodiscard]] bool fast_path_open(MemoryCategory category, uint64_t size_bytes) const;
-  void update_fast_path();  // after the fault plan changed
   // RequestFaultPlan::Owner
   [[nodiscard]] uint64_t cache_request_count() const override;  // requests the caches counted
-  void fault_plan_changed() override { update_fast_path(); }
+  /// Opens or closes the fast path: open while caching, membarrier(2) works, no fault plan is
+  /// armed and this is no forked child. Called by the constructor too.
+  void fault_plan_changed() override;
   static void install_fork_handler();
-  [[nodiscard]] Record *fast_allocate(Cache &cache, MemoryCategory category, uint64_t size_bytes);
   /// The lock-free hit: the block's alloc id, or 0 (ids start at 1) when it cannot serve it.
   [[nodiscard, gnu::noinline]] uint64_t try_allocate_lock_free(MemoryCategory category,
                                                                uint64_t size_bytes);
   /// The lock-free free into this thread's cache; false when it cannot take it.
   [[nodiscard, gnu::noinline]] bool try_free_lock_free(DeviceAllocation alloc);
-  [[nodiscard]] bool fast_free(Cache &cache, uint64_t alloc_id);
 
   // The locked path.
   [[nodiscard, gnu::noinline]] RhiExpected<DeviceAllocation> allocate_locked_path(
@@ -207,9 +203,6 @@ class DeviceMemory : private GrowthOwner, private RequestFaultPlan::Owner {
   /// always inlined, in allocation_path.cpp, its only user.
   [[nodiscard]] inline std::size_t take_cached(Cache *cache, std::span<const AllocRequest> requests,
                                         std::span<Slot> slots);
-  /// The hits, as a refusal of the group reports them.
-  [[nodiscard]] static ReusedBlocks reused_blocks(std::span<const AllocRequest> requests,
-                                                  std::span<const Slot> slots);
   /// Hands the hits back to the cache (a failure path: not a free).
   void give_back_hits(Cache *cache, std::span<const AllocRequest> requests,
                       std::span<Slot> slots);
@@ -239,28 +232,18 @@ class DeviceMemory : private GrowthOwner, private RequestFaultPlan::Owner {
   bool keep_cached_locked(Cache *cache, Record *record);
   /// Caches a block that was live in `category` (freed, or a hit handed back), charged as cache.
   void cache_freed_locked(Cache *cache, Record *record, MemoryCategory category);
-  /// Empties `cache`'s bins (the caller owns it or quiesced it); returns their records.
-  std::vector<Record *> take_bins_locked(Cache &cache);
   /// The ledger's side of a block the device let go of, last in `category`.
   void release_charge_locked(const Record &record, MemoryCategory category);
   void register_block_locked(Cache *cache, DeviceAllocation block, MemoryCategory category,
                              uint64_t class_bytes);
   void move_locked(Cache *cache, MemoryCategory from, MemoryCategory to, uint64_t size_bytes);
-  void reclaim_headroom_locked(Cache *cache, MemoryCategory category);
   void raise_peak_locked(MemoryCategory category);
   [[nodiscard]] CategoryBytes in_use_by_category_locked() const;
   /// The view's sum into `out`; false when a cache's share could not be read whole (its owner
   /// kept moving it). mutex_ held, or its sequence number checked after. `quiesced`: every
   /// cache is (mutex_ held), so shares are read as they are.
   [[nodiscard]] bool view_bytes(CategoryBytes &out, bool quiesced = false) const;
-  void quiesce_caches_locked() const;
-  void reopen_caches_locked() const;
-  void quiesce_cache_locked(Cache &cache);
-  class QuiescedCache;  // quiesces a cache for a scope (device_memory_cache.cpp)
-  static void wait_not_busy(const Cache &cache);
-  static void reopen_cache_locked(Cache &cache);
-  void trim_headroom_locked(Cache *cache);
-  void set_owner_locked(Record *record, Cache *owner);
+  class QuiescedCache;  // quiesces a cache for a scope (device_memory.cpp)
   void retire_cache(Cache *cache);  // a thread exits (thread_cache_front.cpp)
   friend struct ThreadBinding;
 
