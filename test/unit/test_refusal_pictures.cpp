@@ -72,6 +72,23 @@ TEST_CASE("a driver refusal's memory picture does not count the refused request 
   REQUIRE(memory->free(*held));
 }
 
+// Growth asks the driver for a request's size class, but the refusal is about the request: it
+// names the bytes the caller asked for (the driver builds the failure from them), not the class.
+TEST_CASE("a driver refusal names the bytes requested and not the size class asked of the driver",
+          "[device_memory][caching_pool]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(512_MiB));
+  const uint64_t size_bytes = 5_MiB + 1;
+  REQUIRE(CachingPool::size_class(size_bytes) > size_bytes);  // grown at a larger class
+  mock.fault_plan().fail_nth_allocation(1);  // the driver refuses the class (injected: no retry)
+  auto refused = memory->allocate(MemoryCategory::ndarray, size_bytes);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().oom_source == OomSource::driver);
+  CHECK(refused.error().requested_bytes == size_bytes);
+  CHECK(refused.error().class_bytes == 0);  // no exact-size try followed: no class refused first
+  CHECK(memory->in_use_bytes() == 0);
+}
+
 // A budget refusal is the ledger's verdict; the device's free/total only complete its picture.
 // They come from a reading at most one kernel tick old (DeviceMemory::kLiveReadingReuse), so
 // refusing in a loop does not ask the device each time; anything older is read again.
