@@ -1,4 +1,4 @@
-# The C++ package: `cmake --install <build> [--prefix P]` installs kiln's headers, its static
+# The C++ package: `cmake --install <build> [--prefix P]` installs kiln's public headers, its static
 # libraries, kiln-ops (when KILN_BUILD_TOOLS) and a CMake package, so that another project can write
 #   find_package(kiln 0.2 REQUIRED)
 #   target_link_libraries(app PRIVATE kiln::executor)
@@ -20,6 +20,8 @@ install(TARGETS ${kiln_package_targets} EXPORT kilnTargets
 if(TARGET kiln-ops)  # KILN_BUILD_TOOLS
   install(TARGETS kiln-ops RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
+# Public headers only: each layer's include/. Its internal/ headers are never installed (they are on
+# kiln's targets' build interface alone); test/package/check_installed_package.sh checks both.
 foreach(layer rhi runtime executor)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endforeach()

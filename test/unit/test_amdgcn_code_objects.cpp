@@ -1,4 +1,4 @@
-// The HSACO code objects built into kiln (runtime/include/kiln/runtime/embedded_code.h): each is
+// The HSACO code objects built into kiln (runtime/internal/kiln/runtime/embedded_code.h): each is
 // an ELF shared object for EM_AMDGPU / ELFOSABI_AMDGPU_HSA whose EF_AMDGPU_MACH is its gfx
 // target and which exports the 24 kiln_<op>_<dtype>_gpu kernels; Program picks them.
 #include <sys/wait.h>
