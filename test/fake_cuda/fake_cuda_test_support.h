@@ -128,6 +128,13 @@ struct Launch {
     void *params[] = {&runtime, &args};
     return f.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, 0, nullptr, params, nullptr);
   }
+
+  /// The runtime block as the launches left it: its error fields record a device assertion.
+  KilnRuntime runtime_state() {
+    KilnRuntime state{};
+    REQUIRE(f.cuMemcpyDtoH_v2(&state, runtime, sizeof state) == kiln::cuda::kSuccess);
+    return state;
+  }
 };
 
 }  // namespace kiln::fake_cuda_test

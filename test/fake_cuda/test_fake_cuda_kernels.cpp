@@ -106,8 +106,7 @@ TEST_CASE("fake cuda: reduce_sum with more blocks than result slots records a de
   args.result_buffer = results;
   args.num_tasks = 1;  // one slot, two blocks: a partial would be lost
   REQUIRE(launch.run("kiln_reduce_sum_f32_gpu", args, 2, 32) == kSuccess);
-  KilnRuntime state{};
-  REQUIRE(f.cuMemcpyDtoH_v2(&state, launch.runtime, sizeof state) == kSuccess);
+  const KilnRuntime state = launch.runtime_state();
   CHECK(state.error_code == KILN_DEVICE_ASSERTION);
   CHECK(state.error_arg0 == 1);  // kiln_gpu::kMoreBlocksThanSlots
   CHECK(state.error_arg1 == 2);
@@ -192,8 +191,7 @@ TEST_CASE("fake cuda: the tiled matmul covers odd shapes with any grid", "[fake_
     args.iteration_size = 1;
     args.num_tasks = 1;
     REQUIRE(launch.run("kiln_matmul_f32_gpu", args, 1, 128) == kSuccess);
-    KilnRuntime state{};
-    REQUIRE(f.cuMemcpyDtoH_v2(&state, launch.runtime, sizeof state) == kSuccess);
+    const KilnRuntime state = launch.runtime_state();
     CHECK(state.error_code == KILN_DEVICE_ASSERTION);
     CHECK(state.error_arg0 == 2);  // kiln_gpu::kMatmulBlockShape
     CHECK(state.error_arg1 == 128);
