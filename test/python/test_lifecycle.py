@@ -91,11 +91,6 @@ FORK_CHILD_USES_KILN = """
 """
 
 
-@pytest.mark.parametrize("arch", ["cpu", "mock"])
-def test_forked_child_uses_inherited_and_new_arrays_and_exits(arch):
-    assert_prints_ok(arch, FORK_CHILD_USES_KILN)
-
-
 FORK_POOL = """
     import multiprocessing as mp
     kiln.init(ARCH, **INIT)
@@ -151,11 +146,6 @@ FORK_WHILE_ANOTHER_THREAD_LAUNCHES = """
 @pytest.mark.parametrize("arch", ["cpu", "mock"])
 def test_forked_child_can_free_an_array_another_thread_was_launching_on(arch):
     assert_clean(run_script(arch, FORK_WHILE_ANOTHER_THREAD_LAUNCHES), 0)
-
-
-@pytest.mark.parametrize("arch", ["cpu", "mock"])
-def test_multiprocessing_fork_pool_workers_use_kiln(arch):
-    assert_prints_ok(arch, FORK_POOL)
 
 
 FORK_GPU = """
@@ -234,11 +224,6 @@ def test_a_forked_child_keeps_the_executor_its_open_call_holds_after_a_nested_on
     assert sorted(proc.stdout.split("\n")) == ["", "child [0.0] True", "parent 0"], proc.stdout
 
 
-@pytest.mark.parametrize("arch", GPU_BACKENDS)
-def test_forked_child_on_a_gpu_gets_NotSupportedError_then_a_new_init_works(arch):
-    assert_prints_ok(arch, FORK_GPU)
-
-
 # A fork while another thread is inside a driver call (held there 300 ms by the fake's pause
 # hook, so the race is the same every run): the driver's own lock must not reach the child held,
 # or the child's first driver call (its kiln.init) waits forever.
@@ -271,11 +256,6 @@ FORK_DURING_DRIVER_CALL = """
     assert os.waitstatus_to_exitcode(status) == 0, os.waitstatus_to_exitcode(status)
     print("ok")
 """
-
-
-@pytest.mark.parametrize("arch", GPU_BACKENDS)
-def test_fork_while_another_thread_is_inside_the_driver(arch):
-    assert_prints_ok(arch, FORK_DURING_DRIVER_CALL)
 
 
 # Forks while other threads allocate, free and launch without pause: whatever lock a thread of
@@ -320,9 +300,25 @@ FORK_STORM = """
 """
 
 
+# The fork scripts above that print "ok" when the child and the parent did what they should; the
+# ids are what each one checks.
 @pytest.mark.parametrize("arch", ["cpu", "mock"])
-def test_forks_while_other_threads_allocate_and_launch(arch):
-    assert_prints_ok(arch, FORK_STORM)
+@pytest.mark.parametrize("script", [
+    pytest.param(FORK_CHILD_USES_KILN, id="forked_child_uses_inherited_and_new_arrays_and_exits"),
+    pytest.param(FORK_POOL, id="multiprocessing_fork_pool_workers_use_kiln"),
+    pytest.param(FORK_STORM, id="forks_while_other_threads_allocate_and_launch"),
+])
+def test_fork_on_a_host_memory_backend(script, arch):
+    assert_prints_ok(arch, script)
+
+
+@pytest.mark.parametrize("arch", GPU_BACKENDS)
+@pytest.mark.parametrize("script", [
+    pytest.param(FORK_GPU, id="forked_child_on_a_gpu_gets_NotSupportedError_then_a_new_init_works"),
+    pytest.param(FORK_DURING_DRIVER_CALL, id="fork_while_another_thread_is_inside_the_driver"),
+])
+def test_fork_on_a_gpu_backend(script, arch):
+    assert_prints_ok(arch, script)
 
 
 # --- interpreter exit with threads inside kiln -------------------------------------------------
