@@ -105,10 +105,8 @@ TEST_CASE("live check: growth that no longer fits in free - reserve is refused b
   std::vector<uint64_t> script{0};  // consumed by create()
   for (const Step &s : steps) script.push_back(s.other_bytes);
   MockDevice mock(mock_options(1_GiB, script));
-  BudgetConfig config = no_cache();
-  config.limit_bytes = 1_GiB;  // the ledger alone would allow every step
-  config.reserve_bytes = kReserve;
-  auto memory = make_uncached_memory(mock, config);
+  // A limit of 1 GiB: the ledger alone would allow every step.
+  auto memory = make_uncached_memory(mock, fixed_limit(1_GiB, /*reserve_bytes=*/kReserve));
 
   std::vector<DeviceAllocation> held;
   uint64_t refusals = 0;
@@ -233,10 +231,8 @@ TEST_CASE("a live refusal carries the reserve it keeps and is counted as a live 
           "[device_memory][live]") {
   // 1 GiB device; other processes hold 924 MiB from the first allocation on: 100 MiB free.
   MockDevice mock(mock_options(1_GiB, {0, 924_MiB}));
-  BudgetConfig config = no_cache();
-  config.limit_bytes = 1_GiB;  // the limit alone would allow it
-  config.reserve_bytes = 40_MiB;
-  auto memory = make_uncached_memory(mock, config);
+  // A limit of 1 GiB: the limit alone would allow it.
+  auto memory = make_uncached_memory(mock, fixed_limit(1_GiB, /*reserve_bytes=*/40_MiB));
   auto refused = memory->allocate(MemoryCategory::ndarray, 80_MiB);  // 80 > 100 - 40
   REQUIRE_FALSE(refused);
   const kiln::Failure &f = refused.error();
