@@ -252,6 +252,23 @@ llvm::Value *load_argument(llvm::IRBuilder<> &b, llvm::Value *args, std::size_t 
   return bits;
 }
 
+/// The blocks of an entry point's loop over indices: start -> test -> body -> test ... -> done.
+struct LoopBlocks {
+  llvm::BasicBlock *start, *test, *body, *done;
+};
+
+LoopBlocks add_loop_blocks(llvm::Function &function) {
+  llvm::LLVMContext &context = function.getContext();
+  return {llvm::BasicBlock::Create(context, "start", &function), llvm::BasicBlock::Create(context, "test", &function),
+          llvm::BasicBlock::Create(context, "body", &function), llvm::BasicBlock::Create(context, "done", &function)};
+}
+
+/// args->num_elements (i64).
+llvm::Value *load_num_elements(llvm::IRBuilder<> &b, llvm::Value *args) {
+  return b.CreateLoad(b.getInt64Ty(),
+                      b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), args, offsetof(KilnKernelArgs, num_elements)));
+}
+
 /// define void @kiln_user_entry(ptr %runtime, ptr %args, i64 %begin, i64 %end, i64 %task): the
 /// context {runtime, i, count}, then element(context, args...) for i in [begin, end).
 void make_entry_wrapper(llvm::Module &module, llvm::Function &element, std::span<const UserValueType> params) {
@@ -262,10 +279,7 @@ void make_entry_wrapper(llvm::Module &module, llvm::Function &element, std::span
   llvm::Function *wrapper = llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage, kUserEntryName, module);
   llvm::Value *runtime = wrapper->getArg(0), *args = wrapper->getArg(1);
   llvm::Value *begin = wrapper->getArg(2), *end = wrapper->getArg(3);
-  auto *start = llvm::BasicBlock::Create(context, "start", wrapper);
-  auto *test = llvm::BasicBlock::Create(context, "test", wrapper);
-  auto *body = llvm::BasicBlock::Create(context, "body", wrapper);
-  auto *done = llvm::BasicBlock::Create(context, "done", wrapper);
+  const auto [start, test, body, done] = add_loop_blocks(*wrapper);
 
   b.SetInsertPoint(start);
   llvm::StructType *context_type = llvm::StructType::get(context, {b.getPtrTy(), i64, i64});  // KilnUserContext
@@ -275,8 +289,7 @@ void make_entry_wrapper(llvm::Module &module, llvm::Function &element, std::span
   llvm::Value *element_context =
       b.CreateAddrSpaceCast(b.CreateAlloca(context_type, alloca_space, nullptr), b.getPtrTy());
   b.CreateStore(runtime, b.CreateStructGEP(context_type, element_context, 0));
-  llvm::Value *count = b.CreateLoad(
-      i64, b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), args, offsetof(KilnKernelArgs, num_elements)));
+  llvm::Value *count = load_num_elements(b, args);
   b.CreateStore(count, b.CreateStructGEP(context_type, element_context, 2));
   std::vector<llvm::Value *> call_args{element_context};
   for (std::size_t k = 0; k < params.size(); ++k) call_args.push_back(load_argument(b, args, k, params[k]));
@@ -312,15 +325,11 @@ void make_gpu_entry(llvm::Module &module) {
   auto *entry = llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), {b.getPtrTy(), b.getPtrTy()}, false),
                                        llvm::GlobalValue::ExternalLinkage, kUserGpuEntryName, module);
   llvm::Value *runtime = entry->getArg(0), *args = entry->getArg(1);
-  auto *start = llvm::BasicBlock::Create(context, "start", entry);
-  auto *test = llvm::BasicBlock::Create(context, "test", entry);
-  auto *body = llvm::BasicBlock::Create(context, "body", entry);
-  auto *done = llvm::BasicBlock::Create(context, "done", entry);
+  const auto [start, test, body, done] = add_loop_blocks(*entry);
   b.SetInsertPoint(start);
   llvm::Value *first = b.CreateCall(first_index);
   llvm::Value *stride = b.CreateCall(grid_threads);
-  llvm::Value *count = b.CreateLoad(
-      i64, b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), args, offsetof(KilnKernelArgs, num_elements)));
+  llvm::Value *count = load_num_elements(b, args);
   b.CreateBr(test);
   b.SetInsertPoint(test);
   llvm::PHINode *i = b.CreatePHI(i64, 2, "i");
