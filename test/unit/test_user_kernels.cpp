@@ -268,7 +268,7 @@ TEST_CASE("a module reaching outside kiln through a global, one target's intrins
 TEST_CASE("integer division by zero in IR gives 0 and INT_MIN / -1 wraps, never a trap", "[user_kernel][bad-input]") {
   auto ex = make_executor();
   // q[i] = n[i] / d[i] and r[i] = n[i] % d[i], signed and unsigned: a CPU would raise SIGFPE.
-  const std::string divide = R"(
+  std::string divide = R"(
 declare i64 @kiln_index(ptr)
 define void @k(ptr %ctx, ptr %n, ptr %d, ptr %q, ptr %r, ptr %uq, ptr %ur) {
   %i = call i64 @kiln_index(ptr %ctx)
@@ -276,21 +276,14 @@ define void @k(ptr %ctx, ptr %n, ptr %d, ptr %q, ptr %r, ptr %uq, ptr %ur) {
   %pd = getelementptr i64, ptr %d, i64 %i
   %a = load i64, ptr %pn
   %b = load i64, ptr %pd
-  %v1 = sdiv i64 %a, %b
-  %p1 = getelementptr i64, ptr %q, i64 %i
-  store i64 %v1, ptr %p1
-  %v2 = srem i64 %a, %b
-  %p2 = getelementptr i64, ptr %r, i64 %i
-  store i64 %v2, ptr %p2
-  %v3 = udiv i64 %a, %b
-  %p3 = getelementptr i64, ptr %uq, i64 %i
-  store i64 %v3, ptr %p3
-  %v4 = urem i64 %a, %b
-  %p4 = getelementptr i64, ptr %ur, i64 %i
-  store i64 %v4, ptr %p4
-  ret void
-}
 )";
+  int step = 0;  // %v<step> = <op> i64 %a, %b, stored to <out>[i]
+  for (const auto &[op, out] : {std::pair{"sdiv", "q"}, {"srem", "r"}, {"udiv", "uq"}, {"urem", "ur"}}) {
+    const std::string v = "%v" + std::to_string(++step), p = "%p" + std::to_string(step);
+    divide += "  " + v + " = " + op + " i64 %a, %b\n  " + p + " = getelementptr i64, ptr %" + out + ", i64 %i\n" +
+              "  store i64 " + v + ", ptr " + p + "\n";
+  }
+  divide += "  ret void\n}\n";
   auto k = compile(*ex, divide, "k",
                    {{"n", ParamKind::in, DataType::i64}, {"d", ParamKind::in, DataType::i64},
                     {"q", ParamKind::out, DataType::i64}, {"r", ParamKind::out, DataType::i64},
