@@ -400,9 +400,8 @@ std::unique_ptr<LlvmRuntimeExecutor> fake_gpu_executor(Backend backend) {
 TEST_CASE("a user kernel runs on the fake CUDA driver and the fake HIP runtime from the PTX or HSACO kiln "
           "made, its IR run for the host",
           "[user_kernel]") {
-  const Backend backend = GENERATE(from_range(user_kernel_gpus()));
-  INFO(to_string(backend));
-  auto gpu = fake_gpu_executor(backend);
+  auto gpu = fake_gpu_executor(GENERATE(from_range(user_kernel_gpus())));
+  INFO(to_string(gpu->device().backend()));
   const uint64_t before = ledger_bytes(*gpu);
   const uint64_t code_before = code_bytes(*gpu);
   {
@@ -427,9 +426,8 @@ TEST_CASE("a user kernel runs on the fake CUDA driver and the fake HIP runtime f
 TEST_CASE("a reduction on the fake CUDA driver and the fake HIP runtime runs its interleaved lanes, fold and "
           "combine as the GPU plan says",
           "[user_kernel]") {
-  const Backend backend = GENERATE(from_range(user_kernel_gpus()));
-  INFO(to_string(backend));
-  auto gpu = fake_gpu_executor(backend);
+  auto gpu = fake_gpu_executor(GENERATE(from_range(user_kernel_gpus())));
+  INFO(to_string(gpu->device().backend()));
   const ReductionKernels kernels = value_or_throw(compile_reduction(*gpu, sum_of_squares_i64()));
   REQUIRE(kernels.fold != nullptr);
   constexpr int64_t n = 200000;
@@ -463,9 +461,8 @@ TEST_CASE("a reduction on the fake CUDA driver and the fake HIP runtime runs its
 
 TEST_CASE("a user kernel's device heap and assertion work on the fake CUDA driver and the fake HIP runtime",
           "[user_kernel]") {
-  const Backend backend = GENERATE(from_range(user_kernel_gpus()));
-  INFO(to_string(backend));
-  auto gpu = fake_gpu_executor(backend);
+  auto gpu = fake_gpu_executor(GENERATE(from_range(user_kernel_gpus())));
+  INFO(to_string(gpu->device().backend()));
   auto heap_user = compile(*gpu, kHeapUser, "heap_user",
                            {{"out", ParamKind::out, DataType::i64}, {"bytes", ParamKind::scalar, DataType::i64}});
   Ndarray out = upload<int64_t>(*gpu, DataType::i64, std::vector<int64_t>(64, 0));
