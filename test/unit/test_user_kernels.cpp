@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -44,20 +46,16 @@ define void @iota(ptr %ctx, ptr %out) {
 )";
 
 // Each element allocates `bytes` from the device heap and writes through it; a null result
-// returns (the launch then fails with the heap's figures).
-const std::string kHeapUser = R"(
-declare ptr @kiln_heap_allocate(ptr, i64, i64)
-define void @heap_user(ptr %ctx, ptr %out, i64 %bytes) {
-  %block = call ptr @kiln_heap_allocate(ptr %ctx, i64 %bytes, i64 8)
-  %null = icmp eq ptr %block, null
-  br i1 %null, label %done, label %use
-use:
-  store i64 7, ptr %block
-  ret void
-done:
-  ret void
+// returns (the launch then fails with the heap's figures): test/support/heap_user.ll, which the
+// Python tests load too.
+const std::string &heap_user_ir() {
+  static const std::string text = [] {
+    std::ifstream file(KILN_HEAP_USER_IR);
+    REQUIRE(file);
+    return std::string(std::istreambuf_iterator<char>(file), {});
+  }();
+  return text;
 }
-)";
 
 // Asserts x[i] >= 0.
 const std::string kCheckPositive = R"(
@@ -152,7 +150,7 @@ TEST_CASE("a user kernel that runs the device heap dry is heap exhaustion; the d
   ExecutorConfig config;
   config.device_heap_bytes = 4096;
   auto ex = make_executor(config);
-  auto kernel = compile(*ex, kHeapUser, "heap_user",
+  auto kernel = compile(*ex, heap_user_ir(), "heap_user",
                         {{"out", ParamKind::out, DataType::i64}, {"bytes", ParamKind::scalar, DataType::i64}});
   Ndarray out = upload<int64_t>(*ex, DataType::i64, std::vector<int64_t>(64, 0));
   const uint64_t before = ledger_bytes(*ex);
@@ -463,7 +461,7 @@ TEST_CASE("a user kernel's device heap and assertion work on the fake CUDA drive
           "[user_kernel]") {
   auto gpu = fake_gpu_executor(GENERATE(from_range(user_kernel_gpus())));
   INFO(to_string(gpu->device().backend()));
-  auto heap_user = compile(*gpu, kHeapUser, "heap_user",
+  auto heap_user = compile(*gpu, heap_user_ir(), "heap_user",
                            {{"out", ParamKind::out, DataType::i64}, {"bytes", ParamKind::scalar, DataType::i64}});
   Ndarray out = upload<int64_t>(*gpu, DataType::i64, std::vector<int64_t>(64, 0));
   const KernelArg too_much[] = {KernelArg::of(out), KernelArg::of(Scalar::of_int(int64_t{1} << 40))};
