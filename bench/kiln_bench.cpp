@@ -81,16 +81,8 @@
 
 namespace {
 
-using kiln::bench::SummaryReporter;
-
+using namespace kiln::bench;  // the baselines, the launch and JIT benchmarks, SummaryReporter
 using kiln::DataType;
-using kiln::bench::bench_axpy;
-using kiln::bench::bench_jit_call_one_element;
-using kiln::bench::bench_launch_one_element;
-using kiln::bench::bench_memcpy;
-using kiln::bench::bench_read_sum;
-using kiln::bench::bench_triad;
-using kiln::bench::host_thread_count;
 
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * kKiB;

@@ -252,6 +252,43 @@ llvm::Value *load_argument(llvm::IRBuilder<> &b, llvm::Value *args, std::size_t 
   return bits;
 }
 
+/// The blocks of an entry point's loop over indices: start -> test -> body -> test ... -> done.
+struct LoopBlocks {
+  llvm::BasicBlock *start, *test, *body, *done;
+};
+
+LoopBlocks add_loop_blocks(llvm::Function &function) {
+  llvm::LLVMContext &context = function.getContext();
+  return {llvm::BasicBlock::Create(context, "start", &function), llvm::BasicBlock::Create(context, "test", &function),
+          llvm::BasicBlock::Create(context, "body", &function), llvm::BasicBlock::Create(context, "done", &function)};
+}
+
+/// Ends blocks.start and emits the rest of the loop: i from `first` while `less`(i, end), each
+/// round `body`(i) (emitted in blocks.body, no new blocks) returning the next i; then ret void.
+template <class Body>
+void emit_index_loop(llvm::IRBuilder<> &b, const LoopBlocks &blocks, llvm::Value *first,
+                     llvm::CmpInst::Predicate less, llvm::Value *end, Body body) {
+  b.CreateBr(blocks.test);
+
+  b.SetInsertPoint(blocks.test);
+  llvm::PHINode *i = b.CreatePHI(b.getInt64Ty(), 2, "i");
+  i->addIncoming(first, blocks.start);
+  b.CreateCondBr(b.CreateICmp(less, i, end), blocks.body, blocks.done);
+
+  b.SetInsertPoint(blocks.body);
+  i->addIncoming(body(i), blocks.body);
+  b.CreateBr(blocks.test);
+
+  b.SetInsertPoint(blocks.done);
+  b.CreateRetVoid();
+}
+
+/// args->num_elements (i64).
+llvm::Value *load_num_elements(llvm::IRBuilder<> &b, llvm::Value *args) {
+  return b.CreateLoad(b.getInt64Ty(),
+                      b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), args, offsetof(KilnKernelArgs, num_elements)));
+}
+
 /// define void @kiln_user_entry(ptr %runtime, ptr %args, i64 %begin, i64 %end, i64 %task): the
 /// context {runtime, i, count}, then element(context, args...) for i in [begin, end).
 void make_entry_wrapper(llvm::Module &module, llvm::Function &element, std::span<const UserValueType> params) {
@@ -262,12 +299,9 @@ void make_entry_wrapper(llvm::Module &module, llvm::Function &element, std::span
   llvm::Function *wrapper = llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage, kUserEntryName, module);
   llvm::Value *runtime = wrapper->getArg(0), *args = wrapper->getArg(1);
   llvm::Value *begin = wrapper->getArg(2), *end = wrapper->getArg(3);
-  auto *start = llvm::BasicBlock::Create(context, "start", wrapper);
-  auto *test = llvm::BasicBlock::Create(context, "test", wrapper);
-  auto *body = llvm::BasicBlock::Create(context, "body", wrapper);
-  auto *done = llvm::BasicBlock::Create(context, "done", wrapper);
+  const LoopBlocks blocks = add_loop_blocks(*wrapper);
 
-  b.SetInsertPoint(start);
+  b.SetInsertPoint(blocks.start);
   llvm::StructType *context_type = llvm::StructType::get(context, {b.getPtrTy(), i64, i64});  // KilnUserContext
   // In the data layout's alloca address space (AMDGPU: private, 5), seen by the element function
   // as a generic pointer.
@@ -275,28 +309,16 @@ void make_entry_wrapper(llvm::Module &module, llvm::Function &element, std::span
   llvm::Value *element_context =
       b.CreateAddrSpaceCast(b.CreateAlloca(context_type, alloca_space, nullptr), b.getPtrTy());
   b.CreateStore(runtime, b.CreateStructGEP(context_type, element_context, 0));
-  llvm::Value *count = b.CreateLoad(
-      i64, b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), args, offsetof(KilnKernelArgs, num_elements)));
+  llvm::Value *count = load_num_elements(b, args);
   b.CreateStore(count, b.CreateStructGEP(context_type, element_context, 2));
   std::vector<llvm::Value *> call_args{element_context};
   for (std::size_t k = 0; k < params.size(); ++k) call_args.push_back(load_argument(b, args, k, params[k]));
-  b.CreateBr(test);
-
-  b.SetInsertPoint(test);
-  llvm::PHINode *i = b.CreatePHI(i64, 2, "i");
-  i->addIncoming(begin, start);
-  b.CreateCondBr(b.CreateICmpSLT(i, end), body, done);
-
-  b.SetInsertPoint(body);
-  b.CreateStore(i, b.CreateStructGEP(context_type, element_context, 1));
-  llvm::CallInst *call = b.CreateCall(&element, call_args);
-  call->setCallingConv(element.getCallingConv());
-  llvm::Value *next = b.CreateAdd(i, b.getInt64(1), "next", /*HasNUW=*/true, /*HasNSW=*/true);
-  i->addIncoming(next, body);
-  b.CreateBr(test);
-
-  b.SetInsertPoint(done);
-  b.CreateRetVoid();
+  emit_index_loop(b, blocks, begin, llvm::CmpInst::ICMP_SLT, end, [&](llvm::Value *i) {
+    b.CreateStore(i, b.CreateStructGEP(context_type, element_context, 1));
+    llvm::CallInst *call = b.CreateCall(&element, call_args);
+    call->setCallingConv(element.getCallingConv());
+    return b.CreateAdd(i, b.getInt64(1), "next", /*HasNUW=*/true, /*HasNSW=*/true);
+  });
 }
 
 /// define void @kiln_user_entry_gpu(ptr %runtime, ptr %args): a grid-stride loop calling
@@ -312,26 +334,15 @@ void make_gpu_entry(llvm::Module &module) {
   auto *entry = llvm::Function::Create(llvm::FunctionType::get(b.getVoidTy(), {b.getPtrTy(), b.getPtrTy()}, false),
                                        llvm::GlobalValue::ExternalLinkage, kUserGpuEntryName, module);
   llvm::Value *runtime = entry->getArg(0), *args = entry->getArg(1);
-  auto *start = llvm::BasicBlock::Create(context, "start", entry);
-  auto *test = llvm::BasicBlock::Create(context, "test", entry);
-  auto *body = llvm::BasicBlock::Create(context, "body", entry);
-  auto *done = llvm::BasicBlock::Create(context, "done", entry);
-  b.SetInsertPoint(start);
+  const LoopBlocks blocks = add_loop_blocks(*entry);
+  b.SetInsertPoint(blocks.start);
   llvm::Value *first = b.CreateCall(first_index);
   llvm::Value *stride = b.CreateCall(grid_threads);
-  llvm::Value *count = b.CreateLoad(
-      i64, b.CreateConstInBoundsGEP1_64(b.getInt8Ty(), args, offsetof(KilnKernelArgs, num_elements)));
-  b.CreateBr(test);
-  b.SetInsertPoint(test);
-  llvm::PHINode *i = b.CreatePHI(i64, 2, "i");
-  i->addIncoming(first, start);
-  b.CreateCondBr(b.CreateICmpULT(i, count), body, done);
-  b.SetInsertPoint(body);
-  b.CreateCall(range, {runtime, args, i, b.CreateAdd(i, b.getInt64(1)), b.getInt64(0)});
-  i->addIncoming(b.CreateAdd(i, stride), body);
-  b.CreateBr(test);
-  b.SetInsertPoint(done);
-  b.CreateRetVoid();
+  llvm::Value *count = load_num_elements(b, args);
+  emit_index_loop(b, blocks, first, llvm::CmpInst::ICMP_ULT, count, [&](llvm::Value *i) {
+    b.CreateCall(range, {runtime, args, i, b.CreateAdd(i, b.getInt64(1)), b.getInt64(0)});
+    return b.CreateAdd(i, stride);
+  });
 }
 
 /// Everything but kiln_user_entry (and the GPU entry point) internal, so the optimizer inlines the element function and

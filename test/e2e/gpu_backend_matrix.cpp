@@ -43,6 +43,16 @@ ops::SuiteOptions GpuBackendCase::suite_options(uint64_t max_array_bytes) const 
   return options;
 }
 
+void lose_the_device_by_injection(LlvmRuntimeExecutor &ex) {
+  REQUIRE(ex.arm_fault(value_or_throw(runtime::FaultSpec::parse("kind=lost,nth=1"))));
+  const int64_t shape[1] = {16};
+  auto lost = ex.ndarray(DataType::f32, shape);
+  REQUIRE_FALSE(lost);
+  CHECK(classify(lost.error()) == ErrorKind::device_lost);
+  CHECK(lost.error().injected);
+  REQUIRE(ex.device().is_lost());
+}
+
 namespace gpu_matrix {
 
 void ops_cases_all_ok(const GpuBackendCase &b) {
@@ -228,13 +238,7 @@ void injected_loss_gives_everything_back(const GpuBackendCase &b) {
   auto ex = make_gpu_executor(b.backend);
   Ndarray a = upload<float>(*ex, DataType::f32, {1, 2, 3});
   REQUIRE(fake->held_bytes() > held_before);
-  REQUIRE(ex->arm_fault(value_or_throw(runtime::FaultSpec::parse("kind=lost,nth=1"))));
-  const int64_t shape[1] = {16};
-  auto lost = ex->ndarray(DataType::f32, shape);
-  REQUIRE_FALSE(lost);
-  CHECK(classify(lost.error()) == ErrorKind::device_lost);
-  CHECK(lost.error().injected);
-  REQUIRE(ex->device().is_lost());
+  lose_the_device_by_injection(*ex);
 
   const unsigned long long unloads = fake->call_count(b.module_unload_entry);
   const unsigned long long resets =

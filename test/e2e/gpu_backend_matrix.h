@@ -49,6 +49,10 @@ struct GpuBackendCase {
   ops::SuiteOptions suite_options(uint64_t max_array_bytes) const;
 };
 
+/// Arms kind=lost at `ex`'s next request and makes one (a 16-float ndarray): it must fail
+/// device_lost, marked injected, and leave the device lost.
+void lose_the_device_by_injection(LlvmRuntimeExecutor &ex);
+
 namespace gpu_matrix {
 void ops_cases_all_ok(const GpuBackendCase &b);
 void driver_oom_at_every_allocation(const GpuBackendCase &b);

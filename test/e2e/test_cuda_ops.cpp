@@ -213,13 +213,7 @@ TEST_CASE("injected fault kinds are the same named errors on the fake CUDA drive
   CHECK(ledger_bytes(*ex) == ledger_before);
 
   // kind=lost: DeviceLostError, and later calls fail fast without asking the driver.
-  REQUIRE(ex->arm_fault(value_or_throw(runtime::FaultSpec::parse("kind=lost,nth=1"))));
-  const int64_t shape[1] = {16};
-  auto lost = ex->ndarray(DataType::f32, shape);
-  REQUIRE_FALSE(lost);
-  CHECK(classify(lost.error()) == ErrorKind::device_lost);
-  CHECK(lost.error().injected);
-  CHECK(ex->device().is_lost());
+  lose_the_device_by_injection(*ex);
   ex->memory().fault_plan().clear();
   const unsigned long long copies_before = fake->call_count("cuMemcpyDtoH_v2");
   std::vector<float> out(2);

@@ -28,11 +28,28 @@ BACKENDS = [
 ]
 GPU_BACKENDS = [p for p in BACKENDS if p.values[0] in ("cuda", "amdgpu")]
 
-# Set before the scenario: the arch's init arguments (a small device heap on the fake GPUs).
+# Set before the scenario: the arch's init arguments (a small device heap on the fake GPUs), and
+# the fork scenarios' child: fork_child(work) forks; the child runs work() and ends with exit(0),
+# or prints "child failed: <error>" and ends with status 3; the parent gets the pid, and
+# child_status(pid) waits for the child's exit status.
 PRELUDE = textwrap.dedent("""
     import os, sys, threading, numpy as np, kiln
     ARCH = sys.argv[1]
     INIT = dict(device_heap_bytes=1 << 20) if ARCH in ("cuda", "amdgpu") else {}
+
+    def fork_child(work, exit=os._exit):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                work()
+            except BaseException as e:
+                print("child failed:", repr(e), flush=True)
+                os._exit(3)
+            exit(0)
+        return pid
+
+    def child_status(pid):
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 """)
 
 
@@ -69,31 +86,21 @@ FORK_CHILD_USES_KILN = """
     kiln.init(ARCH, **INIT)
     x = kiln.from_numpy(np.ones(1_000_000, dtype=np.float32))
     assert kiln.reduce_sum(x) == 1_000_000
-    pid = os.fork()
-    if pid == 0:
-        try:
-            assert kiln.reduce_sum(x) == 1_000_000          # an array it inherited
-            kiln.axpy(1.0, x, x)
-            assert kiln.reduce_sum(x) == 2_000_000
-            y = kiln.from_numpy(np.ones(1_000_000, dtype=np.float32))  # a new array
-            assert kiln.reduce_sum(y) == 1_000_000
-            kiln.init(ARCH, **INIT)                            # a new executor
-            z = kiln.from_numpy(np.full(1_000_000, 3, dtype=np.float32))
-            assert kiln.reduce_sum(z) == 3_000_000
-        except BaseException as e:
-            print("child failed:", repr(e), flush=True)
-            os._exit(3)
-        sys.exit(0)                                            # the exit hook runs in the child
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, os.waitstatus_to_exitcode(status)
+    def child():
+        assert kiln.reduce_sum(x) == 1_000_000          # an array it inherited
+        kiln.axpy(1.0, x, x)
+        assert kiln.reduce_sum(x) == 2_000_000
+        y = kiln.from_numpy(np.ones(1_000_000, dtype=np.float32))  # a new array
+        assert kiln.reduce_sum(y) == 1_000_000
+        kiln.init(ARCH, **INIT)                            # a new executor
+        z = kiln.from_numpy(np.full(1_000_000, 3, dtype=np.float32))
+        assert kiln.reduce_sum(z) == 3_000_000
+    pid = fork_child(child, exit=sys.exit)                 # the exit hook runs in the child
+    status = child_status(pid)
+    assert status == 0, status
     assert kiln.reduce_sum(x) == 1_000_000                     # the parent is untouched
     print("ok")
 """
-
-
-@pytest.mark.parametrize("arch", ["cpu", "mock"])
-def test_forked_child_uses_inherited_and_new_arrays_and_exits(arch):
-    assert_prints_ok(arch, FORK_CHILD_USES_KILN)
 
 
 FORK_POOL = """
@@ -153,37 +160,27 @@ def test_forked_child_can_free_an_array_another_thread_was_launching_on(arch):
     assert_clean(run_script(arch, FORK_WHILE_ANOTHER_THREAD_LAUNCHES), 0)
 
 
-@pytest.mark.parametrize("arch", ["cpu", "mock"])
-def test_multiprocessing_fork_pool_workers_use_kiln(arch):
-    assert_prints_ok(arch, FORK_POOL)
-
-
 FORK_GPU = """
     kiln.init(ARCH, **INIT)
     x = kiln.from_numpy(np.ones(1000, dtype=np.float32))
-    pid = os.fork()
-    if pid == 0:
+    def child():
         try:
-            try:
-                kiln.reduce_sum(x)
-                print("child: no error", flush=True)
-                os._exit(4)
-            except kiln.NotSupportedError as e:   # the driver context stayed with the parent
-                assert "fork" in str(e), str(e)
-            try:
-                kiln.ndarray(kiln.f32, (10,))
-                os._exit(5)
-            except kiln.NotSupportedError:
-                pass
-            kiln.init(ARCH, **INIT)                # a context of the child's own
-            y = kiln.from_numpy(np.ones(1000, dtype=np.float32))
-            assert kiln.reduce_sum(y) == 1000
-        except BaseException as e:
-            print("child failed:", repr(e), flush=True)
-            os._exit(3)
-        sys.exit(0)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, os.waitstatus_to_exitcode(status)
+            kiln.reduce_sum(x)
+            print("child: no error", flush=True)
+            os._exit(4)
+        except kiln.NotSupportedError as e:   # the driver context stayed with the parent
+            assert "fork" in str(e), str(e)
+        try:
+            kiln.ndarray(kiln.f32, (10,))
+            os._exit(5)
+        except kiln.NotSupportedError:
+            pass
+        kiln.init(ARCH, **INIT)                # a context of the child's own
+        y = kiln.from_numpy(np.ones(1000, dtype=np.float32))
+        assert kiln.reduce_sum(y) == 1000
+    pid = fork_child(child, exit=sys.exit)
+    status = child_status(pid)
+    assert status == 0, status
     assert kiln.reduce_sum(x) == 1000
     print("ok")
 """
@@ -234,11 +231,6 @@ def test_a_forked_child_keeps_the_executor_its_open_call_holds_after_a_nested_on
     assert sorted(proc.stdout.split("\n")) == ["", "child [0.0] True", "parent 0"], proc.stdout
 
 
-@pytest.mark.parametrize("arch", GPU_BACKENDS)
-def test_forked_child_on_a_gpu_gets_NotSupportedError_then_a_new_init_works(arch):
-    assert_prints_ok(arch, FORK_GPU)
-
-
 # A fork while another thread is inside a driver call (held there 300 ms by the fake's pause
 # hook, so the race is the same every run): the driver's own lock must not reach the child held,
 # or the child's first driver call (its kiln.init) waits forever.
@@ -255,27 +247,17 @@ FORK_DURING_DRIVER_CALL = """
     while not getattr(fake, f"kiln_fake_{api}_paused")():
         assert t.is_alive() and time.monotonic() < deadline, "the launch never reached the driver"
         time.sleep(0.001)
+    def child():
+        kiln.init(ARCH, **INIT)
+        y = kiln.from_numpy(np.ones(10, dtype=np.float32))
+        assert kiln.reduce_sum(y) == 10
     # The fork waits for the call to end (the driver's prepare handler takes its lock).
-    pid = os.fork()
-    if pid == 0:
-        try:
-            kiln.init(ARCH, **INIT)
-            y = kiln.from_numpy(np.ones(10, dtype=np.float32))
-            assert kiln.reduce_sum(y) == 10
-        except BaseException as e:
-            print("child failed:", repr(e), flush=True)
-            os._exit(3)
-        os._exit(0)
+    pid = fork_child(child)
     t.join()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, os.waitstatus_to_exitcode(status)
+    status = child_status(pid)
+    assert status == 0, status
     print("ok")
 """
-
-
-@pytest.mark.parametrize("arch", GPU_BACKENDS)
-def test_fork_while_another_thread_is_inside_the_driver(arch):
-    assert_prints_ok(arch, FORK_DURING_DRIVER_CALL)
 
 
 # Forks while other threads allocate, free and launch without pause: whatever lock a thread of
@@ -298,21 +280,15 @@ FORK_STORM = """
     for t in threads:
         t.start()
     time.sleep(0.2)
+    def child():
+        y = kiln.from_numpy(np.arange(100, dtype=np.float32))
+        assert kiln.reduce_sum(y) == 4950
+        y.free()
+        kiln.init(ARCH, budget_bytes=64 << 20, **INIT)
+        assert kiln.reduce_sum(kiln.from_numpy(np.ones(10, dtype=np.float32))) == 10
     for i in range(40):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                y = kiln.from_numpy(np.arange(100, dtype=np.float32))
-                assert kiln.reduce_sum(y) == 4950
-                y.free()
-                kiln.init(ARCH, budget_bytes=64 << 20, **INIT)
-                assert kiln.reduce_sum(kiln.from_numpy(np.ones(10, dtype=np.float32))) == 10
-            except BaseException as e:
-                print("child failed:", repr(e), flush=True)
-                os._exit(3)
-            os._exit(0)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0, (i, os.waitstatus_to_exitcode(status))
+        status = child_status(fork_child(child))
+        assert status == 0, (i, status)
     stop.set()
     for t in threads:
         t.join()
@@ -320,9 +296,25 @@ FORK_STORM = """
 """
 
 
+# The fork scripts above that print "ok" when the child and the parent did what they should; the
+# ids are what each one checks.
 @pytest.mark.parametrize("arch", ["cpu", "mock"])
-def test_forks_while_other_threads_allocate_and_launch(arch):
-    assert_prints_ok(arch, FORK_STORM)
+@pytest.mark.parametrize("script", [
+    pytest.param(FORK_CHILD_USES_KILN, id="forked_child_uses_inherited_and_new_arrays_and_exits"),
+    pytest.param(FORK_POOL, id="multiprocessing_fork_pool_workers_use_kiln"),
+    pytest.param(FORK_STORM, id="forks_while_other_threads_allocate_and_launch"),
+])
+def test_fork_on_a_host_memory_backend(script, arch):
+    assert_prints_ok(arch, script)
+
+
+@pytest.mark.parametrize("arch", GPU_BACKENDS)
+@pytest.mark.parametrize("script", [
+    pytest.param(FORK_GPU, id="forked_child_on_a_gpu_gets_NotSupportedError_then_a_new_init_works"),
+    pytest.param(FORK_DURING_DRIVER_CALL, id="fork_while_another_thread_is_inside_the_driver"),
+])
+def test_fork_on_a_gpu_backend(script, arch):
+    assert_prints_ok(arch, script)
 
 
 # --- interpreter exit with threads inside kiln -------------------------------------------------

@@ -117,32 +117,33 @@ def _check_operation_oom(e, entry):
     assert "0 B" not in str(e) and "for ndarray" not in str(e)
 
 
-@pytest.mark.skipif(not FAKE_CUDA, reason="KILN_TEST_FAKE_CUDA (the fake driver's path) not set")
-@pytest.mark.parametrize("entry", ["cuMemcpyHtoD_v2", "cuLaunchKernel", "cuModuleLoadData"])
-def test_a_cuda_out_of_memory_outside_an_allocation_names_the_call(monkeypatch, entry):
-    monkeypatch.setenv("KILN_CUDA_DRIVER", FAKE_CUDA)
-    lib = ctypes.CDLL(FAKE_CUDA)
-    lib.kiln_fake_cuda_inject_fault.argtypes = [ctypes.c_char_p, ctypes.c_ulonglong, ctypes.c_int]
-    lib.kiln_fake_cuda_reset()
-    try:
-        _check_operation_oom(_driver_oom_in("cuda", lib, lib.kiln_fake_cuda_inject_fault, entry), entry)
-    finally:
-        kiln.init(arch="cpu", num_threads=2)
-        lib.kiln_fake_cuda_reset()
+_NEEDS_FAKE_CUDA = pytest.mark.skipif(
+    not FAKE_CUDA, reason="KILN_TEST_FAKE_CUDA (the fake driver's path) not set")
+_NEEDS_FAKE_HIP = pytest.mark.skipif(
+    not FAKE_HIP, reason="KILN_TEST_FAKE_HIP (the fake runtime's path) not set")
 
 
-@pytest.mark.skipif(not FAKE_HIP, reason="KILN_TEST_FAKE_HIP (the fake runtime's path) not set")
-@pytest.mark.parametrize("entry", ["hipMemcpyHtoD", "hipModuleLaunchKernel", "hipModuleLoadData"])
-def test_a_hip_out_of_memory_outside_an_allocation_names_the_call(monkeypatch, entry):
-    monkeypatch.setenv("KILN_HIP_RUNTIME", FAKE_HIP)
-    lib = ctypes.CDLL(FAKE_HIP)
-    lib.kiln_fake_hip_inject_fault.argtypes = [ctypes.c_char_p, ctypes.c_ulonglong, ctypes.c_int]
-    lib.kiln_fake_hip_reset()
+@pytest.mark.parametrize("arch,driver_variable,fake,prefix,entry", [
+    *(pytest.param("cuda", "KILN_CUDA_DRIVER", FAKE_CUDA, "kiln_fake_cuda", entry,
+                   marks=_NEEDS_FAKE_CUDA, id=f"cuda-{entry}")
+      for entry in ["cuMemcpyHtoD_v2", "cuLaunchKernel", "cuModuleLoadData"]),
+    *(pytest.param("amdgpu", "KILN_HIP_RUNTIME", FAKE_HIP, "kiln_fake_hip", entry,
+                   marks=_NEEDS_FAKE_HIP, id=f"hip-{entry}")
+      for entry in ["hipMemcpyHtoD", "hipModuleLaunchKernel", "hipModuleLoadData"]),
+])
+def test_a_driver_out_of_memory_outside_an_allocation_names_the_call(
+        monkeypatch, arch, driver_variable, fake, prefix, entry):
+    monkeypatch.setenv(driver_variable, fake)
+    lib = ctypes.CDLL(fake)
+    inject = getattr(lib, f"{prefix}_inject_fault")
+    inject.argtypes = [ctypes.c_char_p, ctypes.c_ulonglong, ctypes.c_int]
+    reset = getattr(lib, f"{prefix}_reset")
+    reset()
     try:
-        _check_operation_oom(_driver_oom_in("amdgpu", lib, lib.kiln_fake_hip_inject_fault, entry), entry)
+        _check_operation_oom(_driver_oom_in(arch, lib, inject, entry), entry)
     finally:
         kiln.init(arch="cpu", num_threads=2)
-        lib.kiln_fake_hip_reset()
+        reset()
 
 
 def test_a_reserve_not_below_the_devices_total_is_refused_at_init_naming_the_reserve():

@@ -11,7 +11,7 @@ import pytest
 import kiln
 from kiln import _kernels
 
-from conftest import GPU_BACKENDS
+from conftest import GPU_BACKENDS, SOURCE_DIR
 
 SQUARED_DIFF = ("float32 x, float32 y", "float32 z", "z = (x - y) * (x - y)", "squared_diff")
 
@@ -28,19 +28,9 @@ define void @scale(ptr %ctx, ptr %x, ptr %y, float %alpha) {
 }
 """
 
-IR_HEAP = """
-declare ptr @kiln_heap_allocate(ptr, i64, i64)
-define void @heap_user(ptr %ctx, ptr %out, i64 %bytes) {
-  %block = call ptr @kiln_heap_allocate(ptr %ctx, i64 %bytes, i64 8)
-  %null = icmp eq ptr %block, null
-  br i1 %null, label %done, label %use
-use:
-  store i64 7, ptr %block
-  ret void
-done:
-  ret void
-}
-"""
+# Each element takes `bytes` from the device heap (shared with the C++ tests).
+with open(os.path.join(SOURCE_DIR, "test", "support", "heap_user.ll")) as _file:
+    IR_HEAP = _file.read()
 
 
 def fake_gpu(name):

@@ -64,10 +64,12 @@ inline runtime::BudgetConfig no_cache() {
   return config;
 }
 
-/// A fixed limit of `limit_bytes` with the caching pool off.
-inline runtime::BudgetConfig fixed_limit(uint64_t limit_bytes) {
+/// A fixed limit of `limit_bytes` with the caching pool off, and `reserve_bytes` kept free for
+/// other processes (the live check's reserve).
+inline runtime::BudgetConfig fixed_limit(uint64_t limit_bytes, uint64_t reserve_bytes = 0) {
   runtime::BudgetConfig config = no_cache();
   config.limit_bytes = limit_bytes;
+  config.reserve_bytes = reserve_bytes;
   return config;
 }
 

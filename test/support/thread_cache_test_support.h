@@ -1,4 +1,5 @@
-// Harnesses of the thread-cache tests (test_thread_cache_*.cpp): a Worker thread that runs jobs in
+// Harnesses of the thread-cache tests (test_thread_cache_*.cpp): the mock and caching memory most
+// begin with (CachedMemoryOnMock), a Worker thread that runs jobs in
 // order (steps ordered across threads without sleeps), allocate-and-free rounds, and the checks
 // that the ledger is exact and that a cache still works after another thread evicted it.
 #ifndef KILN_THREAD_CACHE_TEST_SUPPORT_H_
@@ -33,6 +34,14 @@ inline constexpr std::size_t kPool = idx(MemoryCategory::pool_cache);
 inline uint64_t peak(const runtime::MemoryStats &stats, MemoryCategory category) {
   return stats.ledger.peak_bytes[idx(category)];
 }
+
+// How most thread-cache tests begin (TEST_CASE_METHOD): a 1 GiB mock and a DeviceMemory over it
+// with caching on and a limit of `kLimitBytes`. Members `mock` and `memory`, as a test names them.
+template <uint64_t kLimitBytes>
+struct CachedMemoryOnMock {
+  MockDevice mock{mock_options(1_GiB)};
+  std::unique_ptr<runtime::DeviceMemory> memory = make_memory(mock, cached(kLimitBytes));
+};
 
 // With no operation in flight: the categories add up to the total, the total is what the driver
 // holds, pool_cache is what the pools hold, and the driver holds `live_blocks` + the cached ones.
@@ -199,6 +208,19 @@ inline void check_worker_cache_works(Worker &worker, runtime::DeviceMemory &memo
   CHECK(o.driver_after == o.driver_before);
   for (const uint64_t id : o.second) CHECK(contains(o.first, id));
   CHECK(o.second[0] != o.second[1]);
+}
+
+// The start of an eviction test: kTwelveMiB allocated and freed twice on `worker`, so its 7 blocks
+// stay in the worker's cache.
+inline void cache_twelve_mib(Worker &worker, runtime::DeviceMemory &memory) {
+  REQUIRE(worker.run([&] { return fill_and_free(memory, kTwelveMiB, 2); }) == 0);
+}
+
+// After the request that needed the memory: the worker's 7 cached blocks were evicted, in one retry.
+inline void check_worker_cache_evicted(runtime::DeviceMemory &memory) {
+  CHECK(memory.stats().evictions == 7);
+  CHECK(memory.stats().retries == 1);
+  CHECK(memory.stats().cached_bytes == 0);
 }
 
 // The end of an eviction test: the evicted worker's cache still works, and once `big` is freed

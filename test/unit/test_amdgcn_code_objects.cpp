@@ -17,6 +17,7 @@
 #include "kiln/runtime/embedded_code.h"
 #include "kiln/runtime/elf_image.h"
 #include "kiln/runtime/user_kernel_abi.h"
+#include "kernel_sources.h"
 #include "hsaco_linker.h"
 
 using namespace kiln;
@@ -106,24 +107,7 @@ namespace {
 
 // z[i] = (x[i] - y[i])^2 * scale, and a device-heap allocation: a user kernel that calls into the
 // device runtime, so the HSACO links kiln's amdgcn runtime as well as the user's code.
-const std::string kUserIr = R"(
-declare i64 @kiln_index(ptr)
-declare ptr @kiln_heap_allocate(ptr, i64, i64)
-define void @squared_diff(ptr %ctx, ptr %x, ptr %y, ptr %z, float %scale) {
-  %i = call i64 @kiln_index(ptr %ctx)
-  %scratch = call ptr @kiln_heap_allocate(ptr %ctx, i64 16, i64 8)
-  %px = getelementptr float, ptr %x, i64 %i
-  %py = getelementptr float, ptr %y, i64 %i
-  %pz = getelementptr float, ptr %z, i64 %i
-  %a = load float, ptr %px
-  %b = load float, ptr %py
-  %d = fsub float %a, %b
-  %s = fmul float %d, %d
-  %r = fmul float %s, %scale
-  store float %r, ptr %pz
-  ret void
-}
-)";
+const std::string kUserIr = kiln::test::squared_diff_ir(/*heap_scratch=*/true);
 constexpr UserValueType kUserParams[] = {UserValueType::ptr, UserValueType::ptr, UserValueType::ptr,
                                          UserValueType::f32};
 

@@ -13,6 +13,16 @@
 
 using namespace kiln::test::memory;
 
+namespace {
+
+/// What refusals leave behind: nothing charged, and `refusals` refusals counted.
+void check_charges_nothing(const MemoryBudget &budget, uint64_t refusals) {
+  CHECK(budget.in_use_bytes() == 0);
+  CHECK(budget.stats().refusals == refusals);
+}
+
+}  // namespace
+
 TEST_CASE("reserve beyond the budget refuses and leaves the ledger unchanged", "[budget]") {
   MemoryBudget budget(/*limit_bytes=*/10_MiB);
   auto first = budget.reserve(MemoryCategory::ndarray, 8_MiB);
@@ -54,8 +64,7 @@ TEST_CASE("a value that is no category is invalid_usage and charges nothing", "[
   auto r = budget.reserve(static_cast<MemoryCategory>(kiln::kNumMemoryCategories), 1_MiB);
   REQUIRE_FALSE(r);
   CHECK(r.error().result == RhiResult::invalid_usage);
-  CHECK(budget.in_use_bytes() == 0);
-  CHECK(budget.stats().refusals == 0);  // bad input, not a budget refusal
+  check_charges_nothing(budget, /*refusals=*/0);  // bad input, not a budget refusal
   budget.release(static_cast<MemoryCategory>(255), 1_MiB);  // ignored
   CHECK(budget.in_use_bytes() == 0);
 }
@@ -65,8 +74,7 @@ TEST_CASE("a single request larger than the limit is refused", "[budget]") {
   auto r = budget.reserve(MemoryCategory::ndarray, 4_MiB + 1);
   REQUIRE_FALSE(r);
   CHECK(r.error().oom_source == OomSource::budget);
-  CHECK(budget.in_use_bytes() == 0);
-  CHECK(budget.stats().refusals == 1);
+  check_charges_nothing(budget, /*refusals=*/1);
 }
 
 TEST_CASE("a group reservation is all-or-nothing", "[budget]") {
@@ -118,8 +126,7 @@ TEST_CASE("a group whose total overflows 64 bits is refused, not wrapped", "[bud
   const std::array<CategoryRequest, 2> same_category{{{MemoryCategory::ndarray, huge},
                                                       {MemoryCategory::ndarray, 2_MiB}}};
   CHECK_FALSE(budget.reserve(same_category));
-  CHECK(budget.in_use_bytes() == 0);
-  CHECK(budget.stats().refusals == 2);
+  check_charges_nothing(budget, /*refusals=*/2);
 }
 
 TEST_CASE("a lowered limit refuses new reservations and keeps what is held", "[budget]") {

@@ -16,27 +16,25 @@
 #include "kiln/rhi/result.h"
 #include "kiln/runtime/memory/budget.h"
 #include "memory_test_support.h"
+#include "seeded_threads.h"
 
 using namespace kiln::test::memory;
+using kiln::test::run_seeded_threads;
 
 TEST_CASE("8 threads reserving and releasing never push in_use past the limit",
           "[budget][threads]") {
   constexpr uint64_t kLimit = 8_MiB;
-  constexpr int kThreads = 8;
   constexpr int kIterations = 3000;
   MemoryBudget budget(kLimit);
   std::atomic<uint64_t> over_limit_seen{0};
   std::atomic<uint64_t> granted{0};
   std::atomic<uint64_t> refused{0};
-  std::latch start(kThreads);
 
-  auto worker = [&](unsigned seed) {
-    std::mt19937 rng(seed);
+  auto worker = [&](std::mt19937 &rng) {
     std::uniform_int_distribution<uint64_t> size(1, 1_MiB);
     std::uniform_int_distribution<int> category(0, kiln::kNumMemoryCategories - 1);
     std::vector<Reservation> held;
     std::vector<std::pair<MemoryCategory, uint64_t>> committed;
-    start.arrive_and_wait();
     for (int i = 0; i < kIterations; ++i) {
       const auto cat = static_cast<MemoryCategory>(category(rng));
       switch (rng() % 4) {
@@ -72,9 +70,7 @@ TEST_CASE("8 threads reserving and releasing never push in_use past the limit",
     held.clear();
     for (auto [cat, n] : committed) budget.release(cat, n);
   };
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, 42u + t);
-  for (auto &t : threads) t.join();
+  run_seeded_threads(/*num_threads=*/8, /*first_seed=*/42u, worker);
 
   CHECK(over_limit_seen.load() == 0);
   CHECK(budget.stats().peak_total_bytes <= kLimit);
@@ -98,6 +94,11 @@ struct SecondReserverInTheGap {
   bool second_granted = false;
   std::optional<Reservation> second;
 
+  /// Installs itself as `on`'s before-lock hook; a second thread will reserve `second_bytes`.
+  SecondReserverInTheGap(MemoryBudget &on, uint64_t second_bytes) : budget(&on), size_bytes(second_bytes) {
+    on.set_before_lock_hook_for_testing(&SecondReserverInTheGap::run, this);
+  }
+
   static void run(void *self) {
     auto &gap = *static_cast<SecondReserverInTheGap *>(self);
     if (gap.fired.exchange(true)) return;  // the second thread's own reserve passes through
@@ -115,10 +116,7 @@ struct SecondReserverInTheGap {
 TEST_CASE("the re-check under the lock refuses what another thread took after the lock-free check",
           "[budget][threads][recheck]") {
   MemoryBudget budget(10_MiB);
-  SecondReserverInTheGap gap;
-  gap.budget = &budget;
-  gap.size_bytes = 8_MiB;
-  budget.set_before_lock_hook_for_testing(&SecondReserverInTheGap::run, &gap);
+  SecondReserverInTheGap gap(budget, /*second_bytes=*/8_MiB);
 
   auto first = budget.reserve(MemoryCategory::staging, 8_MiB);
 
@@ -141,10 +139,7 @@ TEST_CASE("the re-check under the lock refuses what another thread took after th
 TEST_CASE("a group reservation is re-checked under the lock as one total",
           "[budget][threads][recheck]") {
   MemoryBudget budget(10_MiB);
-  SecondReserverInTheGap gap;
-  gap.budget = &budget;
-  gap.size_bytes = 4_MiB;
-  budget.set_before_lock_hook_for_testing(&SecondReserverInTheGap::run, &gap);
+  SecondReserverInTheGap gap(budget, /*second_bytes=*/4_MiB);
   const std::array<CategoryRequest, 2> group{{{MemoryCategory::argument_buffer, 3_MiB},
                                               {MemoryCategory::staging, 4_MiB}}};
 

@@ -17,6 +17,7 @@
 #include "kiln/runtime/memory/caching_pool.h"
 #include "kiln/runtime/memory/device_memory.h"
 #include "memory_test_support.h"
+#include "seeded_threads.h"
 
 using kiln::runtime::CachingPool;
 using namespace kiln::test::memory;
@@ -129,12 +130,9 @@ TEST_CASE("8 threads allocating and freeing never make the device hold more than
     auto memory = make_memory(mock, cached(kLimit, /*reserve_bytes=*/1_MiB));
 
     std::atomic<uint64_t> granted{0}, refused{0}, wrong_failures{0}, freed{0}, bad_frees{0};
-    std::latch start(kThreads);
-    auto worker = [&](unsigned seed) {
-      std::mt19937 rng(seed);
+    auto worker = [&](std::mt19937 &rng) {
       std::uniform_int_distribution<uint64_t> size(1_KiB, 256_KiB);
       std::vector<DeviceAllocation> held;
-      start.arrive_and_wait();
       for (int i = 0; i < kIterations; ++i) {
         if (held.size() < kMaxHeldPerThread && (held.empty() || rng() % 3 != 0)) {
           const auto category = static_cast<MemoryCategory>(rng() % 4);
@@ -153,9 +151,7 @@ TEST_CASE("8 threads allocating and freeing never make the device hold more than
         freed.fetch_add(1);
       }
     };
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, 1234u + 100u * round + t);
-    for (auto &t : threads) t.join();
+    kiln::test::run_seeded_threads(kThreads, 1234u + 100u * round, worker);
 
     CHECK(wrong_failures.load() == 0);
     CHECK(bad_frees.load() == 0);

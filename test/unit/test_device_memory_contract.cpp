@@ -54,6 +54,13 @@ struct Contract {
     Config::set_up(*memory);
   }
 
+  /// A block of `size_bytes` for `category`; fails the test if it is refused.
+  DeviceAllocation allocate(MemoryCategory category, uint64_t size_bytes) {
+    auto block = memory->allocate(category, size_bytes);
+    REQUIRE(block);
+    return *block;
+  }
+
   /// The categories add up to the held bytes, which the device holds, and the pool's bytes are
   /// what stats() says is cached.
   void check_ledger_adds_up() {
@@ -73,15 +80,13 @@ struct Contract {
 TEMPLATE_TEST_CASE("contract: allocate charges its category, free releases it, release_cached empties",
                    "[device_memory][caching_pool][contract]", KILN_DEVICE_MEMORY_CONFIGS) {
   Contract<TestType> c;
-  auto a = c.memory->allocate(MemoryCategory::ndarray, 1_MiB);
-  auto s = c.memory->allocate(MemoryCategory::staging, 2_MiB);
-  REQUIRE(a);
-  REQUIRE(s);
+  const DeviceAllocation a = c.allocate(MemoryCategory::ndarray, 1_MiB);
+  const DeviceAllocation s = c.allocate(MemoryCategory::staging, 2_MiB);
   CHECK(charged(*c.memory, MemoryCategory::ndarray) == 1_MiB);
   CHECK(charged(*c.memory, MemoryCategory::staging) == 2_MiB);
   c.check_ledger_adds_up();
-  REQUIRE(c.memory->free(*a));
-  REQUIRE(c.memory->free(*s));
+  REQUIRE(c.memory->free(a));
+  REQUIRE(c.memory->free(s));
   CHECK(charged(*c.memory, MemoryCategory::ndarray) == 0);
   CHECK(charged(*c.memory, MemoryCategory::staging) == 0);
   CHECK(cached_bytes(*c.memory) == (TestType::kCaching ? 3_MiB : 0));
@@ -202,13 +207,11 @@ TEMPLATE_TEST_CASE("contract: stats count allocations, frees and hits, and the l
 TEMPLATE_TEST_CASE("contract: a second free is invalid_usage and changes nothing",
                    "[device_memory][caching_pool][contract]", KILN_DEVICE_MEMORY_CONFIGS) {
   Contract<TestType> c;
-  auto keep = c.memory->allocate(MemoryCategory::ndarray, 2_MiB);
-  auto a = c.memory->allocate(MemoryCategory::ndarray, 2_MiB);
-  REQUIRE(keep);
-  REQUIRE(a);
-  REQUIRE(c.memory->free(*a));
+  const DeviceAllocation keep = c.allocate(MemoryCategory::ndarray, 2_MiB);
+  const DeviceAllocation a = c.allocate(MemoryCategory::ndarray, 2_MiB);
+  REQUIRE(c.memory->free(a));
   const auto ledger = c.memory->in_use_by_category();
-  auto again = c.memory->free(*a);
+  auto again = c.memory->free(a);
   REQUIRE_FALSE(again);
   CHECK(again.error().result == RhiResult::invalid_usage);
   CHECK(again.error().device == "mock");
@@ -238,7 +241,7 @@ TEMPLATE_TEST_CASE("contract: a second free is invalid_usage and changes nothing
   REQUIRE(d);
   CHECK(*b != *d);
   CHECK(c.memory->stats().cache_hits == (TestType::kCaching ? 1 : 0));
-  for (const DeviceAllocation &x : {*keep, *b, *d}) REQUIRE(c.memory->free(x));
+  for (const DeviceAllocation &x : {keep, *b, *d}) REQUIRE(c.memory->free(x));
   c.memory->release_cached();
   CHECK(c.mock.held_bytes() == 0);
 }

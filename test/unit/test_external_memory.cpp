@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "test_support.h"
@@ -15,6 +16,17 @@ namespace {
 const int64_t kShape4[1] = {4};
 
 uint64_t address_of(std::vector<float> &v) { return reinterpret_cast<uint64_t>(v.data()); }
+
+/// Host floats another library owns, and how many times the owner's release ran.
+struct Owner {
+  std::vector<float> floats;
+  int releases = 0;
+
+  /// wrap_external of f32 `shape` at `address`, with this owner's release.
+  RhiExpected<Ndarray> wrap_in(LlvmRuntimeExecutor &ex, uint64_t address, std::span<const int64_t> shape = kShape4) {
+    return ex.wrap_external(DataType::f32, shape, address, [this] { ++releases; });
+  }
+};
 }  // namespace
 
 TEST_CASE("a wrapped external buffer is used in place and released once when the last handle goes",
@@ -22,51 +34,48 @@ TEST_CASE("a wrapped external buffer is used in place and released once when the
   auto ex = make_executor();
   const uint64_t ledger = ledger_bytes(*ex);
   const uint64_t live = ex->device().live_allocation_count();
-  std::vector<float> owner{1, 2, 3, 4};
-  int releases = 0;
+  Owner owner{{1, 2, 3, 4}};
   {
-    auto a = ex->wrap_external(DataType::f32, kShape4, address_of(owner), [&] { ++releases; });
+    auto a = owner.wrap_in(*ex, address_of(owner.floats));
     REQUIRE(a);
-    CHECK(*a->device_address("test") == address_of(owner));
+    CHECK(*a->device_address("test") == address_of(owner.floats));
     CHECK(ledger_bytes(*ex) == ledger);  // not kiln's memory: not charged
     CHECK(ex->device().live_allocation_count() == live);
     REQUIRE(ex->fill(*a, Scalar::of(7.0)));
-    CHECK(owner == std::vector<float>{7, 7, 7, 7});
+    CHECK(owner.floats == std::vector<float>{7, 7, 7, 7});
     Ndarray copy = *a;  // handles share the array: one release
   }
-  CHECK(releases == 1);
+  CHECK(owner.releases == 1);
 }
 
 TEST_CASE("free of a wrapped buffer releases it once; a second free is InvalidUsage",
           "[executor][external]") {
   auto ex = make_executor();
-  std::vector<float> owner(4, 0.0f);
-  int releases = 0;
-  auto a = ex->wrap_external(DataType::f32, kShape4, address_of(owner), [&] { ++releases; });
+  Owner owner{std::vector<float>(4, 0.0f)};
+  auto a = owner.wrap_in(*ex, address_of(owner.floats));
   REQUIRE(a);
   REQUIRE(ex->free(*a));
-  CHECK(releases == 1);
+  CHECK(owner.releases == 1);
   CHECK(classify(ex->free(*a).error()) == ErrorKind::invalid_usage);
   a = RhiExpected<Ndarray>(Ndarray());
-  CHECK(releases == 1);
+  CHECK(owner.releases == 1);
 }
 
 TEST_CASE("a misaligned or null external address is InvalidUsage and is not released",
           "[executor][external][bad-input]") {
   auto ex = make_executor();
-  std::vector<float> owner(8, 0.0f);
-  int releases = 0;
-  auto misaligned = ex->wrap_external(DataType::f32, kShape4, address_of(owner) + 2, [&] { ++releases; });
+  Owner owner{std::vector<float>(8, 0.0f)};
+  auto misaligned = owner.wrap_in(*ex, address_of(owner.floats) + 2);
   REQUIRE_FALSE(misaligned);
   CHECK(classify(misaligned.error()) == ErrorKind::invalid_usage);
   CHECK_THAT(misaligned.error().message(), Catch::Contains("not aligned"));
-  auto null = ex->wrap_external(DataType::f32, kShape4, 0, [&] { ++releases; });
+  auto null = owner.wrap_in(*ex, 0);
   REQUIRE_FALSE(null);
   CHECK(classify(null.error()) == ErrorKind::invalid_usage);
   CHECK_THAT(null.error().message(), Catch::Contains("null pointer") && !Catch::Contains("aligned"));
   const int64_t negative[1] = {-1};
-  CHECK_FALSE(ex->wrap_external(DataType::f32, negative, address_of(owner), [&] { ++releases; }));
-  CHECK(releases == 0);  // the caller still owns the memory
+  CHECK_FALSE(owner.wrap_in(*ex, address_of(owner.floats), negative));
+  CHECK(owner.releases == 0);  // the caller still owns the memory
 }
 
 TEST_CASE("dealloc_memory refuses an external entry; unregister_external removes it",

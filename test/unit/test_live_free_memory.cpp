@@ -22,10 +22,25 @@
 using kiln::runtime::CachingPool;
 using namespace kiln::test::memory;
 
+namespace {
+
+/// The reserve the stepped tests keep free for other processes.
+constexpr uint64_t kReserve = 64_MiB;
+
+/// A mock of `capacity_bytes` whose other processes use steps[k].other_bytes when request k asks
+/// (the script's first value is consumed by create()).
+template <class Steps>
+MockDeviceOptions other_processes_by_step(uint64_t capacity_bytes, const Steps &steps) {
+  std::vector<uint64_t> script{0};
+  for (const auto &step : steps) script.push_back(step.other_bytes);
+  return mock_options(capacity_bytes, std::move(script));
+}
+
+}  // namespace
+
 TEST_CASE("as other processes grow, every request beyond free - reserve is refused by the budget",
           "[caching_pool][live]") {
   constexpr uint64_t kCapacity = 1_GiB;
-  constexpr uint64_t kReserve = 64_MiB;
   struct Step {
     uint64_t other_bytes;  // what other processes use when this request asks
     uint64_t size_bytes;   // a whole size class, so the ledger and the driver see the same bytes
@@ -43,9 +58,7 @@ TEST_CASE("as other processes grow, every request beyond free - reserve is refus
       {500_MiB, 512_KiB},  // free 35.5 MiB: below the reserve
       {1_GiB, 512_KiB},    // nothing free at all
   }};
-  std::vector<uint64_t> script{0};  // the first value is consumed by create()
-  for (const Step &s : steps) script.push_back(s.other_bytes);
-  MockDevice mock(mock_options(kCapacity, script));
+  MockDevice mock(other_processes_by_step(kCapacity, steps));
   auto memory = make_memory(mock, cached(kCapacity, kReserve));  // the ledger alone never refuses
 
   std::vector<DeviceAllocation> held;
@@ -88,7 +101,6 @@ TEST_CASE("as other processes grow, every request beyond free - reserve is refus
 TEST_CASE("live check: growth that no longer fits in free - reserve is refused by the budget",
           "[device_memory][live]") {
   constexpr uint64_t kSize = 128_MiB;
-  constexpr uint64_t kReserve = 64_MiB;
   struct Step {
     uint64_t other_bytes;  // what other processes use when this allocation asks
     bool fits;
@@ -102,13 +114,9 @@ TEST_CASE("live check: growth that no longer fits in free - reserve is refused b
       {768_MiB, false},   // free 0 (other processes outgrew us)
       {0, true},          // they went away again
   }};
-  std::vector<uint64_t> script{0};  // consumed by create()
-  for (const Step &s : steps) script.push_back(s.other_bytes);
-  MockDevice mock(mock_options(1_GiB, script));
-  BudgetConfig config = no_cache();
-  config.limit_bytes = 1_GiB;  // the ledger alone would allow every step
-  config.reserve_bytes = kReserve;
-  auto memory = make_uncached_memory(mock, config);
+  MockDevice mock(other_processes_by_step(1_GiB, steps));
+  // A limit of 1 GiB: the ledger alone would allow every step.
+  auto memory = make_uncached_memory(mock, fixed_limit(1_GiB, /*reserve_bytes=*/kReserve));
 
   std::vector<DeviceAllocation> held;
   uint64_t refusals = 0;
@@ -233,10 +241,8 @@ TEST_CASE("a live refusal carries the reserve it keeps and is counted as a live 
           "[device_memory][live]") {
   // 1 GiB device; other processes hold 924 MiB from the first allocation on: 100 MiB free.
   MockDevice mock(mock_options(1_GiB, {0, 924_MiB}));
-  BudgetConfig config = no_cache();
-  config.limit_bytes = 1_GiB;  // the limit alone would allow it
-  config.reserve_bytes = 40_MiB;
-  auto memory = make_uncached_memory(mock, config);
+  // A limit of 1 GiB: the limit alone would allow it.
+  auto memory = make_uncached_memory(mock, fixed_limit(1_GiB, /*reserve_bytes=*/40_MiB));
   auto refused = memory->allocate(MemoryCategory::ndarray, 80_MiB);  // 80 > 100 - 40
   REQUIRE_FALSE(refused);
   const kiln::Failure &f = refused.error();

@@ -51,10 +51,7 @@ TEST_CASE("summary names every category and the limit, stats count allocations, 
 TEST_CASE("the summary has a line with the refusals by the limit and by live free memory",
           "[device_memory][live]") {
   MockDevice mock(mock_options(1_GiB, {0, 924_MiB}));
-  BudgetConfig config = no_cache();
-  config.limit_bytes = 16_MiB;
-  config.reserve_bytes = 40_MiB;
-  auto memory = make_uncached_memory(mock, config);
+  auto memory = make_uncached_memory(mock, fixed_limit(16_MiB, /*reserve_bytes=*/40_MiB));
   for (int i = 0; i < 3; ++i) CHECK_FALSE(memory->allocate(MemoryCategory::ndarray, 32_MiB));
   memory->set_limit_bytes(1_GiB);
   for (int i = 0; i < 2; ++i) CHECK_FALSE(memory->allocate(MemoryCategory::ndarray, 80_MiB));

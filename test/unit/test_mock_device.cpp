@@ -14,6 +14,7 @@
 #include "byte_units.h"
 #include "kiln/rhi/mock_device.h"
 #include "kiln/rhi/result.h"
+#include "seeded_threads.h"
 
 using kiln::DeviceAllocation;
 using kiln::LlvmRuntimeAllocParams;
@@ -173,20 +174,16 @@ TEST_CASE("high_water_bytes is the most the mock ever held at once", "[mock]") {
 TEST_CASE("8 threads allocating concurrently never push the mock past its capacity",
           "[mock][threads]") {
   constexpr uint64_t kCapacity = 512_KiB;
-  constexpr int kThreads = 8;
   constexpr int kIterations = 2000;
   MockDevice mock = make_mock(kCapacity);
   std::atomic<uint64_t> over_capacity_seen{0};
   std::atomic<uint64_t> successes{0};
   std::atomic<uint64_t> refusals{0};
   std::atomic<uint64_t> wrong_errors{0};
-  std::latch start(kThreads);
 
-  auto worker = [&](unsigned seed) {
-    std::mt19937 rng(seed);
+  auto worker = [&](std::mt19937 &rng) {
     std::uniform_int_distribution<uint64_t> size_kib(16, 192);
     std::vector<DeviceAllocation> held;
-    start.arrive_and_wait();
     for (int i = 0; i < kIterations; ++i) {
       if (held.size() < 4 && (rng() & 1u)) {
         auto a = mock.allocate_runtime(params_of(size_kib(rng) << 10));
@@ -208,9 +205,7 @@ TEST_CASE("8 threads allocating concurrently never push the mock past its capaci
     for (DeviceAllocation a : held)
       if (!mock.dealloc_memory(a)) wrong_errors.fetch_add(1);
   };
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, 1234u + t);
-  for (auto &t : threads) t.join();
+  kiln::test::run_seeded_threads(/*num_threads=*/8, /*first_seed=*/1234u, worker);
 
   CHECK(over_capacity_seen.load() == 0);
   CHECK(mock.high_water_bytes() <= kCapacity);

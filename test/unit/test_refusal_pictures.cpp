@@ -40,10 +40,7 @@ TEST_CASE("an out-of-memory message names the requested bytes and the budget",
 TEST_CASE("a live refusal's memory picture does not count the refused request as held",
           "[device_memory][live]") {
   MockDevice mock(mock_options(1_GiB, {0, 900_MiB}));
-  BudgetConfig config = no_cache();
-  config.limit_bytes = 1_GiB;
-  config.reserve_bytes = 64_MiB;
-  auto memory = make_uncached_memory(mock, config);
+  auto memory = make_uncached_memory(mock, fixed_limit(1_GiB, /*reserve_bytes=*/64_MiB));
   auto refused = memory->allocate(MemoryCategory::ndarray, 128_MiB);
   REQUIRE_FALSE(refused);
   REQUIRE(refused.error().oom_source == OomSource::budget);

@@ -20,10 +20,9 @@
 using kiln::runtime::CachingPool;
 using namespace kiln::test::memory;
 
-TEST_CASE("the request fault plan counts and fails requests that would be lock-free hits",
-          "[thread_cache][fault]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(100_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<100_MiB>,
+                 "the request fault plan counts and fails requests that would be lock-free hits",
+                 "[thread_cache][fault]") {
   // Warm 1 MiB and 2 MiB: after a miss and a free, the next requests are lock-free hits.
   const std::array<Ask, 2> asks{{{MemoryCategory::ndarray, 1_MiB}, {MemoryCategory::ndarray, 2_MiB}}};
   REQUIRE(fill_and_free(*memory, asks, 2) == 0);
@@ -91,10 +90,9 @@ TEST_CASE("the request fault plan counts and fails requests that would be lock-f
   check_ledger(*memory, mock, 0);
 }
 
-TEST_CASE("the request fault plan counts and fails another thread's lock-free hits",
-          "[thread_cache][fault][concurrency]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(100_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<100_MiB>,
+                 "the request fault plan counts and fails another thread's lock-free hits",
+                 "[thread_cache][fault][concurrency]") {
   Worker w;
   const std::array<Ask, 1> asks{{{MemoryCategory::ndarray, 1_MiB}}};
   std::vector<uint64_t> ids;
@@ -134,10 +132,9 @@ TEST_CASE("the request fault plan counts and fails another thread's lock-free hi
   check_ledger(*memory, mock, 0);
 }
 
-TEST_CASE("stats count lock-free allocations, frees and hits, also after the thread exits",
-          "[thread_cache][concurrency]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(100_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<100_MiB>,
+                 "stats count lock-free allocations, frees and hits, also after the thread exits",
+                 "[thread_cache][concurrency]") {
   // 1 MiB goes through thread caches; 8 MiB (no thread-cache bin) through the shared pool.
   const std::array<Ask, 2> asks{{{MemoryCategory::ndarray, 1_MiB}, {MemoryCategory::staging, 8_MiB}}};
   REQUIRE(fill_and_free(*memory, asks, 1) == 0);
@@ -174,10 +171,9 @@ TEST_CASE("stats count lock-free allocations, frees and hits, also after the thr
 }
 
 // stats() counts the refusals a caller gets, not the budget's answers that a retry cured.
-TEST_CASE("refusals that eviction or an observer cured are not counted as refusals",
-          "[thread_cache]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(16_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<16_MiB>,
+                 "refusals that eviction or an observer cured are not counted as refusals",
+                 "[thread_cache]") {
   // 12 MiB cached (8 MiB blocks have no thread-cache bin: the shared pool keeps them).
   auto a = memory->allocate(MemoryCategory::ndarray, 12_MiB);
   REQUIRE(a);

@@ -20,10 +20,9 @@
 using kiln::runtime::CachingPool;
 using namespace kiln::test::memory;
 
-TEST_CASE("a block allocated on one thread and freed on another is cached, reusable, freed once",
-          "[thread_cache][concurrency]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(100_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<100_MiB>,
+                 "a block allocated on one thread and freed on another is cached, reusable, freed once",
+                 "[thread_cache][concurrency]") {
   Worker a;
 
   // On A: a miss, freed on A, then a hit from A's own cache (lock-free), and a second live block.
@@ -122,10 +121,9 @@ TEST_CASE("a block allocated on one thread and freed on another is cached, reusa
   CHECK(memory->in_use_bytes() == 0);
 }
 
-TEST_CASE("a second free on the owning thread is refused even when its cache could take it lock-free",
-          "[thread_cache]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(100_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<100_MiB>,
+                 "a second free on the owning thread is refused even when its cache could take it lock-free",
+                 "[thread_cache]") {
   auto a = memory->allocate(MemoryCategory::ndarray, 1_MiB);
   auto big = memory->allocate(MemoryCategory::ndarray, 2_MiB);
   REQUIRE(a);
@@ -159,10 +157,9 @@ TEST_CASE("a second free on the owning thread is refused even when its cache cou
   check_ledger(*memory, mock, 0);
 }
 
-TEST_CASE("a thread cache keeps its bins' depth, the rest and large classes go to the shared pool",
-          "[thread_cache][concurrency]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(256_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<256_MiB>,
+                 "a thread cache keeps its bins' depth, the rest and large classes go to the shared pool",
+                 "[thread_cache][concurrency]") {
   Worker a;
   // 6 x 1 MiB (bin depth 4), 8 x 64 KiB (depth 7), 6 MiB (above 4 MiB: no thread-cache bin).
   std::vector<Ask> asks;
@@ -210,12 +207,11 @@ TEST_CASE("a thread cache keeps its bins' depth, the rest and large classes go t
   CHECK(memory->in_use_bytes() == 0);
 }
 
-TEST_CASE("two threads freeing the same block at the same moment: exactly one free succeeds",
-          "[thread_cache][concurrency]") {
+TEST_CASE_METHOD(CachedMemoryOnMock<512_MiB>,
+                 "two threads freeing the same block at the same moment: exactly one free succeeds",
+                 "[thread_cache][concurrency]") {
   // The owner's free is lock-free; the other thread's takes the locked path, which must stop the
   // owner's fast path before it decides. Without that, both succeed and the block is cached twice.
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(512_MiB));
   Worker owner;
   REQUIRE(owner.run([&] { return fill_and_free(*memory, std::array<Ask, 1>{{{MemoryCategory::ndarray, 4_KiB}}}, 2); }) == 0);
   constexpr int kRounds = 2000;

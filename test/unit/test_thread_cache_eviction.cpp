@@ -20,12 +20,11 @@
 using kiln::runtime::CachingPool;
 using namespace kiln::test::memory;
 
-TEST_CASE("another live thread's cached bytes never cause a budget refusal, its cache still works",
-          "[thread_cache][concurrency]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(16_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<16_MiB>,
+                 "another live thread's cached bytes never cause a budget refusal, its cache still works",
+                 "[thread_cache][concurrency]") {
   Worker a;  // stays alive, parked, until the end
-  REQUIRE(a.run([&] { return fill_and_free(*memory, kTwelveMiB, 2); }) == 0);
+  cache_twelve_mib(a, *memory);
   REQUIRE(memory->stats().cached_bytes == 12_MiB);
   REQUIRE(memory->stats().cached_blocks == 7);
   check_ledger(*memory, mock, 0);
@@ -33,9 +32,7 @@ TEST_CASE("another live thread's cached bytes never cause a budget refusal, its 
   // 8 MiB fits in 16 MiB only once A's 12 MiB are gone.
   auto big = memory->allocate(MemoryCategory::ndarray, 8_MiB);
   REQUIRE(big);
-  CHECK(memory->stats().evictions == 7);
-  CHECK(memory->stats().retries == 1);
-  CHECK(memory->stats().cached_bytes == 0);
+  check_worker_cache_evicted(*memory);
   CHECK(charged(*memory, MemoryCategory::ndarray) == 8_MiB);
   CHECK(charged(*memory, MemoryCategory::pool_cache) == 0);
   CHECK(mock.held_bytes() == 8_MiB);
@@ -51,7 +48,7 @@ TEST_CASE("another live thread's cached bytes never cause a live-check refusal",
   MockDevice mock(mock_options(64_MiB));
   auto memory = make_memory(mock, cached(1_GiB, /*reserve_bytes=*/8_MiB));
   Worker a;
-  REQUIRE(a.run([&] { return fill_and_free(*memory, kTwelveMiB, 2); }) == 0);
+  cache_twelve_mib(a, *memory);
   REQUIRE(memory->stats().cached_bytes == 12_MiB);
   mock.set_other_process_bytes(36_MiB);  // free 16 MiB, usable 8 MiB
   const uint64_t live_checks = memory->stats().live_checks;
@@ -60,9 +57,7 @@ TEST_CASE("another live thread's cached bytes never cause a live-check refusal",
   REQUIRE(big);
   CHECK(memory->stats().live_checks == live_checks + 2);  // refused, evicted, asked again
   CHECK(memory->stats().live_refusals == 0);
-  CHECK(memory->stats().evictions == 7);
-  CHECK(memory->stats().retries == 1);
-  CHECK(memory->stats().cached_bytes == 0);
+  check_worker_cache_evicted(*memory);
   CHECK(mock.driver_oom_count() == 0);
   CHECK(mock.held_bytes() == 12_MiB);
   check_ledger(*memory, mock, 1);
@@ -76,26 +71,23 @@ TEST_CASE("another live thread's cached bytes never cause a driver refusal",
   MockDevice mock(mock_options(16_MiB));
   auto memory = make_memory(mock, cached(64_MiB, /*reserve_bytes=*/0, /*live_check=*/false));
   Worker a;
-  REQUIRE(a.run([&] { return fill_and_free(*memory, kTwelveMiB, 2); }) == 0);
+  cache_twelve_mib(a, *memory);
   REQUIRE(mock.held_bytes() == 12_MiB);
 
   auto big = memory->allocate(MemoryCategory::ndarray, 8_MiB);
   REQUIRE(big);
   CHECK(mock.driver_oom_count() == 1);
   CHECK(memory->stats().driver_ooms == 1);
-  CHECK(memory->stats().retries == 1);
-  CHECK(memory->stats().evictions == 7);
-  CHECK(memory->stats().cached_bytes == 0);
+  check_worker_cache_evicted(*memory);
   CHECK(mock.held_bytes() == 8_MiB);
   check_ledger(*memory, mock, 1);
 
   after_eviction(a, *memory, mock, *big);
 }
 
-TEST_CASE("a thread's cache emptied over and over while its owner allocates and frees stays exact",
-          "[thread_cache][concurrency]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(256_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<256_MiB>,
+                 "a thread's cache emptied over and over while its owner allocates and frees stays exact",
+                 "[thread_cache][concurrency]") {
   constexpr int kDrains = 2000;
   // Relaxed on purpose: pacing only, no happens-before edge that would hide a race from TSan.
   std::atomic<int> drains{0};    // release_cached calls made so far

@@ -19,10 +19,9 @@
 using kiln::runtime::CachingPool;
 using namespace kiln::test::memory;
 
-TEST_CASE("when a thread exits its cached blocks go to the shared pool: hits for others, released",
-          "[thread_cache][concurrency]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(100_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<100_MiB>,
+                 "when a thread exits its cached blocks go to the shared pool: hits for others, released",
+                 "[thread_cache][concurrency]") {
   std::vector<Ask> asks;
   for (int i = 0; i < 4; ++i) asks.push_back({MemoryCategory::ndarray, 1_MiB});
   asks.push_back({MemoryCategory::staging, 64_KiB});
@@ -98,10 +97,9 @@ TEST_CASE("when a thread exits its cached blocks go to the shared pool: hits for
   for (std::size_t k = 0; k < kiln::kNumMemoryCategories; ++k) CHECK(memory->in_use_by_category()[k] == 0);
 }
 
-TEST_CASE("a thread that exits holding live blocks: another thread frees them, the ledger is exact",
-          "[thread_cache][concurrency]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(100_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<100_MiB>,
+                 "a thread that exits holding live blocks: another thread frees them, the ledger is exact",
+                 "[thread_cache][concurrency]") {
   Worker t;
   struct Left {
     RhiExpected<DeviceAllocation> hit, grown;
@@ -161,10 +159,9 @@ TEST_CASE("a thread that exits holding live blocks: another thread frees them, t
 
 // A thread's cache outlives the thread: it is emptied, its ledger share and counts are folded
 // into the allocator's, and the next new thread takes it. Nothing may be counted twice.
-TEST_CASE("threads that come and go take over retired caches with nothing counted twice",
-          "[thread_cache][concurrency]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(100_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<100_MiB>,
+                 "threads that come and go take over retired caches with nothing counted twice",
+                 "[thread_cache][concurrency]") {
   const std::array<Ask, 3> asks{{{MemoryCategory::ndarray, 4_KiB},
                                  {MemoryCategory::staging, 4_KiB},
                                  {MemoryCategory::ndarray, 4_KiB}}};

@@ -71,9 +71,8 @@ TEST_CASE("a thread using two DeviceMemory objects in turn hits both caches lock
   CHECK(hits == 200);
 }
 
-TEST_CASE("charge and allocate refuse what is no category and change nothing", "[thread_cache]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(512_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<512_MiB>,
+                 "charge and allocate refuse what is no category and change nothing", "[thread_cache]") {
   (void)lock_free_hits_over(*memory, Pattern{"", {{MemoryCategory::ndarray, 4_KiB}}}, 3);
   const MemoryStats before = memory->stats();
   const uint64_t requests = memory->fault_plan().allocation_count();
@@ -98,12 +97,11 @@ TEST_CASE("charge and allocate refuse what is no category and change nothing", "
   check_ledger(*memory, mock, 0);
 }
 
-TEST_CASE("after fork() the child's allocators work on the locked path and never wait",
-          "[thread_cache][fork]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(512_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<512_MiB>,
+                 "after fork() the child's allocators work on the locked path and never wait",
+                 "[thread_cache][fork]") {
   Worker worker;  // a cache owned by a thread the child will not have
-  REQUIRE(worker.run([&] { return fill_and_free(*memory, kTwelveMiB, 2); }) == 0);
+  cache_twelve_mib(worker, *memory);
   const Pattern one{"", {{MemoryCategory::ndarray, 4_KiB}}};
   (void)lock_free_hits_over(*memory, one, 2);
   const pid_t child = fork();

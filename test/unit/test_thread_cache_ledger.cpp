@@ -141,10 +141,9 @@ TEST_CASE("threads allocating and freeing each other's blocks under a small budg
 // in_use_by_category() reads the ledger view without the lock while threads allocate, free, exit
 // and hand their caches on. Every reading must add up to what is held: no cache's share is read
 // half-way through a move, and no locked operation is seen half done.
-TEST_CASE("the ledger view read without a lock while threads come and go stays within the held bytes",
-          "[thread_cache][concurrency]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(100_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<100_MiB>,
+                 "the ledger view read without a lock while threads come and go stays within the held bytes",
+                 "[thread_cache][concurrency]") {
   constexpr uint64_t kBlock = 4_KiB;
   constexpr int kChurners = 2;
   // Seven small blocks go through the thread caches (lock-free), the 8 MiB one through the

@@ -21,10 +21,9 @@
 using kiln::runtime::CachingPool;
 using namespace kiln::test::memory;
 
-TEST_CASE("per-category peaks are exact on one thread, through cache hits and reset_peaks",
-          "[thread_cache]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(100_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<100_MiB>,
+                 "per-category peaks are exact on one thread, through cache hits and reset_peaks",
+                 "[thread_cache]") {
   const uint64_t klass = CachingPool::size_class(1_MiB);
   REQUIRE(klass == 1_MiB);
 
@@ -101,10 +100,9 @@ TEST_CASE("per-category peaks are exact on one thread, through cache hits and re
   REQUIRE(memory->free(*z2));
 }
 
-TEST_CASE("per-category peaks are never below the truth while threads hit their own caches",
-          "[thread_cache][concurrency]") {
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(64_MiB));
+TEST_CASE_METHOD(CachedMemoryOnMock<64_MiB>,
+                 "per-category peaks are never below the truth while threads hit their own caches",
+                 "[thread_cache][concurrency]") {
   constexpr int kThreads = 4;
   constexpr uint64_t kX = 1_MiB;
   std::array<Worker, kThreads> workers;
@@ -162,12 +160,11 @@ TEST_CASE("per-category peaks are never below the truth while threads hit their 
   CHECK(memory->release_cached() == kThreads * kX);
 }
 
-TEST_CASE("per-category peaks stay within the bytes other threads' caches own",
-          "[thread_cache][concurrency]") {
+TEST_CASE_METHOD(CachedMemoryOnMock<256_MiB>,
+                 "per-category peaks stay within the bytes other threads' caches own",
+                 "[thread_cache][concurrency]") {
   // A producer allocates, a consumer frees (a pipeline). The consumer's frees must not pile up
   // headroom that lifts the producer's next peak: the bound is what the consumer's cache owns.
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(256_MiB));
   Worker consumer;
   const uint64_t size = GENERATE(1_MiB, 8_MiB);  // cached in the consumer's bins / shared pool only
   constexpr int kRounds = 40;
@@ -184,12 +181,11 @@ TEST_CASE("per-category peaks stay within the bytes other threads' caches own",
   check_ledger(*memory, mock, 0);
 }
 
-TEST_CASE("one thread whose frees overflow into the shared pool keeps exact peaks",
-          "[thread_cache]") {
+TEST_CASE_METHOD(CachedMemoryOnMock<64_MiB>,
+                 "one thread whose frees overflow into the shared pool keeps exact peaks",
+                 "[thread_cache]") {
   // 4 MiB blocks: a thread cache's bin holds one, the second freed goes to the shared pool. Each
   // round holds two blocks, then caches both: every peak stays at what one round holds.
-  MockDevice mock(mock_options(1_GiB));
-  auto memory = make_memory(mock, cached(64_MiB));
   const Pattern two{"", {{MemoryCategory::ndarray, 4_MiB}, {MemoryCategory::ndarray, 4_MiB}}};
   (void)lock_free_hits_over(*memory, two, 20);
   const MemoryStats s = memory->stats();

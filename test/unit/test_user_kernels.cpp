@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -22,22 +24,7 @@ namespace {
 std::span<const std::byte> text(const std::string &ir) { return std::as_bytes(std::span(ir.data(), ir.size())); }
 
 // z[i] = (x[i] - y[i])^2 * scale: CuPy's squared difference, with a scalar.
-const std::string kSquaredDiff = R"(
-declare i64 @kiln_index(ptr)
-define void @squared_diff(ptr %ctx, ptr %x, ptr %y, ptr %z, float %scale) {
-  %i = call i64 @kiln_index(ptr %ctx)
-  %px = getelementptr float, ptr %x, i64 %i
-  %py = getelementptr float, ptr %y, i64 %i
-  %pz = getelementptr float, ptr %z, i64 %i
-  %a = load float, ptr %px
-  %b = load float, ptr %py
-  %d = fsub float %a, %b
-  %s = fmul float %d, %d
-  %r = fmul float %s, %scale
-  store float %r, ptr %pz
-  ret void
-}
-)";
+const std::string kSquaredDiff = squared_diff_ir();
 
 std::vector<KernelParam> squared_diff_params() {
   return {{"x", ParamKind::in, DataType::f32}, {"y", ParamKind::in, DataType::f32},
@@ -59,20 +46,16 @@ define void @iota(ptr %ctx, ptr %out) {
 )";
 
 // Each element allocates `bytes` from the device heap and writes through it; a null result
-// returns (the launch then fails with the heap's figures).
-const std::string kHeapUser = R"(
-declare ptr @kiln_heap_allocate(ptr, i64, i64)
-define void @heap_user(ptr %ctx, ptr %out, i64 %bytes) {
-  %block = call ptr @kiln_heap_allocate(ptr %ctx, i64 %bytes, i64 8)
-  %null = icmp eq ptr %block, null
-  br i1 %null, label %done, label %use
-use:
-  store i64 7, ptr %block
-  ret void
-done:
-  ret void
+// returns (the launch then fails with the heap's figures): test/support/heap_user.ll, which the
+// Python tests load too.
+const std::string &heap_user_ir() {
+  static const std::string text = [] {
+    std::ifstream file(KILN_HEAP_USER_IR);
+    REQUIRE(file);
+    return std::string(std::istreambuf_iterator<char>(file), {});
+  }();
+  return text;
 }
-)";
 
 // Asserts x[i] >= 0.
 const std::string kCheckPositive = R"(
@@ -167,7 +150,7 @@ TEST_CASE("a user kernel that runs the device heap dry is heap exhaustion; the d
   ExecutorConfig config;
   config.device_heap_bytes = 4096;
   auto ex = make_executor(config);
-  auto kernel = compile(*ex, kHeapUser, "heap_user",
+  auto kernel = compile(*ex, heap_user_ir(), "heap_user",
                         {{"out", ParamKind::out, DataType::i64}, {"bytes", ParamKind::scalar, DataType::i64}});
   Ndarray out = upload<int64_t>(*ex, DataType::i64, std::vector<int64_t>(64, 0));
   const uint64_t before = ledger_bytes(*ex);
@@ -283,7 +266,7 @@ TEST_CASE("a module reaching outside kiln through a global, one target's intrins
 TEST_CASE("integer division by zero in IR gives 0 and INT_MIN / -1 wraps, never a trap", "[user_kernel][bad-input]") {
   auto ex = make_executor();
   // q[i] = n[i] / d[i] and r[i] = n[i] % d[i], signed and unsigned: a CPU would raise SIGFPE.
-  const std::string divide = R"(
+  std::string divide = R"(
 declare i64 @kiln_index(ptr)
 define void @k(ptr %ctx, ptr %n, ptr %d, ptr %q, ptr %r, ptr %uq, ptr %ur) {
   %i = call i64 @kiln_index(ptr %ctx)
@@ -291,21 +274,14 @@ define void @k(ptr %ctx, ptr %n, ptr %d, ptr %q, ptr %r, ptr %uq, ptr %ur) {
   %pd = getelementptr i64, ptr %d, i64 %i
   %a = load i64, ptr %pn
   %b = load i64, ptr %pd
-  %v1 = sdiv i64 %a, %b
-  %p1 = getelementptr i64, ptr %q, i64 %i
-  store i64 %v1, ptr %p1
-  %v2 = srem i64 %a, %b
-  %p2 = getelementptr i64, ptr %r, i64 %i
-  store i64 %v2, ptr %p2
-  %v3 = udiv i64 %a, %b
-  %p3 = getelementptr i64, ptr %uq, i64 %i
-  store i64 %v3, ptr %p3
-  %v4 = urem i64 %a, %b
-  %p4 = getelementptr i64, ptr %ur, i64 %i
-  store i64 %v4, ptr %p4
-  ret void
-}
 )";
+  int step = 0;  // %v<step> = <op> i64 %a, %b, stored to <out>[i]
+  for (const auto &[op, out] : {std::pair{"sdiv", "q"}, {"srem", "r"}, {"udiv", "uq"}, {"urem", "ur"}}) {
+    const std::string v = "%v" + std::to_string(++step), p = "%p" + std::to_string(step);
+    divide += "  " + v + " = " + op + " i64 %a, %b\n  " + p + " = getelementptr i64, ptr %" + out + ", i64 %i\n" +
+              "  store i64 " + v + ", ptr " + p + "\n";
+  }
+  divide += "  ret void\n}\n";
   auto k = compile(*ex, divide, "k",
                    {{"n", ParamKind::in, DataType::i64}, {"d", ParamKind::in, DataType::i64},
                     {"q", ParamKind::out, DataType::i64}, {"r", ParamKind::out, DataType::i64},
@@ -405,6 +381,13 @@ kiln::test::FakeGpu &fake_driver(Backend backend) {
   return fake;
 }
 
+/// The GPU backends a user kernel runs on here: cuda, and amdgpu unless kiln was built without
+/// AMDGPU user kernels (KILN_EXPECT_HSACO 0).
+std::vector<Backend> user_kernel_gpus() {
+  if (!KILN_EXPECT_HSACO) return {Backend::cuda};
+  return {Backend::cuda, Backend::amdgpu};
+}
+
 std::unique_ptr<LlvmRuntimeExecutor> fake_gpu_executor(Backend backend) {
   fake_driver(backend);
   return make_gpu_executor(backend);
@@ -415,10 +398,8 @@ std::unique_ptr<LlvmRuntimeExecutor> fake_gpu_executor(Backend backend) {
 TEST_CASE("a user kernel runs on the fake CUDA driver and the fake HIP runtime from the PTX or HSACO kiln "
           "made, its IR run for the host",
           "[user_kernel]") {
-  const Backend backend = GENERATE(Backend::cuda, Backend::amdgpu);
-  INFO(to_string(backend));
-  if (backend == Backend::amdgpu && !KILN_EXPECT_HSACO) return;  // built without AMDGPU user kernels
-  auto gpu = fake_gpu_executor(backend);
+  auto gpu = fake_gpu_executor(GENERATE(from_range(user_kernel_gpus())));
+  INFO(to_string(gpu->device().backend()));
   const uint64_t before = ledger_bytes(*gpu);
   const uint64_t code_before = code_bytes(*gpu);
   {
@@ -443,10 +424,8 @@ TEST_CASE("a user kernel runs on the fake CUDA driver and the fake HIP runtime f
 TEST_CASE("a reduction on the fake CUDA driver and the fake HIP runtime runs its interleaved lanes, fold and "
           "combine as the GPU plan says",
           "[user_kernel]") {
-  const Backend backend = GENERATE(Backend::cuda, Backend::amdgpu);
-  INFO(to_string(backend));
-  if (backend == Backend::amdgpu && !KILN_EXPECT_HSACO) return;  // built without AMDGPU user kernels
-  auto gpu = fake_gpu_executor(backend);
+  auto gpu = fake_gpu_executor(GENERATE(from_range(user_kernel_gpus())));
+  INFO(to_string(gpu->device().backend()));
   const ReductionKernels kernels = value_or_throw(compile_reduction(*gpu, sum_of_squares_i64()));
   REQUIRE(kernels.fold != nullptr);
   constexpr int64_t n = 200000;
@@ -480,11 +459,9 @@ TEST_CASE("a reduction on the fake CUDA driver and the fake HIP runtime runs its
 
 TEST_CASE("a user kernel's device heap and assertion work on the fake CUDA driver and the fake HIP runtime",
           "[user_kernel]") {
-  const Backend backend = GENERATE(Backend::cuda, Backend::amdgpu);
-  INFO(to_string(backend));
-  if (backend == Backend::amdgpu && !KILN_EXPECT_HSACO) return;  // built without AMDGPU user kernels
-  auto gpu = fake_gpu_executor(backend);
-  auto heap_user = compile(*gpu, kHeapUser, "heap_user",
+  auto gpu = fake_gpu_executor(GENERATE(from_range(user_kernel_gpus())));
+  INFO(to_string(gpu->device().backend()));
+  auto heap_user = compile(*gpu, heap_user_ir(), "heap_user",
                            {{"out", ParamKind::out, DataType::i64}, {"bytes", ParamKind::scalar, DataType::i64}});
   Ndarray out = upload<int64_t>(*gpu, DataType::i64, std::vector<int64_t>(64, 0));
   const KernelArg too_much[] = {KernelArg::of(out), KernelArg::of(Scalar::of_int(int64_t{1} << 40))};
@@ -504,9 +481,8 @@ TEST_CASE("a user kernel's device heap and assertion work on the fake CUDA drive
 
 TEST_CASE("a user kernel whose module the GPU driver refuses is named and gives its charge back",
           "[user_kernel]") {
-  const Backend backend = GENERATE(Backend::cuda, Backend::amdgpu);
+  const Backend backend = GENERATE(from_range(user_kernel_gpus()));
   INFO(to_string(backend));
-  if (backend == Backend::amdgpu && !KILN_EXPECT_HSACO) return;  // built without AMDGPU user kernels
   kiln::test::FakeGpu &fake = fake_driver(backend);
   auto gpu = make_gpu_executor(backend);
   const uint64_t before = ledger_bytes(*gpu);
