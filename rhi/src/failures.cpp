@@ -49,13 +49,6 @@ Failure invalid_request(std::string device, const char *site, std::string detail
 }
 
 Failure driver_out_of_memory(std::string device, const char *site, const char *driver_status,
-                             MemoryCategory category, uint64_t requested_bytes,
-                             std::source_location where) {
-  return driver_out_of_memory(std::move(device), site, driver_status,
-                              AllocationFigures{category, requested_bytes, 0}, where);
-}
-
-Failure driver_out_of_memory(std::string device, const char *site, const char *driver_status,
                              const AllocationFigures &figures, std::source_location where) {
   Failure f = out_of_memory(OomSource::driver, std::move(device), site, figures, where);
   f.driver_status = driver_status;
@@ -76,12 +69,6 @@ Failure driver_call_failure(RhiResult result, std::string device, const char *si
   f.allocating = allocation != nullptr;
   if (result != RhiResult::out_of_memory) f.detail = fmt::format("{} failed with code {}", site, code);
   return f;
-}
-
-Failure injected_fault(std::string device, const char *site, MemoryCategory category,
-                       uint64_t requested_bytes, std::source_location where) {
-  return injected_fault(std::move(device), site, AllocationFigures{category, requested_bytes, 0},
-                        where);
 }
 
 Failure injected_fault(std::string device, const char *site, const AllocationFigures &figures,
@@ -126,18 +113,14 @@ Failure injected_heap_exhaustion(std::string device, const char *site, std::stri
   return f;
 }
 
-Failure budget_refusal(BudgetCheck check, const char *site, MemoryCategory category,
-                       uint64_t requested_bytes, const MemorySnapshot &memory,
-                       std::source_location where) {
-  return budget_refusal(check, site, AllocationFigures{category, requested_bytes, 0}, memory, {},
-                        where);
-}
-
 Failure budget_refusal(BudgetCheck check, const char *site, const AllocationFigures &figures,
-                       const MemorySnapshot &memory, std::string_view detail,
+                       const MemorySnapshot &memory, const GroupReuse &group,
                        std::source_location where) {
   Failure f = out_of_memory(OomSource::budget, "", site, figures, where);
-  if (!detail.empty()) f.detail = detail;
+  if (group.reused != 0)
+    f.detail = fmt::format("{} ({} buffers granted together, {} of them, {}, reusable from the "
+                           "pool's cache)", to_string(figures.category), group.buffers,
+                           group.reused, format_bytes(group.reused_bytes));
   f.budget_check = check;
   f.has_memory = true;
   f.memory = memory;

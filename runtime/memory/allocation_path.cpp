@@ -9,26 +9,6 @@
 
 namespace kiln::runtime {
 
-namespace {
-
-uint64_t saturating_add(uint64_t a, uint64_t b) { return b > UINT64_MAX - a ? UINT64_MAX : a + b; }
-
-// The hits, as a refusal of the group reports them.
-ReusedBlocks reused_blocks(std::span<const AllocRequest> requests,
-                           std::span<const AllocationSlot> slots) {
-  ReusedBlocks reused;
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    if (slots[i].hit == nullptr) continue;
-    ++reused.count;
-    reused.size_bytes = saturating_add(reused.size_bytes, requests[i].size_bytes);
-    reused.class_bytes = saturating_add(reused.class_bytes,
-                                        slots[i].hit->class_bytes.load(std::memory_order_relaxed));
-  }
-  return reused;
-}
-
-}  // namespace
-
 template <class Result>
 Result DeviceMemory::allocate_requests(std::span<const AllocRequest> requests,
                                        std::span<Slot> slots, std::span<CategoryRequest> growth) {
@@ -85,7 +65,7 @@ Result DeviceMemory::try_requests(Cache *cache, std::span<const AllocRequest> re
       outright = true;
       return Result(std::unexpect, adaptor_.refused_outright(misses, held));
     }
-    if (auto grown = adaptor_.grow(requests, slots, growth, misses, reused_blocks(requests, slots));
+    if (auto grown = adaptor_.grow(requests, slots, growth, misses, ReusedBlocks::of(requests, slots));
         !grown) {
       give_back_hits(cache, requests, slots);
       return Result(std::unexpect, std::move(grown).error());

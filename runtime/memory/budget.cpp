@@ -9,18 +9,12 @@ std::size_t index(MemoryCategory category) { return static_cast<std::size_t>(cat
 constexpr auto kRelaxed = std::memory_order_relaxed;
 }  // namespace
 
-Failure MemoryBudget::refusal(uint64_t requested_bytes, MemoryCategory category, const char *site,
-                              const CategoryBytes *in_use, std::source_location where) {
-  const RefusalReport report{AllocationFigures{category, requested_bytes, 0}, {}};
-  return refusal(report, site, in_use, where);
-}
-
 Failure MemoryBudget::refusal(const RefusalReport &report, const char *site,
                               const CategoryBytes *in_use, std::source_location where) {
   MemorySnapshot memory;
   memory.limit_bytes = limit_bytes_.load(kRelaxed);
   memory.in_use_bytes = in_use != nullptr ? *in_use : in_use_by_category();
-  return budget_refusal(BudgetCheck::limit, site, report.figures, memory, report.detail, where);
+  return budget_refusal(BudgetCheck::limit, site, report.figures, memory, report.group, where);
 }
 
 bool MemoryBudget::fits_after_reclaim(uint64_t size_bytes, uint64_t unreclaimable_bytes) const {
@@ -33,9 +27,8 @@ RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> 
                                                ReclaimHook &hook, const RefusalReport *report) {
   auto reservation = reserve(requests, report);
   if (reservation || reservation.error().result != RhiResult::out_of_memory) return reservation;
-  uint64_t total_bytes = 0;  // what must fit (saturating: a sum that wraps never fits)
-  for (const CategoryRequest &r : requests)
-    total_bytes = r.size_bytes > UINT64_MAX - total_bytes ? UINT64_MAX : total_bytes + r.size_bytes;
+  uint64_t total_bytes = 0;  // what must fit
+  for (const CategoryRequest &r : requests) total_bytes = saturating_add(total_bytes, r.size_bytes);
   // Reclaimable bytes never cause a refusal on their own: while reclaiming would make room,
   // reclaim and ask again. The retry happens even when this call reclaimed nothing itself
   // (another thread's reclaim may have finished meanwhile; the hook says whether to go on).

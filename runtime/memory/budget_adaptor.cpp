@@ -3,15 +3,22 @@
 // hook: evict, then ask again), then the live check (live_free_check.cpp), then the driver.
 #include "kiln/runtime/memory/budget_adaptor.h"
 
-#include <fmt/format.h>
+#include "thread_cache.h"
 
 namespace kiln::runtime {
 
-namespace {
-
-uint64_t saturating_add(uint64_t a, uint64_t b) { return b > UINT64_MAX - a ? UINT64_MAX : a + b; }
-
-}  // namespace
+ReusedBlocks ReusedBlocks::of(std::span<const AllocRequest> requests,
+                              std::span<const AllocationSlot> slots) {
+  ReusedBlocks reused;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (slots[i].hit == nullptr) continue;
+    ++reused.count;
+    reused.size_bytes = saturating_add(reused.size_bytes, requests[i].size_bytes);
+    reused.class_bytes = saturating_add(reused.class_bytes,
+                                        slots[i].hit->class_bytes.load(std::memory_order_relaxed));
+  }
+  return reused;
+}
 
 BudgetAdaptor::BudgetAdaptor(LlvmDevice &device, GrowthOwner &owner, uint64_t limit_bytes,
                              uint64_t reserve_bytes, bool live_check)
@@ -62,14 +69,6 @@ AllocationFigures BudgetAdaptor::group_figures(const Misses &misses, const Reuse
   const uint64_t class_total = saturating_add(misses.class_bytes, reused.class_bytes);
   if (exact_try && class_total > figures.requested_bytes) figures.class_bytes = class_total;
   return figures;
-}
-
-std::string BudgetAdaptor::group_detail(std::size_t buffers, const Misses &misses,
-                                        const ReusedBlocks &reused) {
-  if (reused.count == 0) return {};
-  return fmt::format("{} ({} buffers granted together, {} of them, {}, reusable from the pool's "
-                     "cache)", to_string(misses.category), buffers, reused.count,
-                     format_bytes(reused.size_bytes));
 }
 
 bool BudgetAdaptor::refuses_outright(const Misses &misses, bool observers, CategoryBytes &held) {
@@ -144,13 +143,13 @@ RhiStatus BudgetAdaptor::grow_misses(std::span<const AllocRequest> requests,
       growth[n_growth++] = {requests[i].category, slots[i].block_bytes};
       growth_bytes += slots[i].block_bytes;  // the budget refuses a sum that wraps before it is used
     }
-  const AllocationFigures figures = group_figures(misses, reused, exact_try);
-  const std::string detail = group_detail(requests.size(), misses, reused);
-  const RefusalReport report{figures, detail};
+  // How a budget refusal of this try names it: the whole group (formatted only if refused).
+  const RefusalReport report{group_figures(misses, reused, exact_try),
+                             GroupReuse{requests.size(), reused.count, reused.size_bytes}};
   auto reservation = budget_.reserve(growth.first(n_growth), *this, &report);
   if (!reservation) return std::unexpected(std::move(reservation).error());
   const auto growing = serialize_growth();  // held until every block is allocated
-  KILN_RETURN_IF_ERROR(check_live_free(growth_bytes, figures, detail));
+  KILN_RETURN_IF_ERROR(check_live_free(growth_bytes, report));
   for (std::size_t i = 0; i < requests.size(); ++i) {
     if (slots[i].hit != nullptr) continue;
     auto block = allocate_block(requests[i], slots[i].block_bytes,

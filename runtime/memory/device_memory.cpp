@@ -80,8 +80,9 @@ RhiStatus DeviceMemory::check_fault_plan(std::span<const AllocRequest> requests)
     return std::unexpected(std::move(lost));
   }
   adaptor_.counters().driver_ooms.fetch_add(1, std::memory_order_relaxed);
-  return std::unexpected(injected_fault(device_.name(), "DeviceMemory::check_fault_plan",
-                                        refused.request->category, refused.request->size_bytes));
+  return std::unexpected(
+      injected_fault(device_.name(), "DeviceMemory::check_fault_plan",
+                     AllocationFigures{refused.request->category, refused.request->size_bytes, 0}));
 }
 
 RhiStatus DeviceMemory::check_not_observing() const {

@@ -5,8 +5,7 @@
 
 namespace kiln::runtime {
 
-RhiStatus BudgetAdaptor::check_live_free(uint64_t growth_bytes, const AllocationFigures &figures,
-                                         const std::string &detail) {
+RhiStatus BudgetAdaptor::check_live_free(uint64_t growth_bytes, const RefusalReport &report) {
   if (!live_check_) return {};
   const auto ask = [&]() -> RhiStatus {
     counters_.live_checks.fetch_add(1, std::memory_order_relaxed);
@@ -17,8 +16,8 @@ RhiStatus BudgetAdaptor::check_live_free(uint64_t growth_bytes, const Allocation
     memory.free_bytes = info.free_bytes;
     memory.total_bytes = info.total_bytes;
     memory.reserve_bytes = reserve_bytes_;
-    Failure f = budget_refusal(BudgetCheck::live_free, "BudgetAdaptor::check_live_free", figures,
-                               memory, detail);
+    Failure f = budget_refusal(BudgetCheck::live_free, "BudgetAdaptor::check_live_free",
+                               report.figures, memory, report.group);
     f.device = device_.name();
     return std::unexpected(std::move(f));
   };

@@ -105,6 +105,33 @@ void driver_oom_at_every_allocation(const GpuBackendCase &b) {
   CHECK(refused > 0);
 }
 
+// Growth asks the driver for a request's size class; the driver's "no" (out of memory, or a
+// sticky fault that loses the device) is still about the request: allocating, its category and
+// the bytes the caller asked for (GpuDevice::allocated builds it with them).
+void driver_answer_names_the_request(const GpuBackendCase &b) {
+  FakeGpu *fake = b.fake_or_skip();
+  if (fake == nullptr) return;
+  auto ex = make_gpu_executor(b.backend);
+  runtime::DeviceMemory &memory = ex->memory();
+  const uint64_t size_bytes = 5_MiB + 1;  // grown at a larger size class
+  REQUIRE(fake->inject_fault(b.alloc_entry, 1, b.out_of_memory_code) == 0);
+  const auto refused = memory.allocate(MemoryCategory::staging, size_bytes);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().oom_source == OomSource::driver);
+  CHECK(std::string(refused.error().driver_status) == b.out_of_memory_status);
+  CHECK((refused.error().allocating && refused.error().category == MemoryCategory::staging));
+  CHECK(refused.error().requested_bytes == size_bytes);
+
+  REQUIRE(fake->inject_fault(b.alloc_entry, 1, b.illegal_address_code) == 0);
+  const auto lost = memory.allocate(MemoryCategory::staging, size_bytes);
+  REQUIRE_FALSE(lost);
+  CHECK(lost.error().result == RhiResult::device_lost);
+  CHECK(std::string(lost.error().driver_status) == b.illegal_address_status);
+  CHECK((lost.error().allocating && lost.error().requested_bytes == size_bytes));
+  CHECK(ex->device().is_lost());
+  ex.reset();
+}
+
 void illegal_address_at_a_launch(const GpuBackendCase &b) {
   FakeGpu *fake = b.fake_or_skip();
   if (fake == nullptr) return;

@@ -56,6 +56,7 @@ void lose_the_device_by_injection(LlvmRuntimeExecutor &ex);
 namespace gpu_matrix {
 void ops_cases_all_ok(const GpuBackendCase &b);
 void driver_oom_at_every_allocation(const GpuBackendCase &b);
+void driver_answer_names_the_request(const GpuBackendCase &b);
 void illegal_address_at_a_launch(const GpuBackendCase &b);
 void sticky_fault_fails_fast(const GpuBackendCase &b);
 void no_device_is_not_supported(const GpuBackendCase &b);
@@ -76,6 +77,11 @@ void two_devices_at_once(const GpuBackendCase &b);
   TEST_CASE(tag ": the driver's out-of-memory at any allocation ends OK or DeviceOutOfMemoryError", \
             "[" tag "][e2e][fault]") {                                                              \
     ::kiln::test::gpu_matrix::driver_oom_at_every_allocation(backend_fn());                         \
+  }                                                                                                 \
+  TEST_CASE(tag ": the driver's answer to an allocation names the bytes asked for and not "         \
+                "the class",                                                                        \
+            "[" tag "][e2e][fault]") {                                                              \
+    ::kiln::test::gpu_matrix::driver_answer_names_the_request(backend_fn());                        \
   }                                                                                                 \
   TEST_CASE(tag ": an illegal address at a launch is DeviceLostError and later cases fail fast",    \
             "[" tag "][e2e][lost]") {                                                               \

@@ -44,7 +44,7 @@ RhiExpected<int> assigns_with_context(RhiExpected<int> in) {
 TEST_CASE("each failure factory sets its kind's fields", "[errors][factories]") {
   const int line = __LINE__ + 1;
   const Failure driver = driver_out_of_memory("cuda:0", "cuMemAlloc_v2", "CUDA_ERROR_OUT_OF_MEMORY",
-                                              MemoryCategory::staging, 4_MiB);
+                                              AllocationFigures{MemoryCategory::staging, 4_MiB, 0});
   CHECK(driver.result == RhiResult::out_of_memory);
   CHECK(driver.oom_source == OomSource::driver);
   CHECK((driver.category == MemoryCategory::staging && driver.requested_bytes == 4_MiB));
@@ -53,7 +53,8 @@ TEST_CASE("each failure factory sets its kind's fields", "[errors][factories]") 
   CHECK(driver.where.line() == static_cast<uint32_t>(line));
   CHECK(std::string_view(driver.where.file_name()).ends_with("test_failure_factories.cpp"));
 
-  const Failure injected = injected_fault("mock", "s", MemoryCategory::ndarray, 1_MiB);
+  const Failure injected =
+      injected_fault("mock", "s", AllocationFigures{MemoryCategory::ndarray, 1_MiB, 0});
   CHECK((injected.oom_source == OomSource::driver && injected.injected));
 
   const Failure call = driver_call_failure(RhiResult::out_of_memory, "cuda:0", "cuMemcpyHtoD_v2",
@@ -67,9 +68,30 @@ TEST_CASE("each failure factory sets its kind's fields", "[errors][factories]") 
   live.free_bytes = 3_MiB;
   live.reserve_bytes = 1_MiB;
   const Failure refusal =
-      budget_refusal(BudgetCheck::live_free, "s", MemoryCategory::ndarray, 8_MiB, live);
+      budget_refusal(BudgetCheck::live_free, "s",
+                     AllocationFigures{MemoryCategory::ndarray, 8_MiB, 0}, live);
   CHECK((refusal.oom_source == OomSource::budget && refusal.budget_check == BudgetCheck::live_free));
   CHECK((refusal.has_memory && refusal.memory.free_bytes == 3_MiB && refusal.memory.reserve_bytes == 1_MiB));
+
+  // A driver's answer to an allocation call is about that allocation, whatever the answer.
+  const AllocationFigures asked{MemoryCategory::staging, 5_MiB + 1, 0};
+  const Failure alloc_oom = driver_call_failure(RhiResult::out_of_memory, "cuda:0", "cuMemAlloc_v2",
+                                                "CUDA_ERROR_OUT_OF_MEMORY", 2, &asked);
+  CHECK((alloc_oom.allocating && alloc_oom.oom_source == OomSource::driver));
+  CHECK((alloc_oom.category == MemoryCategory::staging && alloc_oom.requested_bytes == 5_MiB + 1));
+  const Failure alloc_lost = driver_call_failure(RhiResult::device_lost, "cuda:0", "cuMemAlloc_v2",
+                                                 "CUDA_ERROR_ILLEGAL_ADDRESS", 700, &asked);
+  CHECK((alloc_lost.result == RhiResult::device_lost && alloc_lost.allocating));
+  CHECK((alloc_lost.oom_source == OomSource::none && alloc_lost.requested_bytes == 5_MiB + 1));
+  CHECK(alloc_lost.detail == "cuMemAlloc_v2 failed with code 700");
+
+  // A group's budget refusal names the whole group; a single request's has no such detail.
+  const Failure group = budget_refusal(BudgetCheck::limit, "s",
+                                       AllocationFigures{MemoryCategory::ndarray, 12_MiB, 0}, live,
+                                       GroupReuse{3, 1, 4_MiB});
+  CHECK(group.detail == "ndarray (3 buffers granted together, 1 of them, " + format_bytes(4_MiB) +
+                            ", reusable from the pool's cache)");
+  CHECK(refusal.detail.empty());
 
   const Failure heap = device_heap_exhausted("cpu", "KernelLauncher::launch", 64, "kernel k");
   CHECK((heap.oom_source == OomSource::device_heap && heap.category == MemoryCategory::runtime_heap));

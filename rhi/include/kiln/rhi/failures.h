@@ -23,6 +23,15 @@ struct AllocationFigures {
   uint64_t class_bytes = 0;
 };
 
+/// A group allocation's cache hits, which its budget refusal names: the group is granted whole or
+/// not at all, so the refusal is about all `buffers`, the `reused` ones (`reused_bytes`,
+/// reusable from the pool's cache) included. Empty (reused 0) for a single request.
+struct GroupReuse {
+  std::size_t buffers = 0;
+  std::size_t reused = 0;
+  uint64_t reused_bytes = 0;
+};
+
 // Every factory records where it was called (`Failure::where`), so a test can check that the
 // `site` a failure names is the function that built it (kiln's own sites; a driver failure's
 // site names the driver call instead). `site` and `driver_status` must be string literals.
@@ -42,11 +51,7 @@ struct AllocationFigures {
                                       const AllocationFigures &figures,
                                       std::source_location where = std::source_location::current());
 /// out_of_memory, oom_source driver: the driver (or the mock's capacity, or the host allocator
-/// serving the cpu device) refused an allocation of `requested_bytes` of `category`.
-[[nodiscard]] Failure driver_out_of_memory(
-    std::string device, const char *site, const char *driver_status, MemoryCategory category,
-    uint64_t requested_bytes, std::source_location where = std::source_location::current());
-/// The same for an allocation described by `figures` (its class_bytes included).
+/// serving the cpu device) refused the allocation `figures` describes.
 [[nodiscard]] Failure driver_out_of_memory(
     std::string device, const char *site, const char *driver_status,
     const AllocationFigures &figures, std::source_location where = std::source_location::current());
@@ -59,12 +64,8 @@ struct AllocationFigures {
     RhiResult result, std::string device, const char *site, const char *driver_status, int code,
     const AllocationFigures *allocation = nullptr,
     std::source_location where = std::source_location::current());
-/// out_of_memory, oom_source driver, injected: a FaultPlan refused the request as a driver would
-/// (no memory setting cures it).
-[[nodiscard]] Failure injected_fault(std::string device, const char *site, MemoryCategory category,
-                                     uint64_t requested_bytes,
-                                     std::source_location where = std::source_location::current());
-/// The same for an allocation described by `figures`.
+/// out_of_memory, oom_source driver, injected: a FaultPlan refused the request `figures`
+/// describes as a driver would (no memory setting cures it).
 [[nodiscard]] Failure injected_fault(std::string device, const char *site,
                                      const AllocationFigures &figures,
                                      std::source_location where = std::source_location::current());
@@ -84,18 +85,14 @@ struct AllocationFigures {
 [[nodiscard]] Failure injected_heap_exhaustion(
     std::string device, const char *site, std::string_view kernel,
     std::source_location where = std::source_location::current());
-/// out_of_memory, oom_source budget: kiln's budget refused growth of `requested_bytes` of
-/// `category`; `check` says which check (the limit, or the device's live free memory less the
+/// out_of_memory, oom_source budget: kiln's budget refused growth for the allocation `figures`
+/// describes; `check` says which check (the limit, or the device's live free memory less the
 /// reserve) and `memory` carries that check's figures (limit and in-use, or free/total/reserve).
-/// The device is filled in by whoever annotates the failure (DeviceMemory::annotate).
-[[nodiscard]] Failure budget_refusal(BudgetCheck check, const char *site, MemoryCategory category,
-                                     uint64_t requested_bytes, const MemorySnapshot &memory,
-                                     std::source_location where = std::source_location::current());
-/// The same for an allocation described by `figures`, with `detail` (what was refused, when more
-/// than its category: a group).
+/// A group's refusal says so in its detail (`group`). The device is filled in by whoever
+/// annotates the failure (DeviceMemory::annotate).
 [[nodiscard]] Failure budget_refusal(BudgetCheck check, const char *site,
                                      const AllocationFigures &figures, const MemorySnapshot &memory,
-                                     std::string_view detail = {},
+                                     const GroupReuse &group = {},
                                      std::source_location where = std::source_location::current());
 /// out_of_memory, oom_source device_heap: the device runtime's heap (runtime_heap) could not
 /// give `requested_bytes` to a running kernel; `detail` names the kernel and the heap's figures.

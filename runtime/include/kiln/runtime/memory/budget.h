@@ -9,7 +9,6 @@
 #include <mutex>
 #include <span>
 #include <string>
-#include <string_view>
 
 #include "kiln/rhi/fork_hooks.h"
 #include "kiln/rhi/result.h"
@@ -24,12 +23,17 @@ struct CategoryRequest {
   uint64_t size_bytes = 0;
 };
 
+/// `a + b`, or UINT64_MAX where that wraps (a sum of sizes that wraps never fits).
+[[nodiscard]] inline uint64_t saturating_add(uint64_t a, uint64_t b) {
+  return b > UINT64_MAX - a ? UINT64_MAX : a + b;
+}
+
 /// How a refused reservation reports the allocation it was for, when that is not the reservation
 /// itself (growth reserves size classes for a request of fewer bytes, or a group's misses only):
-/// the allocation's figures and, for a group, a detail line. Not owned: it outlives the call.
+/// the allocation's figures and, for a group, its cache hits.
 struct RefusalReport {
   AllocationFigures figures;
-  std::string_view detail;
+  GroupReuse group;
 };
 
 /// Bytes promised by the budget. Unless commit() is called, the destructor gives them back, so
@@ -114,14 +118,10 @@ class MemoryBudget {
   /// Whether `size_bytes` would fit under the limit beside `unreclaimable_bytes` (what no
   /// reclaim can give back). No lock; a reservation decides for good.
   [[nodiscard]] bool fits_after_reclaim(uint64_t size_bytes, uint64_t unreclaimable_bytes) const;
-  /// The limit refusal of `requested_bytes` of `category`, with the limit and in-use bytes per
+  /// The limit refusal of the allocation `report` describes, with the limit and in-use bytes per
   /// category now (`in_use`, or the ledger's own when null). The only producer of limit
   /// refusals: reserve() (which counts its refusals in stats()) and callers that decided with
   /// fits() alike.
-  [[nodiscard]] Failure refusal(uint64_t requested_bytes, MemoryCategory category, const char *site,
-                                const CategoryBytes *in_use = nullptr,
-                                std::source_location where = std::source_location::current());
-  /// The same for an allocation described by `report`.
   [[nodiscard]] Failure refusal(const RefusalReport &report, const char *site,
                                 const CategoryBytes *in_use = nullptr,
                                 std::source_location where = std::source_location::current());

@@ -37,6 +37,9 @@ struct ReusedBlocks {
   std::size_t count = 0;
   uint64_t size_bytes = 0;   ///< the requests they serve (saturating)
   uint64_t class_bytes = 0;  ///< the blocks' own sizes (saturating)
+  /// The hits of `slots` (one per request).
+  [[nodiscard]] static ReusedBlocks of(std::span<const AllocRequest> requests,
+                                       std::span<const AllocationSlot> slots);
 };
 
 /// What the adaptor asks of the memory it grows (DeviceMemory): its bytes held and its caches.
@@ -125,8 +128,6 @@ class BudgetAdaptor : private ReclaimHook {
   /// classes that were refused before.
   [[nodiscard]] static AllocationFigures group_figures(const Misses &misses,
                                                        const ReusedBlocks &reused, bool exact_try);
-  [[nodiscard]] static std::string group_detail(std::size_t buffers, const Misses &misses,
-                                                const ReusedBlocks &reused);
   /// One try: reserve, live-check and allocate a block of slot.block_bytes for every miss.
   [[nodiscard]] RhiStatus grow_misses(std::span<const AllocRequest> requests,
                                       std::span<AllocationSlot> slots,
@@ -139,8 +140,7 @@ class BudgetAdaptor : private ReclaimHook {
   [[nodiscard]] RhiExpected<DeviceAllocation> allocate_block(const AllocRequest &request,
                                                              uint64_t block_bytes,
                                                              uint64_t refused_class_bytes);
-  [[nodiscard]] RhiStatus check_live_free(uint64_t growth_bytes, const AllocationFigures &figures,
-                                          const std::string &detail);
+  [[nodiscard]] RhiStatus check_live_free(uint64_t growth_bytes, const RefusalReport &report);
   /// With the live check on, one growing thread at a time from the device's answer to the
   /// driver's (else two could both fit in the same free memory); an empty lock otherwise.
   [[nodiscard]] std::unique_lock<std::mutex> serialize_growth();
