@@ -46,7 +46,7 @@ Result DeviceMemory::try_requests(Cache *cache, std::span<const AllocRequest> re
   for (std::size_t i = 0; i < requests.size(); ++i)
     slots[i] = Slot{class_of(requests[i].size_bytes), 0, nullptr, {}};
   // 1. Reuse: cached blocks need no budget growth and no driver call.
-  const std::size_t hits = take_cached(cache, requests, slots);
+  const Hits hits = take_cached(cache, requests, slots);
   for (std::size_t i = 0; i < requests.size(); ++i) {
     if (slots[i].hit == nullptr || !requests[i].zero_fill) continue;
     if (auto cleared = device_.fill_zero(slots[i].block); !cleared) {
@@ -56,12 +56,12 @@ Result DeviceMemory::try_requests(Cache *cache, std::span<const AllocRequest> re
   }
   // 2. Growth for the misses, or their refusal. A failure holds nothing: the hits go back to the
   // cache before anyone (observers, the caller) sees its picture.
-  if (hits < requests.size()) {
+  if (hits.count < requests.size()) {
     // Outright only when nothing was reused (nothing to hand back, and the misses are the whole
     // request) and no observer could free memory.
     const auto misses = BudgetAdaptor::Misses::of(requests, slots);
     if (CategoryBytes held{};
-        hits == 0 && adaptor_.refuses_outright(misses, !observers_.empty(), held)) {
+        hits.count == 0 && adaptor_.refuses_outright(misses, !observers_.empty(), held)) {
       outright = true;
       return Result(std::unexpect, adaptor_.refused_outright(misses, held));
     }
@@ -70,14 +70,24 @@ Result DeviceMemory::try_requests(Cache *cache, std::span<const AllocRequest> re
       give_back_hits(cache, requests, slots);
       return Result(std::unexpect, std::move(grown).error());
     }
+  }
+  if (!hits.live) {
     std::lock_guard lock(mutex_);
-    for (std::size_t i = 0; i < requests.size(); ++i)
-      if (slots[i].hit == nullptr)
-        register_block_locked(cache, slots[i].block, requests[i].category, slots[i].block_bytes);
+    go_live_locked(cache, requests, slots);
   }
   count(kAllocations, requests.size());
-  if (hits != 0) count(kCacheHits, hits);
+  if (hits.count != 0) count(kCacheHits, hits.count);
   return Result();
+}
+
+void DeviceMemory::go_live_locked(Cache *cache, std::span<const AllocRequest> requests,
+                                  std::span<Slot> slots) {
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (slots[i].hit != nullptr)
+      slots[i].hit->category.store(requests[i].category, std::memory_order_relaxed);
+    else
+      register_block_locked(cache, slots[i].block, requests[i].category, slots[i].block_bytes);
+  }
 }
 
 // Flattened, with take_cached always inlined: the one path then costs a single request what the
@@ -106,23 +116,32 @@ RhiExpected<std::vector<DeviceAllocation>> DeviceMemory::allocate_group(
   return out;
 }
 
-[[gnu::always_inline]] inline std::size_t DeviceMemory::take_cached(
+[[gnu::always_inline]] inline DeviceMemory::Hits DeviceMemory::take_cached(
     Cache *cache, std::span<const AllocRequest> requests, std::span<Slot> slots) {
-  if (!caching_) return 0;
+  if (!caching_) return {};
   const uint64_t held_bytes = in_use_bytes();  // no cached block is larger
   bool any = false;
   for (const AllocRequest &r : requests) any |= r.size_bytes <= held_bytes;
-  if (!any) return 0;
-  std::size_t hits = 0;
+  if (!any) return {};
+  Hits hits;
+  bool pending = false;  // a miss to grow or a hit to clear first: either may hand the hits back
   std::lock_guard lock(mutex_);
   for (std::size_t i = 0; i < requests.size(); ++i) {
     Slot &slot = slots[i];
     slot.hit = take_cached_locked(cache, requests[i].category, requests[i].size_bytes,
                                   slot.class_bytes);
-    if (slot.hit == nullptr) continue;
+    if (slot.hit == nullptr) {
+      pending = true;
+      continue;
+    }
     slot.block = DeviceAllocation{&device_, slot.hit->alloc_id.load(std::memory_order_relaxed)};
-    ++hits;
+    pending |= requests[i].zero_fill;
+    ++hits.count;
   }
+  if (pending) return hits;
+  for (std::size_t i = 0; i < requests.size(); ++i)  // all hits, none to clear: live right away
+    slots[i].hit->category.store(requests[i].category, std::memory_order_relaxed);
+  hits.live = true;
   return hits;
 }
 

@@ -28,7 +28,6 @@ DeviceMemory::Record *DeviceMemory::take_cached_locked(Cache *cache, MemoryCateg
     if (!block) return nullptr;
     record = blocks_->find(block->first.alloc_id);
   }
-  record->category.store(category, std::memory_order_relaxed);
   detail::set_owner(*record, cache);
   move_locked(cache, MemoryCategory::pool_cache, category,
               record->class_bytes.load(std::memory_order_relaxed));

@@ -7,7 +7,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -146,6 +148,36 @@ inline void warm_pool(runtime::DeviceMemory &memory, uint64_t size_bytes, int co
   }
   for (DeviceAllocation a : blocks) REQUIRE(memory.free(a));
 }
+
+/// Runs `action` once, in another thread, while an allocation of `memory` is between the
+/// budget's lock-free check and its lock (MemoryBudget's before-lock hook): the window in which
+/// another thread's allocation or free races it. The action's own reservation passes through;
+/// the destructor takes the hook off.
+class InTheBudgetGap {
+ public:
+  InTheBudgetGap(runtime::DeviceMemory &memory, std::function<void()> action)
+      : memory_(memory), action_(std::move(action)) {
+    memory_.budget_for_testing().set_before_lock_hook_for_testing(&run, this);
+  }
+  ~InTheBudgetGap() {
+    memory_.budget_for_testing().set_before_lock_hook_for_testing(nullptr, nullptr);
+  }
+  InTheBudgetGap(const InTheBudgetGap &) = delete;
+  InTheBudgetGap &operator=(const InTheBudgetGap &) = delete;
+  /// Whether the action has run.
+  [[nodiscard]] bool fired() const { return fired_.load(); }
+
+ private:
+  static void run(void *self) {
+    auto &gap = *static_cast<InTheBudgetGap *>(self);
+    if (gap.fired_.exchange(true)) return;
+    std::thread other(gap.action_);
+    other.join();
+  }
+  runtime::DeviceMemory &memory_;
+  std::function<void()> action_;
+  std::atomic<bool> fired_{false};
+};
 
 }  // namespace kiln::test::memory
 

@@ -4,6 +4,8 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
+#include <optional>
 
 #include "kiln/rhi/mock_device.h"
 #include "kiln/rhi/result.h"
@@ -170,4 +172,59 @@ TEST_CASE("a group no eviction could fit is refused outright, named as a whole, 
   CHECK(memory->stats().cached_blocks == 1);  // nothing was evicted for it
   CHECK(memory->stats().ledger.refusals == 1);
   REQUIRE(memory->free(*held));
+}
+
+TEST_CASE("a stale free of a group's cache hit while the group grows is refused as not live",
+          "[caching_pool][group][threads]") {
+  MockDevice mock(mock_options(1_GiB));
+  auto memory = make_memory(mock, cached(100_MiB));
+  auto first = memory->allocate(MemoryCategory::ndarray, 1_MiB);
+  REQUIRE(first);
+  REQUIRE(memory->free(*first));  // cached; its caller keeps the handle by mistake
+  // Another thread frees the stale handle while the group that reuses its block grows.
+  std::optional<RhiStatus> stale_free;
+  auto gap = std::make_unique<InTheBudgetGap>(*memory, [&] { stale_free = memory->free(*first); });
+  const std::array<AllocRequest, 2> group{{{MemoryCategory::ndarray, 1_MiB},     // the hit
+                                           {MemoryCategory::staging, 3_MiB}}};   // grows
+
+  auto check_refused_stale_free = [&] {
+    REQUIRE(stale_free.has_value());  // the other thread ran in the gap
+    REQUIRE_FALSE(*stale_free);
+    CHECK(stale_free->error().result == RhiResult::invalid_usage);
+    CHECK_THAT(stale_free->error().message(), Catch::Contains("not live here"));
+  };
+
+  SECTION("the group is granted: the block is the group's, live, and freed once") {
+    auto granted = memory->allocate_group(group);
+    gap.reset();
+    REQUIRE(granted);
+    check_refused_stale_free();
+    const DeviceAllocation hit = (*granted)[0];
+    CHECK(hit.alloc_id == first->alloc_id);
+    CHECK(charged(*memory, MemoryCategory::ndarray) == 1_MiB);
+    CHECK(memory->stats().cached_blocks == 0);
+    REQUIRE(memory->free(hit));
+    CHECK_FALSE(memory->free(hit));
+    REQUIRE(memory->free((*granted)[1]));
+  }
+  SECTION("the group is refused: the hit goes back to the cache once") {
+    mock.fault_plan().fail_nth_allocation(1);  // the driver refuses the growth, after the budget
+    auto refused = memory->allocate_group(group);
+    gap.reset();
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().oom_source == OomSource::driver);
+    check_refused_stale_free();
+    CHECK(memory->stats().cached_blocks == 1);
+    CHECK(cached_bytes(*memory) == 1_MiB);
+    CHECK(charged(*memory, MemoryCategory::ndarray) == 0);
+    // Handed out once: two allocations of its size get two blocks.
+    auto a = memory->allocate(MemoryCategory::ndarray, 1_MiB);
+    auto b = memory->allocate(MemoryCategory::ndarray, 1_MiB);
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(a->alloc_id != b->alloc_id);
+    REQUIRE(memory->free(*a));
+    REQUIRE(memory->free(*b));
+  }
+  CHECK(memory->in_use_bytes() == mock.held_bytes());
 }

@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -189,42 +190,20 @@ TEST_CASE("with live_check off the same growth reaches the driver and the driver
   CHECK(memory->in_use_bytes() == 0);
 }
 
-namespace {
-
-// Another thread allocates `size_bytes` when the first allocation has passed the budget's
-// lock-free check and has not yet taken its lock (MemoryBudget's test hook; runs once).
-struct AllocatorInTheGap {
-  DeviceMemory *memory = nullptr;
-  uint64_t size_bytes = 0;
-  std::atomic<bool> fired{false};
-  std::optional<DeviceAllocation> taken;
-
-  static void run(void *self) {
-    auto &gap = *static_cast<AllocatorInTheGap *>(self);
-    if (gap.fired.exchange(true)) return;  // the other thread's own reservation passes through
-    std::thread other([&gap] {
-      auto alloc = gap.memory->allocate(MemoryCategory::ndarray, gap.size_bytes);
-      if (alloc) gap.taken = *alloc;
-    });
-    other.join();
-  }
-};
-
-}  // namespace
-
 TEST_CASE("growth that another thread's allocation no longer leaves room for is refused",
           "[device_memory][threads][recheck]") {
   MockDevice mock(mock_options(1_GiB));
   auto memory = make_uncached_memory(mock, fixed_limit(10_MiB));
-  AllocatorInTheGap gap;
-  gap.memory = memory.get();
-  gap.size_bytes = 8_MiB;
-  memory->budget_for_testing().set_before_lock_hook_for_testing(&AllocatorInTheGap::run, &gap);
+  std::optional<DeviceAllocation> taken;
+  auto gap = std::make_unique<InTheBudgetGap>(*memory, [&] {
+    auto alloc = memory->allocate(MemoryCategory::ndarray, 8_MiB);
+    if (alloc) taken = *alloc;
+  });
 
   auto first = memory->allocate(MemoryCategory::ndarray, 8_MiB);
 
-  REQUIRE(gap.fired.load());
-  REQUIRE(gap.taken.has_value());  // the other thread got in first
+  REQUIRE(gap->fired());
+  REQUIRE(taken.has_value());  // the other thread got in first
   REQUIRE_FALSE(first.has_value());
   CHECK(first.error().result == RhiResult::out_of_memory);
   CHECK(first.error().oom_source == OomSource::budget);
@@ -232,8 +211,8 @@ TEST_CASE("growth that another thread's allocation no longer leaves room for is 
   CHECK(memory->in_use_bytes() == 8_MiB);  // never past the 10 MiB limit
   CHECK(charged(*memory, MemoryCategory::ndarray) == 8_MiB);
   CHECK(mock.held_bytes() == 8_MiB);  // the driver was asked once
-  memory->budget_for_testing().set_before_lock_hook_for_testing(nullptr, nullptr);
-  CHECK(memory->free(*gap.taken));
+  gap.reset();
+  CHECK(memory->free(*taken));
   CHECK(memory->in_use_bytes() == 0);
 }
 

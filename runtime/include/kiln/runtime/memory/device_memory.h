@@ -199,10 +199,21 @@ class DeviceMemory : private GrowthOwner, private RequestFaultPlan::Owner {
   template <class Result>
   [[nodiscard]] Result allocate_admitted(std::span<const AllocRequest> requests,
                                          std::span<Slot> slots, std::span<CategoryRequest> growth);
-  /// Takes cached blocks for the requests it can (one lock for all); returns how many. Defined,
-  /// always inlined, in allocation_path.cpp, its only user.
-  [[nodiscard]] inline std::size_t take_cached(Cache *cache, std::span<const AllocRequest> requests,
+  /// What take_cached took: `count` hits, `live` already when nothing could hand them back (no
+  /// growth to wait for, nothing to clear). Hits not yet live are pending: a free of one is
+  /// refused as not live until the whole request is granted (go_live_locked), so a stale free racing
+  /// the growth can neither free a block about to be handed out nor cache it twice.
+  struct Hits {
+    std::size_t count = 0;
+    bool live = false;
+  };
+  /// Takes cached blocks for the requests it can (one lock for all). Defined, always inlined, in
+  /// allocation_path.cpp, its only user.
+  [[nodiscard]] inline Hits take_cached(Cache *cache, std::span<const AllocRequest> requests,
                                         std::span<Slot> slots);
+  /// Once the whole request is granted: registers the grown blocks and makes the pending hits
+  /// live. Mutex held.
+  void go_live_locked(Cache *cache, std::span<const AllocRequest> requests, std::span<Slot> slots);
   /// Hands the hits back to the cache (a failure path: not a free).
   void give_back_hits(Cache *cache, std::span<const AllocRequest> requests,
                       std::span<Slot> slots);
@@ -225,7 +236,8 @@ class DeviceMemory : private GrowthOwner, private RequestFaultPlan::Owner {
   bool notify_observers(const Failure &failure);
 
   // Under mutex_.
-  /// A cached block of `class_bytes`, or one of an exact size in [size_bytes, class_bytes].
+  /// A cached block of `class_bytes`, or one of an exact size in [size_bytes, class_bytes],
+  /// charged to `category` and owned by `cache`; not yet live (its record still says pool_cache).
   [[nodiscard]] Record *take_cached_locked(Cache *cache, MemoryCategory category,
                                            uint64_t size_bytes, uint64_t class_bytes);
   /// Caches a freed block: in `cache`'s bin when it has room (true), else the shared pool.
