@@ -152,8 +152,10 @@ RhiStatus BudgetAdaptor::grow_misses(std::span<const AllocRequest> requests,
   KILN_RETURN_IF_ERROR(check_live_free(growth_bytes, report));
   for (std::size_t i = 0; i < requests.size(); ++i) {
     if (slots[i].hit != nullptr) continue;
+    // On the exact-size try this block's class was refused first: its failure names that class.
+    const bool rounded = exact_try && slots[i].class_bytes > requests[i].size_bytes;
     auto block = allocate_block(requests[i], slots[i].block_bytes,
-                                exact_try ? misses.class_bytes : 0);
+                                rounded ? slots[i].class_bytes : 0);
     if (!block) {
       free_grown(slots.first(i));
       return std::unexpected(std::move(block).error());  // then the reservation goes

@@ -228,3 +228,32 @@ TEST_CASE("a stale free of a group's cache hit while the group grows is refused 
   }
   CHECK(memory->in_use_bytes() == mock.held_bytes());
 }
+
+TEST_CASE("a group's driver refusal on the exact-size try names the refused block's own class",
+          "[caching_pool][group][refusal]") {
+  // Both members round up; the device has room for the exact sizes but not the classes, so the
+  // exact try runs and the driver refuses its second block.
+  const uint64_t a_bytes = 3_MiB + 1, b_bytes = 2_MiB + 1;
+  const uint64_t a_class = CachingPool::size_class(a_bytes);
+  const uint64_t b_class = CachingPool::size_class(b_bytes);
+  REQUIRE(a_class > a_bytes);
+  REQUIRE(b_class > b_bytes);
+  const uint64_t capacity_bytes = (a_bytes + b_bytes + a_class + b_class) / 2;
+  MockDevice mock(mock_options(capacity_bytes));
+  auto memory = make_memory(mock, cached(1_GiB, 0, /*live_check=*/false));
+  const std::array<AllocRequest, 2> group{{{MemoryCategory::staging, a_bytes},
+                                           {MemoryCategory::ndarray, b_bytes}}};
+  // Driver calls: the classes (the second does not fit), then the exact sizes (the second fails).
+  mock.fault_plan().fail_nth_allocation(4);
+  auto refused = memory->allocate_group(group);
+  REQUIRE_FALSE(refused);
+  const Failure &f = refused.error();
+  INFO(f.message());
+  CHECK(f.oom_source == OomSource::driver);
+  CHECK(f.category == MemoryCategory::ndarray);
+  CHECK(f.requested_bytes == b_bytes);
+  CHECK(f.class_bytes == b_class);  // its own class, not the group's
+  CHECK(mock.fault_plan().allocation_count() == 4);
+  CHECK(memory->in_use_bytes() == 0);
+  CHECK(mock.held_bytes() == 0);
+}
