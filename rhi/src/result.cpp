@@ -81,6 +81,10 @@ std::string format_in_use(const CategoryBytes &in_use) {
 }
 
 std::string memory_clause(const MemorySnapshot &m) {
+  // No device reports no memory: a total of 0 means its query failed when the picture was taken.
+  if (m.total_bytes == 0)
+    return fmt::format("device's free memory could not be read; kiln holds {} ({})",
+                       format_bytes(m.in_use_total_bytes()), format_in_use(m.in_use_bytes));
   const std::string age =
       m.live_age_ms == 0 ? std::string() : fmt::format(" (read up to {} ms before)", m.live_age_ms);
   return fmt::format("device has {} free of {}{}; kiln holds {} ({})", format_bytes(m.free_bytes),

@@ -179,6 +179,7 @@ RhiStatus DeviceMemory::free_locked_path(DeviceAllocation alloc) {
 
 RhiStatus DeviceMemory::charge(MemoryCategory category, uint64_t size_bytes) {
   KILN_RETURN_IF_ERROR(check_not_observing());  // a charge is an allocation, too
+  KILN_RETURN_IF_ERROR(device_.check_alive("DeviceMemory::charge"));  // nothing to charge it for
   if (category >= MemoryCategory::pool_cache)  // the pool's own, or no category at all
     return std::unexpected(invalid_request(device_.name(), "DeviceMemory::charge",
                                            fmt::format("cannot charge category {}", to_string(category)),

@@ -9,7 +9,9 @@ RhiStatus BudgetAdaptor::check_live_free(uint64_t growth_bytes, const RefusalRep
   if (!live_check_) return {};
   const auto ask = [&]() -> RhiStatus {
     counters_.live_checks.fetch_add(1, std::memory_order_relaxed);
-    KILN_ASSIGN_OR_RETURN(const LlvmDevice::MemoryInfo info, device_.memory_info());
+    KILN_ASSIGN_OR_RETURN_CONTEXT(const LlvmDevice::MemoryInfo info, device_.memory_info(),
+                                  "reading free device memory before growing {} of {}",
+                                  format_bytes(growth_bytes), to_string(report.figures.category));
     const uint64_t usable = info.free_bytes > reserve_bytes_ ? info.free_bytes - reserve_bytes_ : 0;
     if (growth_bytes <= usable) return {};
     MemorySnapshot memory;

@@ -154,6 +154,9 @@ TEST_CASE("kind=lost fails the request device_lost, marks the device lost for ev
   auto filled = ex->fill(before, Scalar::of(3.0));
   REQUIRE_FALSE(filled);
   CHECK(filled.error().result == RhiResult::device_lost);
+  auto charged = ex->memory().charge(MemoryCategory::code_object, 4096);  // a module's bytes
+  REQUIRE_FALSE(charged);
+  CHECK(charged.error().result == RhiResult::device_lost);
   CHECK(ledger_bytes(*ex) == ledger_before);
 
   // Recovery: the arrays let go, a new executor for the backend works.

@@ -157,12 +157,19 @@ TEST_CASE("a failing device query: the budget refusal keeps its picture, growth 
   CHECK(refused.error().memory.total_bytes == 0);  // unknown, not made up
   CHECK(refused.error().memory.limit_bytes == 10_MiB);
   CHECK(refused.error().memory.in_use_total_bytes() == 4_MiB);
-  CHECK_THAT(refused.error().message(), Catch::Contains("budget"));
+  const std::string message = refused.error().message();
+  CAPTURE(message);
+  CHECK_THAT(message, Catch::Contains("budget"));
+  CHECK_THAT(message, Catch::Contains("free memory could not be read; kiln holds 4.00 MiB"));
+  CHECK_THAT(message, !Catch::Contains("0 B free of 0 B"));
 
   auto grow = memory->allocate(MemoryCategory::ndarray, 2_MiB);  // fits the budget: asks
   REQUIRE_FALSE(grow);
   CHECK(grow.error().result == RhiResult::error);
   CHECK(std::string(grow.error().driver_status) == "MOCK_ERROR_UNKNOWN");
+  // Says what it was doing: the query answers no allocation of its own.
+  CHECK_THAT(grow.error().message(),
+             Catch::Contains("reading free device memory before growing 2.00 MiB of ndarray"));
   CHECK(memory->in_use_bytes() == 4_MiB);  // nothing held for it
 
   mock.fail_memory_info(false);
