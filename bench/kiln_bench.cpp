@@ -342,16 +342,11 @@ void register_benchmarks() {
 }  // namespace
 
 int main(int argc, char **argv) {
-  const std::optional<bool> initialized = kiln::bench::initialize(argc, argv, kDefaultMinTime);
-  if (!initialized) return 2;
-  const bool console_format = *initialized;
-
-  // The same thread count as the baseline's team.
-  const unsigned threads = host_thread_count();
-  const std::unique_ptr<kiln::LlvmRuntimeExecutor> executor =
-      kiln::bench::create_cpu_executor(threads, "kiln-bench");
-  if (!executor) return 1;
-  g_executor = executor.get();
+  const auto started = kiln::bench::start(argc, argv, kDefaultMinTime, "kiln-bench");
+  if (!started) return started.error();
+  const bool console_format = started->console_format;
+  const unsigned threads = started->threads;  // the baseline team's
+  g_executor = started->executor.get();
 
   register_benchmarks();
   kiln::bench::run_benchmarks(console_format, "mean", [threads](const SummaryReporter &reporter) {

@@ -281,16 +281,12 @@ void register_benchmarks() {
 }  // namespace
 
 int main(int argc, char **argv) {
-  const std::optional<bool> initialized = kiln::bench::initialize(argc, argv, kDefaultMinTime);
-  if (!initialized) return 2;
-  const bool console_format = *initialized;
-
-  const unsigned threads = kiln::bench::host_thread_count();
-  openblas_set_num_threads(static_cast<int>(threads));
-  const std::unique_ptr<kiln::LlvmRuntimeExecutor> executor =
-      kiln::bench::create_cpu_executor(threads, "kiln-matmul-bench");
-  if (!executor) return 1;
-  g_executor = executor.get();
+  const auto started = kiln::bench::start(argc, argv, kDefaultMinTime, "kiln-matmul-bench");
+  if (!started) return started.error();
+  const bool console_format = started->console_format;
+  const unsigned threads = started->threads;
+  openblas_set_num_threads(static_cast<int>(threads));  // OpenBLAS's team as kiln's
+  g_executor = started->executor.get();
 
   register_benchmarks();
   kiln::bench::run_benchmarks(console_format, "median", [threads](const SummaryReporter &reporter) {
