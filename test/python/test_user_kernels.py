@@ -1,6 +1,7 @@
 """kiln.Kernel, kiln.ElementwiseKernel and kiln.ReductionKernel: numpy's results on cpu and mock,
 CuPy's signatures, every mistake a named error before anything is allocated, compiled code
 charged while cached."""
+import ast
 import gc
 import os
 import pickle
@@ -15,18 +16,17 @@ from conftest import GPU_BACKENDS, SOURCE_DIR
 
 SQUARED_DIFF = ("float32 x, float32 y", "float32 z", "z = (x - y) * (x - y)", "squared_diff")
 
-IR_SCALE = """
-declare i64 @kiln_index(ptr)
-define void @scale(ptr %ctx, ptr %x, ptr %y, float %alpha) {
-  %i = call i64 @kiln_index(ptr %ctx)
-  %px = getelementptr float, ptr %x, i64 %i
-  %v = load float, ptr %px
-  %r = fmul float %v, %alpha
-  %py = getelementptr float, ptr %y, i64 %i
-  store float %r, ptr %py
-  ret void
-}
-"""
+
+def _example_constant(name):
+    """A constant of examples/user_kernels.py, read without running the example."""
+    with open(os.path.join(SOURCE_DIR, "examples", "user_kernels.py")) as file:
+        tree = ast.parse(file.read())
+    return next(ast.literal_eval(node.value) for node in tree.body
+                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name)
+
+
+# z[i] = x[i] * alpha: the example's element function (one copy of it).
+IR_SCALE = _example_constant("SCALE_IR")
 
 # Each element takes `bytes` from the device heap (shared with the C++ tests).
 with open(os.path.join(SOURCE_DIR, "test", "support", "heap_user.ll")) as _file:
