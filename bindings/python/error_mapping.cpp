@@ -86,8 +86,10 @@ py::dict failure_fields(const Failure &failure) {
   fields["context"] = py::tuple(py::cast(failure.context));
   fields["injected"] = failure.injected;
   if (failure.has_memory) {
-    fields["free_bytes"] = failure.memory.free_bytes;
-    fields["total_bytes"] = failure.memory.total_bytes;
+    // None, not 0, when the device's memory query failed: no figure is made up.
+    const bool read = failure.memory.device_read;
+    fields["free_bytes"] = read ? py::object(py::int_(failure.memory.free_bytes)) : py::none();
+    fields["total_bytes"] = read ? py::object(py::int_(failure.memory.total_bytes)) : py::none();
     fields["limit_bytes"] = failure.memory.limit_bytes;
     fields["reserve_bytes"] = failure.memory.reserve_bytes;
     fields["live_age_ms"] = failure.memory.live_age_ms;

@@ -81,8 +81,7 @@ std::string format_in_use(const CategoryBytes &in_use) {
 }
 
 std::string memory_clause(const MemorySnapshot &m) {
-  // No device reports no memory: a total of 0 means its query failed when the picture was taken.
-  if (m.total_bytes == 0)
+  if (!m.device_read)
     return fmt::format("device's free memory could not be read; kiln holds {} ({})",
                        format_bytes(m.in_use_total_bytes()), format_in_use(m.in_use_bytes));
   const std::string age =

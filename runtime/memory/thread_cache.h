@@ -39,7 +39,8 @@ struct alignas(64) BlockRecord {  // one cache line each: no straddling, no fals
   /// The cache whose thread may free this live block without the lock; set only by that thread
   /// (or cleared under the mutex). Null: every free takes the lock.
   std::atomic<ThreadCache *> owner{nullptr};
-  /// The category the block is charged to now; pool_cache while it is cached (not live).
+  /// The category the block is charged to now; pool_cache while it is not live: cached, or
+  /// taken from the cache by a request not yet granted (charged to the request's category).
   std::atomic<MemoryCategory> category{MemoryCategory::pool_cache};
   std::atomic<uint64_t> class_bytes{0};
   std::atomic<uint32_t> bin{kNoBin};  ///< its thread-cache bin, kNoBin if too large for one

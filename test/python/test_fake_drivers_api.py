@@ -4,6 +4,7 @@ use, a fault plan and later control calls take effect; the block restores the dr
 and leaves kiln on the CPU; a missing or unloadable library is NotSupportedError, a bad setting
 InvalidUsageError with nothing left configured; blocks do not nest."""
 import os
+import time
 
 import numpy as np
 import pytest
@@ -46,6 +47,21 @@ def test_kilns_budget_comes_from_the_capacity(api):
         with pytest.raises(kiln.BudgetExceededError) as caught:
             kiln.ndarray(kiln.f32, 200 * MiB // 4)
         assert caught.value.total_bytes == 256 * MiB and caught.value.limit_bytes == 192 * MiB
+
+
+def test_a_refusal_when_the_driver_cannot_say_its_free_memory(api):
+    fake_gpu, arch, _, _, _ = api
+    query = "cuMemGetInfo_v2" if arch == "cuda" else "hipMemGetInfo"
+    with fake_gpu(capacity_bytes=256 * MiB) as fake:
+        kiln.init(arch=arch)
+        time.sleep(0.03)  # no reading of this kernel tick left to reuse
+        fake.inject_fault(query, 1, 999)  # the refusal's own query fails
+        with pytest.raises(kiln.BudgetExceededError) as caught:
+            kiln.ndarray(kiln.f32, 200 * MiB // 4)
+        e = caught.value
+        assert e.free_bytes is None and e.total_bytes is None  # not read: no figure made up
+        assert e.limit_bytes == 192 * MiB
+        assert "free memory could not be read" in str(e) and "0 B free" not in str(e)
 
 
 @pytest.mark.parametrize("other", [400 * MiB, [400 * MiB]], ids=["bytes", "script"])

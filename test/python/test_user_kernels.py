@@ -21,8 +21,10 @@ def _example_constant(name):
     """A constant of examples/user_kernels.py, read without running the example."""
     with open(os.path.join(SOURCE_DIR, "examples", "user_kernels.py")) as file:
         tree = ast.parse(file.read())
-    return next(ast.literal_eval(node.value) for node in tree.body
-                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name)
+    values = [ast.literal_eval(node.value) for node in tree.body
+              if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name]
+    assert len(values) == 1, f"examples/user_kernels.py assigns {name} {len(values)} times"
+    return values[0]
 
 
 # z[i] = x[i] * alpha: the example's element function (one copy of it).

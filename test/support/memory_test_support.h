@@ -152,7 +152,8 @@ inline void warm_pool(runtime::DeviceMemory &memory, uint64_t size_bytes, int co
 /// Runs `action` once, in another thread, while an allocation of `memory` is between the
 /// budget's lock-free check and its lock (MemoryBudget's before-lock hook): the window in which
 /// another thread's allocation or free races it. The action's own reservation passes through;
-/// the destructor takes the hook off.
+/// the destructor takes the hook off. The action runs in its own thread: it records what it saw
+/// for the test to check afterwards (a Catch2 REQUIRE there would end the process).
 class InTheBudgetGap {
  public:
   InTheBudgetGap(runtime::DeviceMemory &memory, std::function<void()> action)

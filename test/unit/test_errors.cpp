@@ -74,6 +74,7 @@ TEST_CASE("a driver out-of-memory message names the bytes, the driver status and
   f.has_memory = true;
   f.memory.free_bytes = 3ull << 30;
   f.memory.total_bytes = 80ull << 30;
+  f.memory.device_read = true;
   f.memory.in_use_bytes[static_cast<int>(MemoryCategory::ndarray)] = 70ull << 30;
   f.add_context("running axpy");
   const std::string m = describe(f);
@@ -88,6 +89,7 @@ TEST_CASE("a budget refusal's message says how old a reused device reading is", 
   f.has_memory = true;
   f.memory.free_bytes = 3ull << 30;
   f.memory.total_bytes = 80ull << 30;
+  f.memory.device_read = true;
   f.memory.limit_bytes = 1ull << 30;
   CHECK_THAT(f.message(), Catch::Contains("3.00 GiB free of 80.00 GiB;") &&
                               !Catch::Contains("ms before"));
@@ -139,6 +141,7 @@ TEST_CASE("a refusal by live free memory gives the free bytes, the reserve and w
   f.has_memory = true;
   f.memory.free_bytes = 100ull << 20;
   f.memory.total_bytes = 1ull << 30;
+  f.memory.device_read = true;
   f.budget_check = BudgetCheck::live_free;
   f.memory.reserve_bytes = 40ull << 20;  // only live refusals carry a reserve
   f.memory.limit_bytes = 1ull << 30;     // the limit had room: it did not refuse

@@ -66,6 +66,7 @@ TEST_CASE("each failure factory sets its kind's fields", "[errors][factories]") 
 
   MemorySnapshot live;
   live.free_bytes = 3_MiB;
+  live.device_read = true;
   live.reserve_bytes = 1_MiB;
   const Failure refusal =
       budget_refusal(BudgetCheck::live_free, "s",

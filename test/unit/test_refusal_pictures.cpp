@@ -154,7 +154,7 @@ TEST_CASE("a failing device query: the budget refusal keeps its picture, growth 
   REQUIRE_FALSE(refused);
   CHECK(refused.error().oom_source == OomSource::budget);
   CHECK(refused.error().has_memory);
-  CHECK(refused.error().memory.total_bytes == 0);  // unknown, not made up
+  CHECK_FALSE(refused.error().memory.device_read);  // unknown, not made up
   CHECK(refused.error().memory.limit_bytes == 10_MiB);
   CHECK(refused.error().memory.in_use_total_bytes() == 4_MiB);
   const std::string message = refused.error().message();
@@ -169,7 +169,7 @@ TEST_CASE("a failing device query: the budget refusal keeps its picture, growth 
   CHECK(std::string(grow.error().driver_status) == "MOCK_ERROR_UNKNOWN");
   // Says what it was doing: the query answers no allocation of its own.
   CHECK_THAT(grow.error().message(),
-             Catch::Contains("reading free device memory before growing 2.00 MiB of ndarray"));
+             Catch::Contains("reading free device memory before growing 2.00 MiB for ndarray"));
   CHECK(memory->in_use_bytes() == 4_MiB);  // nothing held for it
 
   mock.fail_memory_info(false);

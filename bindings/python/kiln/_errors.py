@@ -41,8 +41,8 @@ FIELDS: dict[str, Any] = {
     "budget_check": "none", # which budget check refused: "limit", "live_free" (else "none")
     "device": "",           # "cpu", "mock", "cuda:0"
     "category": "",         # an OOM's request: "ndarray", "staging", "runtime_heap", ...; else ""
-    "free_bytes": None,     # live free device memory at the failure
-    "total_bytes": None,    # total device memory
+    "free_bytes": None,     # live free device memory at the failure (None: not read)
+    "total_bytes": None,    # total device memory (None: not read)
     "limit_bytes": None,    # kiln's budget for the device
     "reserve_bytes": None,  # headroom kept free (set when the live check refused)
     "live_age_ms": None,    # ms between reading free/total and the failure (0: read for it)

@@ -107,7 +107,8 @@ class DeviceMemory : private GrowthOwner, private RequestFaultPlan::Owner {
 
   /// Charges bytes that live outside device allocations (e.g. JIT code objects) to `category`.
   /// Errors: out_of_memory (oom_source budget) as allocate; invalid_usage for pool_cache or a
-  /// value that is no category, or when called from an OOM observer of this memory. Release
+  /// value that is no category, or when called from an OOM observer of this memory;
+  /// device_lost when the device was lost. Release
   /// with uncharge() (which ignores such categories).
   [[nodiscard]] RhiStatus charge(MemoryCategory category, uint64_t size_bytes);
   void uncharge(MemoryCategory category, uint64_t size_bytes);
