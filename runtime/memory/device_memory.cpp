@@ -34,7 +34,7 @@ void DeviceMemory::annotate(Failure &failure) {
 
 void DeviceMemory::fill_picture(Failure &failure, const CategoryBytes &in_use) {
   if (failure.device.empty()) failure.device = device_.name();
-  if (!failure.has_memory || !failure.memory.device_read)
+  if (!failure.memory.device_read)  // also when it has no picture yet: device_read is false
     picture_.fill_live_figures(failure.memory, failure.oom_source == OomSource::budget, device_);
   failure.memory.limit_bytes = limit_bytes();
   failure.memory.in_use_bytes = in_use;

@@ -15,7 +15,7 @@ void FailurePicture::fill_live_figures(MemorySnapshot &memory, bool may_reuse, L
     memory.device_read = true;
     // The clock moves a tick at a time: the reading is younger than what it says plus a tick.
     const int64_t bound_ns = std::max<int64_t>(now_ns - r.time_ns, 0) + coarse_resolution_ns();
-    memory.live_age_ms = static_cast<uint64_t>((bound_ns + 999'999) / 1'000'000);
+    memory.live_age_ms = static_cast<uint32_t>((bound_ns + 999'999) / 1'000'000);
     return;
   }
   auto info = device.memory_info();

@@ -76,16 +76,16 @@ using CategoryBytes = std::array<uint64_t, kNumMemoryCategories>;
 struct MemorySnapshot {
   uint64_t free_bytes = 0;   ///< live free device memory reported by the device
   uint64_t total_bytes = 0;  ///< total device memory reported by the device
-  /// Whether free_bytes and total_bytes are the device's answer; false until the device is
-  /// asked, and when its memory query failed (both are then 0 and mean nothing: the message
-  /// says the device's free memory could not be read).
-  bool device_read = false;
   uint64_t limit_bytes = 0;  ///< kiln's budget limit for the device (0 if no budget applied)
   uint64_t reserve_bytes = 0;  ///< headroom kept free (set when live free memory refused)
   /// At most how long before the failure free/total were read, in whole ms rounded up: 0 when
   /// read for this failure. A budget refusal may reuse a reading of the same kernel tick (see
   /// DeviceMemory::annotate); it then says the tick's length (1 to 10 ms).
-  uint64_t live_age_ms = 0;
+  uint32_t live_age_ms = 0;
+  /// Whether free_bytes and total_bytes are the device's answer; false until the device is
+  /// asked, and when its memory query failed (both are then 0 and mean nothing: the message
+  /// says the device's free memory could not be read). Beside live_age_ms: one word for both.
+  bool device_read = false;
   CategoryBytes in_use_bytes{};  ///< what kiln holds, per category
   [[nodiscard]] uint64_t in_use_total_bytes() const;
 };

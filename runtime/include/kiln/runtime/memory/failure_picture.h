@@ -23,7 +23,8 @@ class FailurePicture {
 
   /// Sets `memory`'s free_bytes, total_bytes and live_age_ms: from a reading of this tick when
   /// `may_reuse` (live_age_ms then bounds its age, in whole ms rounded up), else from `device`
-  /// now (live_age_ms 0). A device that cannot answer leaves them as they are.
+  /// now (live_age_ms 0); sets device_read to whether it had an answer (a device that cannot
+  /// answer leaves the figures as they are).
   void fill_live_figures(MemorySnapshot &memory, bool may_reuse, LlvmDevice &device);
 
  private:
