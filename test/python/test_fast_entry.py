@@ -183,6 +183,7 @@ def test_a_subclass_call_that_matches_no_signature_or_is_refused_leaves_nothing(
 def test_a_refused_array_leaves_no_instance_behind():
     """kiln.ndarray(dtype, shape) makes the array, then the instance: when the array is refused
     no instance exists (an instance would hold a reference to its class)."""
+    import gc
     import sys
 
     def refused(shape):
@@ -190,9 +191,15 @@ def test_a_refused_array_leaves_no_instance_behind():
             kiln.ndarray(kiln.f32, shape)
         except (kiln.InvalidUsageError, kiln.BudgetExceededError) as e:
             return type(e)
-    before = sys.getrefcount(kiln.ndarray)
-    errors = [refused(shape) for _ in range(50) for shape in [(-1,), (1 << 40,)]]
-    after = sys.getrefcount(kiln.ndarray)  # not in the assert: pytest's rewriting holds one
+    # Earlier tests' garbage (arrays in reference cycles) would drop the count when collected.
+    gc.collect()
+    gc.disable()
+    try:
+        before = sys.getrefcount(kiln.ndarray)
+        errors = [refused(shape) for _ in range(50) for shape in [(-1,), (1 << 40,)]]
+        after = sys.getrefcount(kiln.ndarray)  # not in the assert: pytest's rewriting holds one
+    finally:
+        gc.enable()
     assert errors == [kiln.InvalidUsageError, kiln.BudgetExceededError] * 50
     assert after == before
 
