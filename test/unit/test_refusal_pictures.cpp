@@ -3,6 +3,7 @@
 // anew by driver refusals, a picture kept when the device query fails.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -170,6 +171,13 @@ TEST_CASE("a failing device query: the budget refusal keeps its picture, growth 
   // Says what it was doing: the query answers no allocation of its own.
   CHECK_THAT(grow.error().message(),
              Catch::Contains("reading free device memory before growing 2.00 MiB for ndarray"));
+  const std::array<AllocRequest, 2> group{{{MemoryCategory::staging, 1_MiB},
+                                           {MemoryCategory::ndarray, 1_MiB}}};
+  auto grow_group = memory->allocate_group(group);  // a group's growth names the group
+  REQUIRE_FALSE(grow_group);
+  CHECK(grow_group.error().result == RhiResult::error);
+  CHECK_THAT(grow_group.error().message(),
+             Catch::Contains("before growing 2.00 MiB for a group of 2 buffers"));
   CHECK(memory->in_use_bytes() == 4_MiB);  // nothing held for it
 
   mock.fail_memory_info(false);
