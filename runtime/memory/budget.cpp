@@ -28,7 +28,12 @@ RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> 
   auto reservation = reserve(requests, report);
   if (reservation || reservation.error().result != RhiResult::out_of_memory) return reservation;
   uint64_t total_bytes = 0;  // what must fit
-  for (const CategoryRequest &r : requests) total_bytes = saturating_add(total_bytes, r.size_bytes);
+  bool wraps = false;        // past 2^64: no limit holds it, so nothing is reclaimed for it
+  for (const CategoryRequest &r : requests) {
+    wraps |= r.size_bytes > UINT64_MAX - total_bytes;
+    total_bytes = saturating_add(total_bytes, r.size_bytes);
+  }
+  if (wraps) return reservation;
   // Reclaimable bytes never cause a refusal on their own: while reclaiming would make room,
   // reclaim and ask again. The retry happens even when this call reclaimed nothing itself
   // (another thread's reclaim may have finished meanwhile; the hook says whether to go on).
@@ -78,31 +83,49 @@ RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> 
   std::lock_guard lock(mutex_);
   if (!fits(total)) return refused(total);
   if (under_lock_hook_ != nullptr) under_lock_hook_(under_lock_context_);
-  const uint64_t in_use = in_use_total_.load(kRelaxed) + total;
-  in_use_total_.store(in_use, kRelaxed);
-  for (std::size_t i = 0; i < kNumMemoryCategories; ++i) {
-    if (bytes[i] == 0) continue;
-    const uint64_t current = current_bytes_[i].load(kRelaxed) + bytes[i];
-    current_bytes_[i].store(current, kRelaxed);
-    peak_bytes_[i] = std::max(peak_bytes_[i], current);
-  }
-  peak_total_bytes_ = std::max(peak_total_bytes_, in_use);
+  in_use_total_.store(in_use_total_.load(kRelaxed) + total, kRelaxed);
+  for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
+    if (bytes[i] != 0) current_bytes_[i].store(current_bytes_[i].load(kRelaxed) + bytes[i], kRelaxed);
   return Reservation(this, bytes);
+}
+
+void MemoryBudget::commit(const CategoryBytes &bytes) {
+  std::lock_guard lock(mutex_);
+  for (std::size_t i = 0; i < kNumMemoryCategories; ++i) {
+    committed_bytes_[i] += bytes[i];
+    committed_total_bytes_ += bytes[i];
+    peak_bytes_[i] = std::max(peak_bytes_[i], committed_bytes_[i]);
+  }
+  peak_total_bytes_ = std::max(peak_total_bytes_, committed_total_bytes_);
 }
 
 void MemoryBudget::give_back(const CategoryBytes &bytes) {
   for (std::size_t i = 0; i < kNumMemoryCategories; ++i)
-    if (bytes[i] != 0) release(static_cast<MemoryCategory>(i), bytes[i]);
+    if (bytes[i] != 0) give_back(static_cast<MemoryCategory>(i), bytes[i]);
+}
+
+void MemoryBudget::give_back(MemoryCategory category, uint64_t size_bytes) {
+  if (index(category) >= kNumMemoryCategories) return;  // nothing was ever charged there
+  std::lock_guard lock(mutex_);
+  (void)lower_charge_locked(category, size_bytes);
 }
 
 void MemoryBudget::release(MemoryCategory category, uint64_t size_bytes) {
-  if (index(category) >= kNumMemoryCategories) return;  // nothing was ever charged there
+  if (index(category) >= kNumMemoryCategories) return;
   std::lock_guard lock(mutex_);
+  auto &held = committed_bytes_[index(category)];
+  const uint64_t n = std::min(held, lower_charge_locked(category, size_bytes));
+  held -= n;
+  committed_total_bytes_ -= n;
+}
+
+uint64_t MemoryBudget::lower_charge_locked(MemoryCategory category, uint64_t size_bytes) {
   auto &current = current_bytes_[index(category)];
   const uint64_t n =
       std::min(current.load(kRelaxed), size_bytes);  // never below zero, even on a caller's bug
   current.store(current.load(kRelaxed) - n, kRelaxed);
   in_use_total_.store(in_use_total_.load(kRelaxed) - n, kRelaxed);
+  return n;
 }
 
 void MemoryBudget::set_before_lock_hook_for_testing(void (*hook)(void *context), void *context) {
@@ -143,8 +166,8 @@ LedgerStats MemoryBudget::stats() const {
 
 void MemoryBudget::reset_peaks() {
   std::lock_guard lock(mutex_);
-  peak_bytes_ = in_use_by_category();
-  peak_total_bytes_ = in_use_total_.load(kRelaxed);
+  peak_bytes_ = committed_bytes_;
+  peak_total_bytes_ = committed_total_bytes_;
 }
 
 }  // namespace kiln::runtime

@@ -23,6 +23,7 @@ Reservation::~Reservation() {
 }
 
 void Reservation::commit() {
+  if (budget_ != nullptr) budget_->commit(bytes_);
   budget_ = nullptr;
   bytes_ = {};
 }
@@ -32,7 +33,7 @@ void Reservation::release_part(MemoryCategory category, uint64_t size_bytes) {
   const uint64_t n = std::min(held, size_bytes);
   if (budget_ == nullptr || n == 0) return;
   held -= n;
-  budget_->release(category, n);
+  budget_->give_back(category, n);
 }
 
 uint64_t Reservation::total_bytes() const {

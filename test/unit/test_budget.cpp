@@ -129,6 +129,32 @@ TEST_CASE("a group whose total overflows 64 bits is refused, not wrapped", "[bud
   check_charges_nothing(budget, /*refusals=*/2);
 }
 
+TEST_CASE("a group whose total overflows 64 bits reclaims nothing, even with no limit", "[budget]") {
+  // No limit holds a sum past 2^64, so evicting the cache for it would only lose the cache.
+  struct CountingHook final : kiln::runtime::ReclaimHook {
+    int reclaims = 0;
+    uint64_t unreclaimable_bytes() const override { return 0; }
+    bool reclaim() override {
+      ++reclaims;
+      return true;
+    }
+  } hook;
+  MemoryBudget budget(UINT64_MAX);
+  auto held = budget.reserve(MemoryCategory::pool_cache, 1_MiB);  // a cached block
+  REQUIRE(held);
+  held->commit();
+  const std::array<CategoryRequest, 2> wraps{{{MemoryCategory::ndarray, UINT64_MAX / 2 + 1},
+                                              {MemoryCategory::ndarray, UINT64_MAX / 2 + 1}}};
+  auto refused = budget.reserve(wraps, hook);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().result == RhiResult::out_of_memory);
+  CHECK(hook.reclaims == 0);
+  // A total that fits only once the cache is gone does reclaim.
+  const std::array<CategoryRequest, 1> all{{{MemoryCategory::ndarray, UINT64_MAX}}};
+  CHECK_FALSE(budget.reserve(all, hook));
+  CHECK(hook.reclaims == MemoryBudget::kReclaimRounds);
+}
+
 TEST_CASE("a lowered limit refuses new reservations and keeps what is held", "[budget]") {
   MemoryBudget budget(10_MiB);
   auto r = budget.reserve(MemoryCategory::ndarray, 6_MiB);

@@ -1,10 +1,12 @@
 // The budget's ledger: release gives committed bytes back without going below zero, and peaks record
-// the most held until reset_peaks sets them to now (the thread caches' peaks:
-// test_thread_cache_peaks.cpp).
+// the most held (committed, not only reserved) until reset_peaks sets them to now (the thread
+// caches' peaks: test_thread_cache_peaks.cpp).
 #include <catch2/catch.hpp>
 
+#include "kiln/rhi/mock_device.h"
 #include "kiln/rhi/result.h"
 #include "kiln/runtime/memory/budget.h"
+#include "kiln/runtime/memory/device_memory.h"
 #include "memory_test_support.h"
 
 using namespace kiln::test::memory;
@@ -36,9 +38,14 @@ TEST_CASE("peaks record the most held and reset_peaks sets them to now", "[budge
     auto b = budget.reserve(MemoryCategory::staging, 3_MiB);
     REQUIRE(a);
     REQUIRE(b);
+    a->commit();
+    b->commit();
   }
+  budget.release(MemoryCategory::ndarray, 5_MiB);
+  budget.release(MemoryCategory::staging, 3_MiB);
   auto c = budget.reserve(MemoryCategory::ndarray, 2_MiB);
   REQUIRE(c);
+  c->commit();
   auto s = budget.stats();
   CHECK(s.peak_total_bytes == 8_MiB);
   CHECK(s.peak_bytes[static_cast<std::size_t>(MemoryCategory::ndarray)] == 5_MiB);
@@ -53,7 +60,51 @@ TEST_CASE("peaks record the most held and reset_peaks sets them to now", "[budge
 
   auto d = budget.reserve(MemoryCategory::staging, 1_MiB);
   REQUIRE(d);
+  d->commit();
   s = budget.stats();
   CHECK(s.peak_total_bytes == 3_MiB);
   CHECK(s.peak_bytes[static_cast<std::size_t>(MemoryCategory::staging)] == 1_MiB);
+}
+
+TEST_CASE("a reservation given back never raises the peaks; its commit does", "[budget]") {
+  MemoryBudget budget(10_MiB);
+  {
+    auto given_back = budget.reserve(MemoryCategory::ndarray, 6_MiB);
+    REQUIRE(given_back);
+    CHECK(budget.stats().current_total_bytes() == 6_MiB);  // charged while it is under way
+  }
+  auto part = budget.reserve(MemoryCategory::staging, 4_MiB);
+  REQUIRE(part);
+  part->release_part(MemoryCategory::staging, 3_MiB);  // a group member that hit the cache
+  CHECK(budget.stats().peak_total_bytes == 0);
+  CHECK(budget.stats().peak_bytes[static_cast<std::size_t>(MemoryCategory::ndarray)] == 0);
+  part->commit();
+  const auto s = budget.stats();
+  CHECK(s.peak_total_bytes == 1_MiB);
+  CHECK(s.peak_bytes[static_cast<std::size_t>(MemoryCategory::staging)] == 1_MiB);
+  // Released bytes leave the held figure: a later commit's peak counts only what is held.
+  budget.release(MemoryCategory::staging, 1_MiB);
+  auto next = budget.reserve(MemoryCategory::ndarray, 512_KiB);
+  REQUIRE(next);
+  next->commit();
+  CHECK(budget.stats().peak_total_bytes == 1_MiB);
+}
+
+TEST_CASE("a refusal after the limit check leaves the device's peaks as they were", "[budget]") {
+  // The budget reserves before the live check and the driver; a refusal there gives it back.
+  const bool live_check = GENERATE(true, false);
+  CAPTURE(live_check);
+  MockDevice mock(mock_options(256_MiB, {100_MiB}));  // another process holds 100 MiB
+  auto memory = make_memory(mock, cached(1_GiB, 0, live_check));
+  auto held = memory->allocate(MemoryCategory::ndarray, 8_MiB);
+  REQUIRE(held);
+  const auto before = memory->stats().ledger;
+  auto refused = memory->allocate(MemoryCategory::ndarray, 200_MiB);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().oom_source == (live_check ? OomSource::budget : OomSource::driver));
+  const auto after = memory->stats().ledger;
+  CHECK(after.peak_total_bytes == before.peak_total_bytes);
+  CHECK(after.peak_total_bytes == 8_MiB);
+  CHECK(after.peak_bytes == before.peak_bytes);
+  REQUIRE(memory->free(*held));
 }

@@ -65,9 +65,9 @@ class [[nodiscard]] Reservation {
 
 /// Current and peak bytes per category plus event counters. A plain value (a snapshot).
 struct LedgerStats {
-  CategoryBytes current_bytes{};
-  CategoryBytes peak_bytes{};
-  uint64_t peak_total_bytes = 0;
+  CategoryBytes current_bytes{};  ///< charged now: held, or reserved by an allocation under way
+  CategoryBytes peak_bytes{};     ///< the most held (committed) since the last reset_peaks
+  uint64_t peak_total_bytes = 0;  ///< the most held in all categories at once, likewise
   uint64_t limit_bytes = 0;
   uint64_t refusals = 0;  ///< reservations the budget refused
   [[nodiscard]] uint64_t current_total_bytes() const {
@@ -152,7 +152,14 @@ class MemoryBudget {
 
  private:
   friend class Reservation;
+  /// Reservation::commit: the bytes are held now; the peaks count only held bytes, so a
+  /// reservation given back (a refusal after the limit check) never raises them.
+  void commit(const CategoryBytes &bytes);
+  /// Gives back reserved bytes that were never committed.
   void give_back(const CategoryBytes &bytes);
+  void give_back(MemoryCategory category, uint64_t size_bytes);
+  /// Lowers the charge of `category` by `size_bytes`, never below zero; returns the bytes lowered.
+  uint64_t lower_charge_locked(MemoryCategory category, uint64_t size_bytes);
 
   // Serializes charges; the figures below are read without it. A leaf lock (arithmetic only),
   // held across fork() so that a child never inherits it locked.
@@ -165,8 +172,10 @@ class MemoryBudget {
   void *before_lock_context_ = nullptr;
   void (*under_lock_hook_)(void *) = nullptr;  // tests only: set_under_lock_hook_for_testing
   void *under_lock_context_ = nullptr;
-  CategoryBytes peak_bytes_{};  // mutex_
-  uint64_t peak_total_bytes_ = 0;  // mutex_
+  CategoryBytes committed_bytes_{};  // mutex_: held, not only reserved
+  uint64_t committed_total_bytes_ = 0;  // mutex_
+  CategoryBytes peak_bytes_{};  // mutex_: of committed_bytes_
+  uint64_t peak_total_bytes_ = 0;  // mutex_: of committed_total_bytes_
 };
 
 }  // namespace kiln::runtime
