@@ -86,13 +86,17 @@ py::dict failure_fields(const Failure &failure) {
   fields["context"] = py::tuple(py::cast(failure.context));
   fields["injected"] = failure.injected;
   if (failure.has_memory) {
-    // None, not 0, when the device's memory query failed: no figure is made up.
+    // None, not 0, when the device's memory query failed: no figure is made up (nor the age
+    // of a reading that did not happen).
     const bool read = failure.memory.device_read;
-    fields["free_bytes"] = read ? py::object(py::int_(failure.memory.free_bytes)) : py::none();
-    fields["total_bytes"] = read ? py::object(py::int_(failure.memory.total_bytes)) : py::none();
+    const auto if_read = [read](uint64_t figure) {
+      return read ? py::object(py::int_(figure)) : py::none();
+    };
+    fields["free_bytes"] = if_read(failure.memory.free_bytes);
+    fields["total_bytes"] = if_read(failure.memory.total_bytes);
     fields["limit_bytes"] = failure.memory.limit_bytes;
     fields["reserve_bytes"] = failure.memory.reserve_bytes;
-    fields["live_age_ms"] = failure.memory.live_age_ms;
+    fields["live_age_ms"] = if_read(failure.memory.live_age_ms);
     fields["in_use_bytes"] = category_bytes(failure.memory.in_use_bytes);
   }
   return fields;

@@ -201,6 +201,15 @@ done
 KILN_CUDA_DRIVER="$fake_cuda" "$ops" --backend cuda --max-array-mb 4 > "$tmp/cuda.txt" 2>&1; rc=$?
 check "cuda on the fake driver exits 0" test "$rc" -eq 0
 check "cuda on the fake driver: all cases OK" grep -Eq '^[0-9]+/[0-9]+ cases OK, 0 refused, 0 failed$' "$tmp/cuda.txt"
+# A refusal whose device memory query failed (the driver's 3rd cuMemGetInfo_v2: the first two are
+# the set-up's) has null device figures in the JSON, not 0 B free.
+KILN_CUDA_DRIVER="$fake_cuda" KILN_FAKE_CUDA_FAULTS=cuMemGetInfo_v2@3=999 "$ops" --backend cuda \
+  --budget-mb 24 --filter 'fill/f32/large' --json "$tmp/unread.json" > /dev/null 2>&1
+check "a refusal whose memory query failed has null device figures in the JSON" $py -c \
+  'import json, sys; e = json.load(open(sys.argv[1]))["cases"][0]["error"]; m = e["memory"]
+assert e["name"] == "BudgetExceededError" and "free memory could not be read" in e["message"], e
+assert m["limit_bytes"] == 24 << 20 and [m["free_bytes"], m["total_bytes"], m["live_age_ms"]] == [None] * 3, m' \
+  "$tmp/unread.json"
 KILN_CUDA_DRIVER=/nonexistent/libcuda.so.1 "$ops" --backend cuda > "$tmp/nocuda.txt" 2>&1; rc=$?
 check "cuda without a driver exits 77 (backend unavailable)" test "$rc" -eq 77
 check "cuda without a driver says the backend is not available here" \

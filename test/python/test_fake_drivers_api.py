@@ -60,6 +60,7 @@ def test_a_refusal_when_the_driver_cannot_say_its_free_memory(api):
             kiln.ndarray(kiln.f32, 200 * MiB // 4)
         e = caught.value
         assert e.free_bytes is None and e.total_bytes is None  # not read: no figure made up
+        assert e.live_age_ms is None  # nor the age of a reading
         assert e.limit_bytes == 192 * MiB
         assert "free memory could not be read" in str(e) and "0 B free" not in str(e)
 

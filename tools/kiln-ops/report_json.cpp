@@ -24,12 +24,16 @@ json category_bytes(const CategoryBytes &bytes) {
 json failure_json(const Failure &f) {
   const bool allocation = f.result == RhiResult::out_of_memory && f.allocating;
   json memory = nullptr;
+  // The device's figures are null when its memory query failed, as in Python.
+  const auto if_read = [&](uint64_t figure) {
+    return f.memory.device_read ? json(figure) : json(nullptr);
+  };
   if (f.has_memory)
-    memory = {{"free_bytes", f.memory.free_bytes},
-              {"total_bytes", f.memory.total_bytes},
+    memory = {{"free_bytes", if_read(f.memory.free_bytes)},
+              {"total_bytes", if_read(f.memory.total_bytes)},
               {"limit_bytes", f.memory.limit_bytes},
               {"reserve_bytes", f.memory.reserve_bytes},
-              {"live_age_ms", f.memory.live_age_ms},
+              {"live_age_ms", if_read(f.memory.live_age_ms)},
               {"in_use_bytes", category_bytes(f.memory.in_use_bytes)}};
   return {{"name", error_name(classify(f))},
           {"message", f.message()},

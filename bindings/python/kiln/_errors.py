@@ -45,7 +45,7 @@ FIELDS: dict[str, Any] = {
     "total_bytes": None,    # total device memory (None: not read)
     "limit_bytes": None,    # kiln's budget for the device
     "reserve_bytes": None,  # headroom kept free (set when the live check refused)
-    "live_age_ms": None,    # ms between reading free/total and the failure (0: read for it)
+    "live_age_ms": None,    # ms from reading free/total to the failure (0: read for it; None: not read)
     "in_use_bytes": None,   # dict: category -> bytes kiln held at the failure
     "site": "",             # the function that refused, e.g. "MemoryBudget::reserve"
     "driver_status": "",    # the driver's own status name, e.g. "MOCK_ERROR_OUT_OF_MEMORY"
