@@ -72,7 +72,7 @@ int64_t dimension_of(py::handle d, py::handle shape) {
   const long long v = to_long_long(i, &fits);
   if (!fits)
     raise_invalid_usage("kiln", "ndarray",
-                        fmt::format("dimension {} of shape {} does not fit in 64 bits",
+                        fmt::format("dimension {} of shape {} is outside int64's range",
                                     std::string(py::str(i)), std::string(py::repr(shape))));
   return v;
 }

@@ -99,8 +99,8 @@ def test_fill_takes_every_python_float_for_a_floating_array(value):
 @pytest.mark.parametrize("shape, error, message", [
     ((2, True), BAD_TYPE, "shape must be an int or a sequence of ints"),  # a bool
     ([2.0], BAD_TYPE, "shape must be an int or a sequence of ints"),
-    ((1 << 63,), kiln.InvalidUsageError, "does not fit in 64 bits"),
-    ([-(1 << 70)], kiln.InvalidUsageError, "does not fit in 64 bits"),
+    ((1 << 63,), kiln.InvalidUsageError, "is outside int64's range"),
+    ([-(1 << 70)], kiln.InvalidUsageError, "is outside int64's range"),
     ((-1,), kiln.InvalidUsageError, "negative"),
     ((1,) * 33, kiln.InvalidUsageError, "33 dimensions"),
     ((1 << 40,) * 2, kiln.InvalidUsageError, ""),  # more elements than numpy allows
