@@ -51,7 +51,7 @@ test-tsan: deps
 # The user guide, the design and the API reference (autodoc over the built package), with
 # warnings as errors; ctest's docs_html runs the same build in make test.
 docs: build
-	PYTHONPATH=$(BUILD)/python /usr/bin/python3 -m sphinx -W --keep-going -q -b html docs $(BUILD)/docs/html
+	PYTHONPATH=$(BUILD)/python /usr/bin/python3 -m sphinx -E -W --keep-going -q -b html docs $(BUILD)/docs/html
 	@echo "docs: $(BUILD)/docs/html/index.html"
 
 bench: build
