@@ -114,7 +114,7 @@ void MemoryBudget::release(MemoryCategory category, uint64_t size_bytes) {
   if (index(category) >= kNumMemoryCategories) return;
   std::lock_guard lock(mutex_);
   auto &held = committed_bytes_[index(category)];
-  const uint64_t n = std::min(held, lower_charge_locked(category, size_bytes));
+  const uint64_t n = lower_charge_locked(category, std::min(held, size_bytes));
   held -= n;
   committed_total_bytes_ -= n;
 }

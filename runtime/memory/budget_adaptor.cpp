@@ -157,12 +157,13 @@ RhiStatus BudgetAdaptor::grow_misses(std::span<const AllocRequest> requests,
     auto block = allocate_block(requests[i], slots[i].block_bytes,
                                 rounded ? slots[i].class_bytes : 0);
     if (!block) {
-      free_grown(slots.first(i));
-      return std::unexpected(std::move(block).error());  // then the reservation goes
+      free_grown(requests, slots.first(i));
+      return std::unexpected(std::move(block).error());  // then the rest of the reservation goes
     }
     slots[i].block = *block;
+    // Held from here on: the peaks count it even if a later block evicts the cache first.
+    reservation->commit_part(requests[i].category, slots[i].block_bytes);
   }
-  reservation->commit();
   return {};
 }
 
@@ -188,12 +189,15 @@ RhiExpected<DeviceAllocation> BudgetAdaptor::allocate_block(const AllocRequest &
   return alloc;
 }
 
-void BudgetAdaptor::free_grown(std::span<const AllocationSlot> slots) {
-  for (const AllocationSlot &slot : slots)
-    if (slot.hit == nullptr)
-      ignore_result(device_.dealloc_memory(slot.block),
-                    "error path: the refusal is the answer; the device defers a refused free to "
-                    "synchronize()");
+void BudgetAdaptor::free_grown(std::span<const AllocRequest> requests,
+                              std::span<const AllocationSlot> slots) {
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].hit != nullptr) continue;
+    ignore_result(device_.dealloc_memory(slots[i].block),
+                  "error path: the refusal is the answer; the device defers a refused free to "
+                  "synchronize()");
+    budget_.release(requests[i].category, slots[i].block_bytes);  // committed when it was grown
+  }
 }
 
 }  // namespace kiln::runtime

@@ -36,6 +36,16 @@ void Reservation::release_part(MemoryCategory category, uint64_t size_bytes) {
   budget_->give_back(category, n);
 }
 
+void Reservation::commit_part(MemoryCategory category, uint64_t size_bytes) {
+  auto &held = bytes_[static_cast<std::size_t>(category)];
+  const uint64_t n = std::min(held, size_bytes);
+  if (budget_ == nullptr || n == 0) return;
+  held -= n;
+  CategoryBytes part{};
+  part[static_cast<std::size_t>(category)] = n;
+  budget_->commit(part);
+}
+
 uint64_t Reservation::total_bytes() const {
   uint64_t total = 0;
   for (uint64_t b : bytes_) total += b;

@@ -3,6 +3,8 @@
 // caches' peaks: test_thread_cache_peaks.cpp).
 #include <catch2/catch.hpp>
 
+#include <array>
+
 #include "kiln/rhi/mock_device.h"
 #include "kiln/rhi/result.h"
 #include "kiln/runtime/memory/budget.h"
@@ -84,10 +86,58 @@ TEST_CASE("a reservation given back never raises the peaks; its commit does", "[
   CHECK(s.peak_bytes[static_cast<std::size_t>(MemoryCategory::staging)] == 1_MiB);
   // Released bytes leave the held figure: a later commit's peak counts only what is held.
   budget.release(MemoryCategory::staging, 1_MiB);
-  auto next = budget.reserve(MemoryCategory::ndarray, 512_KiB);
+  auto next = budget.reserve(MemoryCategory::staging, 512_KiB);
   REQUIRE(next);
   next->commit();
+  CHECK(budget.stats().peak_bytes[static_cast<std::size_t>(MemoryCategory::staging)] == 1_MiB);
   CHECK(budget.stats().peak_total_bytes == 1_MiB);
+}
+
+TEST_CASE("commit_part counts a part as held now and leaves the rest reserved", "[budget]") {
+  MemoryBudget budget(10_MiB);
+  {
+    auto r = budget.reserve(std::array<CategoryRequest, 2>{{{MemoryCategory::ndarray, 4_MiB},
+                                                            {MemoryCategory::ndarray, 2_MiB}}});
+    REQUIRE(r);
+    r->commit_part(MemoryCategory::ndarray, 4_MiB);
+    CHECK(budget.stats().peak_total_bytes == 4_MiB);
+    CHECK(r->total_bytes() == 2_MiB);
+  }  // the uncommitted 2 MiB go back; the committed 4 MiB stay charged
+  CHECK(budget.in_use_bytes() == 4_MiB);
+  CHECK(budget.stats().peak_total_bytes == 4_MiB);
+}
+
+TEST_CASE("an over-release gives back only what is held, not another request's reservation",
+          "[budget]") {
+  MemoryBudget budget(10_MiB);
+  auto held = budget.reserve(MemoryCategory::ndarray, 2_MiB);
+  REQUIRE(held);
+  held->commit();
+  auto under_way = budget.reserve(MemoryCategory::ndarray, 3_MiB);  // not committed yet
+  REQUIRE(under_way);
+  budget.release(MemoryCategory::ndarray, 5_MiB);  // a caller's bug: more than it holds
+  CHECK(budget.in_use_bytes() == 3_MiB);           // the reservation under way is still charged
+  under_way->commit();
+  CHECK(budget.stats().peak_total_bytes == 3_MiB);
+}
+
+TEST_CASE("a group's block counts in the peak from its allocation, before a later block evicts",
+          "[budget]") {
+  // 8 MiB cached; a group of 4 MiB and 6 MiB on a 14 MiB device: the 4 MiB block is allocated
+  // beside the cache (12 MiB held), the 6 MiB one is refused by the driver, the cache is evicted
+  // and the retry succeeds (10 MiB held). The most held at once was 12 MiB.
+  MockDevice mock(mock_options(14_MiB));
+  auto memory = make_memory(mock, cached(1_GiB, 0, /*live_check=*/false));
+  auto cached_block = memory->allocate(MemoryCategory::staging, 8_MiB);
+  REQUIRE(cached_block);
+  REQUIRE(memory->free(*cached_block));
+  const std::array<AllocRequest, 2> group{{{MemoryCategory::ndarray, 4_MiB},
+                                           {MemoryCategory::ndarray, 6_MiB}}};
+  auto grown = memory->allocate_group(group);
+  REQUIRE(grown);
+  CHECK(memory->stats().ledger.peak_total_bytes == 12_MiB);
+  CHECK(mock.held_bytes() == 10_MiB);
+  for (DeviceAllocation a : *grown) REQUIRE(memory->free(a));
 }
 
 TEST_CASE("a refusal after the limit check leaves the device's peaks as they were", "[budget]") {

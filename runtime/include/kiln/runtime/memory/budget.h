@@ -54,6 +54,9 @@ class [[nodiscard]] Reservation {
   /// Gives `category` bytes of this reservation back now (a partial release, e.g. when one
   /// member of a group turned out to be a cache hit).
   void release_part(MemoryCategory category, uint64_t size_bytes);
+  /// Commits `category` bytes of this reservation now (one block of a group is on the device:
+  /// the peaks count it from here); the rest stays reserved.
+  void commit_part(MemoryCategory category, uint64_t size_bytes);
   [[nodiscard]] uint64_t total_bytes() const;
 
  private:
@@ -66,8 +69,10 @@ class [[nodiscard]] Reservation {
 /// Current and peak bytes per category plus event counters. A plain value (a snapshot).
 struct LedgerStats {
   CategoryBytes current_bytes{};  ///< charged now: held, or reserved by an allocation under way
-  CategoryBytes peak_bytes{};     ///< the most held (committed) since the last reset_peaks
-  uint64_t peak_total_bytes = 0;  ///< the most held in all categories at once, likewise
+  /// The most held (committed) since the last reset_peaks, per category and in all at once.
+  /// (DeviceMemory::stats reports its own per-category peaks: see there.)
+  CategoryBytes peak_bytes{};
+  uint64_t peak_total_bytes = 0;
   uint64_t limit_bytes = 0;
   uint64_t refusals = 0;  ///< reservations the budget refused
   [[nodiscard]] uint64_t current_total_bytes() const {
@@ -125,7 +130,8 @@ class MemoryBudget {
   [[nodiscard]] Failure refusal(const RefusalReport &report, const char *site,
                                 const CategoryBytes *in_use = nullptr,
                                 std::source_location where = std::source_location::current());
-  /// Gives back committed bytes (the memory was freed).
+  /// Gives back committed bytes (the memory was freed): at most what `category` holds, so a
+  /// caller's over-release never takes another allocation's reservation with it.
   void release(MemoryCategory category, uint64_t size_bytes);
 
   [[nodiscard]] uint64_t limit_bytes() const;

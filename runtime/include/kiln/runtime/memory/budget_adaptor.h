@@ -144,7 +144,8 @@ class BudgetAdaptor : private ReclaimHook {
   /// With the live check on, one growing thread at a time from the device's answer to the
   /// driver's (else two could both fit in the same free memory); an empty lock otherwise.
   [[nodiscard]] std::unique_lock<std::mutex> serialize_growth();
-  void free_grown(std::span<const AllocationSlot> slots);
+  /// Error path of a group: frees the blocks grown so far and releases their committed bytes.
+  void free_grown(std::span<const AllocRequest> requests, std::span<const AllocationSlot> slots);
 
   LlvmDevice &device_;
   GrowthOwner &owner_;

@@ -136,9 +136,12 @@ class DeviceMemory : private GrowthOwner, private RequestFaultPlan::Owner {
   /// Counters and bytes. Per-category peaks are never below the true peak. They are exact while
   /// one thread allocates and frees here; with several, a peak may exceed the truth by up to the
   /// bytes the other threads' caches own (cached there or handed out from there; a cache owns at
-  /// most what its thread reuses). peak_total_bytes is exact. A snapshot taken while other
-  /// threads allocate may be momentarily inconsistent between categories (each figure is read
-  /// once, without stopping them).
+  /// most what its thread reuses). peak_total_bytes is the most held at once by the ledger's
+  /// account: a block counts from the moment the device gave it (each block of a group on its
+  /// own) until its free is accounted, and a refused request never counts; exact while one
+  /// thread allocates and frees. A snapshot taken while other threads allocate may be
+  /// momentarily inconsistent between categories (each figure is read once, without stopping
+  /// them), and its current bytes include their reservations under way.
   [[nodiscard]] MemoryStats stats() const;
   /// A readable table of current and peak bytes per category, the pool and the counters.
   [[nodiscard]] std::string summary() const;
