@@ -136,6 +136,9 @@ TEST_CASE("a group's block counts in the peak from its allocation, before a late
   auto grown = memory->allocate_group(group);
   REQUIRE(grown);
   CHECK(memory->stats().ledger.peak_total_bytes == 12_MiB);
+  CHECK(mock.high_water_bytes() == 12_MiB);  // the device's own account agrees
+  CHECK(memory->stats().evictions == 1);
+  CHECK(memory->stats().driver_ooms == 1);
   CHECK(mock.held_bytes() == 10_MiB);
   for (DeviceAllocation a : *grown) REQUIRE(memory->free(a));
 }

@@ -36,8 +36,8 @@ struct RefusalReport {
   GroupReuse group;
 };
 
-/// Bytes promised by the budget. Unless commit() is called, the destructor gives them back, so
-/// every early return on a failure path releases what it reserved. Move-only; not thread-safe
+/// Bytes promised by the budget. What is not committed (commit() or commit_part()) the destructor
+/// gives back, so every early return on a failure path releases what it reserved. Move-only; not thread-safe
 /// (one owner), but the budget it refers to is.
 class [[nodiscard]] Reservation {
  public:
@@ -158,8 +158,8 @@ class MemoryBudget {
 
  private:
   friend class Reservation;
-  /// Reservation::commit: the bytes are held now; the peaks count only held bytes, so a
-  /// reservation given back (a refusal after the limit check) never raises them.
+  /// Reservation::commit and commit_part: the bytes are held now; the peaks count only held
+  /// bytes, so a reservation given back (a refusal after the limit check) never raises them.
   void commit(const CategoryBytes &bytes);
   /// Gives back reserved bytes that were never committed.
   void give_back(const CategoryBytes &bytes);

@@ -133,13 +133,15 @@ class DeviceMemory : private GrowthOwner, private RequestFaultPlan::Owner {
   /// Sets every peak to the current figure.
   void reset_peaks();
 
-  /// Counters and bytes. Per-category peaks are never below the true peak. They are exact while
-  /// one thread allocates and frees here; with several, a peak may exceed the truth by up to the
-  /// bytes the other threads' caches own (cached there or handed out from there; a cache owns at
-  /// most what its thread reuses). peak_total_bytes is the most held at once by the ledger's
-  /// account: a block counts from the moment the device gave it (each block of a group on its
-  /// own) until its free is accounted, and a refused request never counts; exact while one
-  /// thread allocates and frees. A snapshot taken while other threads allocate may be
+  /// Counters and bytes. Per-category peaks count live blocks (a block is live from the moment
+  /// its whole request is granted) and are never below the most live at once. They are exact
+  /// while one thread allocates and frees here; with several, a peak may exceed the truth by up
+  /// to the bytes the other threads' caches own (cached there or handed out from there; a cache
+  /// owns at most what its thread reuses). peak_total_bytes is the most held at once by the
+  /// ledger's account: a block counts from the moment the device gave it (each block of a group
+  /// on its own, so also the blocks of a group refused part-way, which no category counts) until
+  /// its free is accounted; a request refused before the device gave anything never counts.
+  /// Exact while one thread allocates and frees. A snapshot taken while other threads allocate may be
   /// momentarily inconsistent between categories (each figure is read once, without stopping
   /// them), and its current bytes include their reservations under way.
   [[nodiscard]] MemoryStats stats() const;
