@@ -7,6 +7,21 @@ namespace kiln::runtime {
 namespace {
 std::size_t index(MemoryCategory category) { return static_cast<std::size_t>(category); }
 constexpr auto kRelaxed = std::memory_order_relaxed;
+
+/// The requests' total bytes, saturated at UINT64_MAX, and whether the sum wrapped past 2^64
+/// (no limit holds such a total).
+struct Total {
+  uint64_t bytes = 0;
+  bool wraps = false;
+};
+Total total_of(std::span<const CategoryRequest> requests) {
+  Total t;
+  for (const CategoryRequest &r : requests) {
+    t.wraps |= r.size_bytes > UINT64_MAX - t.bytes;
+    t.bytes = saturating_add(t.bytes, r.size_bytes);
+  }
+  return t;
+}
 }  // namespace
 
 Failure MemoryBudget::refusal(const RefusalReport &report, const char *site,
@@ -27,19 +42,14 @@ RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> 
                                                ReclaimHook &hook, const RefusalReport *report) {
   auto reservation = reserve(requests, report);
   if (reservation || reservation.error().result != RhiResult::out_of_memory) return reservation;
-  uint64_t total_bytes = 0;  // what must fit
-  bool wraps = false;        // past 2^64: no limit holds it, so nothing is reclaimed for it
-  for (const CategoryRequest &r : requests) {
-    wraps |= r.size_bytes > UINT64_MAX - total_bytes;
-    total_bytes = saturating_add(total_bytes, r.size_bytes);
-  }
-  if (wraps) return reservation;
+  const Total total = total_of(requests);  // what must fit
+  if (total.wraps) return reservation;     // nothing to reclaim for what no limit holds
   // Reclaimable bytes never cause a refusal on their own: while reclaiming would make room,
   // reclaim and ask again. The retry happens even when this call reclaimed nothing itself
   // (another thread's reclaim may have finished meanwhile; the hook says whether to go on).
   for (int round = 0; round < kReclaimRounds && !reservation &&
                       reservation.error().result == RhiResult::out_of_memory &&
-                      fits_after_reclaim(total_bytes, hook.unreclaimable_bytes());
+                      fits_after_reclaim(total.bytes, hook.unreclaimable_bytes());
        ++round) {
     ignore_result(hook.reclaim(), "asked again whatever it says: the budget decides");
     reservation = reserve(requests, report);
@@ -91,12 +101,13 @@ RhiExpected<Reservation> MemoryBudget::reserve(std::span<const CategoryRequest> 
 
 void MemoryBudget::commit(const CategoryBytes &bytes) {
   std::lock_guard lock(mutex_);
+  uint64_t held_total = 0;
   for (std::size_t i = 0; i < kNumMemoryCategories; ++i) {
     committed_bytes_[i] += bytes[i];
-    committed_total_bytes_ += bytes[i];
+    held_total += committed_bytes_[i];
     peak_bytes_[i] = std::max(peak_bytes_[i], committed_bytes_[i]);
   }
-  peak_total_bytes_ = std::max(peak_total_bytes_, committed_total_bytes_);
+  peak_total_bytes_ = std::max(peak_total_bytes_, held_total);
 }
 
 void MemoryBudget::give_back(const CategoryBytes &bytes) {
@@ -114,9 +125,7 @@ void MemoryBudget::release(MemoryCategory category, uint64_t size_bytes) {
   if (index(category) >= kNumMemoryCategories) return;
   std::lock_guard lock(mutex_);
   auto &held = committed_bytes_[index(category)];
-  const uint64_t n = lower_charge_locked(category, std::min(held, size_bytes));
-  held -= n;
-  committed_total_bytes_ -= n;
+  held -= lower_charge_locked(category, std::min(held, size_bytes));
 }
 
 uint64_t MemoryBudget::lower_charge_locked(MemoryCategory category, uint64_t size_bytes) {
@@ -167,7 +176,8 @@ LedgerStats MemoryBudget::stats() const {
 void MemoryBudget::reset_peaks() {
   std::lock_guard lock(mutex_);
   peak_bytes_ = committed_bytes_;
-  peak_total_bytes_ = committed_total_bytes_;
+  peak_total_bytes_ = 0;
+  for (uint64_t b : committed_bytes_) peak_total_bytes_ += b;
 }
 
 }  // namespace kiln::runtime

@@ -28,22 +28,21 @@ void Reservation::commit() {
   bytes_ = {};
 }
 
-void Reservation::release_part(MemoryCategory category, uint64_t size_bytes) {
+uint64_t Reservation::take_part(MemoryCategory category, uint64_t size_bytes) {
   auto &held = bytes_[static_cast<std::size_t>(category)];
-  const uint64_t n = std::min(held, size_bytes);
-  if (budget_ == nullptr || n == 0) return;
+  const uint64_t n = budget_ != nullptr ? std::min(held, size_bytes) : 0;
   held -= n;
-  budget_->give_back(category, n);
+  return n;
+}
+
+void Reservation::release_part(MemoryCategory category, uint64_t size_bytes) {
+  if (const uint64_t n = take_part(category, size_bytes); n != 0) budget_->give_back(category, n);
 }
 
 void Reservation::commit_part(MemoryCategory category, uint64_t size_bytes) {
-  auto &held = bytes_[static_cast<std::size_t>(category)];
-  const uint64_t n = std::min(held, size_bytes);
-  if (budget_ == nullptr || n == 0) return;
-  held -= n;
   CategoryBytes part{};
-  part[static_cast<std::size_t>(category)] = n;
-  budget_->commit(part);
+  part[static_cast<std::size_t>(category)] = take_part(category, size_bytes);
+  if (part[static_cast<std::size_t>(category)] != 0) budget_->commit(part);
 }
 
 uint64_t Reservation::total_bytes() const {

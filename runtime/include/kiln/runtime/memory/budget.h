@@ -37,8 +37,8 @@ struct RefusalReport {
 };
 
 /// Bytes promised by the budget. What is not committed (commit() or commit_part()) the destructor
-/// gives back, so every early return on a failure path releases what it reserved. Move-only; not thread-safe
-/// (one owner), but the budget it refers to is.
+/// gives back, so every early return on a failure path releases what it reserved. Move-only; not
+/// thread-safe (one owner), but the budget it refers to is.
 class [[nodiscard]] Reservation {
  public:
   Reservation() = default;
@@ -62,6 +62,9 @@ class [[nodiscard]] Reservation {
  private:
   friend class MemoryBudget;
   Reservation(MemoryBudget *budget, CategoryBytes bytes) : budget_(budget), bytes_(bytes) {}
+  /// Takes up to `size_bytes` of `category` out of this reservation; returns the bytes taken (0
+  /// when there is no budget).
+  uint64_t take_part(MemoryCategory category, uint64_t size_bytes);
   MemoryBudget *budget_ = nullptr;
   CategoryBytes bytes_{};
 };
@@ -179,9 +182,8 @@ class MemoryBudget {
   void (*under_lock_hook_)(void *) = nullptr;  // tests only: set_under_lock_hook_for_testing
   void *under_lock_context_ = nullptr;
   CategoryBytes committed_bytes_{};  // mutex_: held, not only reserved
-  uint64_t committed_total_bytes_ = 0;  // mutex_
   CategoryBytes peak_bytes_{};  // mutex_: of committed_bytes_
-  uint64_t peak_total_bytes_ = 0;  // mutex_: of committed_total_bytes_
+  uint64_t peak_total_bytes_ = 0;  // mutex_: of their sum
 };
 
 }  // namespace kiln::runtime

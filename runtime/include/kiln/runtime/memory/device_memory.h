@@ -141,9 +141,9 @@ class DeviceMemory : private GrowthOwner, private RequestFaultPlan::Owner {
   /// ledger's account: a block counts from the moment the device gave it (each block of a group
   /// on its own, so also the blocks of a group refused part-way, which no category counts) until
   /// its free is accounted; a request refused before the device gave anything never counts.
-  /// Exact while one thread allocates and frees. A snapshot taken while other threads allocate may be
-  /// momentarily inconsistent between categories (each figure is read once, without stopping
-  /// them), and its current bytes include their reservations under way.
+  /// Exact while one thread allocates and frees. A snapshot taken while other threads allocate
+  /// may be momentarily inconsistent between categories (each figure is read once, without
+  /// stopping them), and its current bytes include their reservations under way.
   [[nodiscard]] MemoryStats stats() const;
   /// A readable table of current and peak bytes per category, the pool and the counters.
   [[nodiscard]] std::string summary() const;
