@@ -193,7 +193,9 @@ def _track(self: Device) -> _TrackBlock:
     report.end_bytes, report.peak_bytes (the peak inside the block) and
     report.peak_total_bytes. It resets the device's peak figures at entry (as
     reset_peak_memory_stats); blocks nest, each reporting its own peak. Reading end_bytes or
-    the peaks before the block ends raises InvalidUsageError."""
+    the peaks before the block ends raises InvalidUsageError. A
+    reset_peak_memory_stats() call inside the block starts the block's peaks over from there
+    (a nested block keeps what came before it; a direct reset does not)."""
     return _TrackBlock(self)
 
 
